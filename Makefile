@@ -1,0 +1,33 @@
+# The two commands of the README: `make demo` runs the main job, `make test` runs the tests.
+# Both create (or reuse) .venv, install torch first so that a CPU machine never pulls a CUDA
+# build, then the project, then fetch what they need into ~/.cache/draftwatch.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint setup
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/draftwatch demo
+
+test: $(STAMP)
+	$(BIN)/draftwatch models fetch smollm2-135m
+	$(BIN)/ruff check .
+	$(BIN)/mypy decoder monitor dashboard
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy decoder monitor dashboard

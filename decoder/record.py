@@ -1,0 +1,227 @@
+"""The per-request record: the contract between the decoder, the store and everything that reads it.
+
+Field names follow vLLM's per-request speculative-decoding metrics where they overlap, so that
+records from vLLM, llama.cpp or SGLang map onto this one without renaming.
+
+Counting rules (the decoder guarantees them, :meth:`RequestRecord.check` enforces them):
+
+* ``num_spec_steps`` is the number of target verification passes after the prefill; each step
+  drafts ``0..gamma`` tokens, accepts a prefix of them and then emits one token of the target's own
+  (the correction after a rejection, or the bonus token when every draft was accepted).
+* ``accepted_per_position[i]`` counts the steps whose draft token at position ``i`` was accepted,
+  so its sum is ``num_accepted_tokens``; ``acceptance_histogram[j]`` counts the steps that accepted
+  exactly ``j`` drafts, so its sum is ``num_spec_steps``.
+* Drafts the target accepted *after* a stop (end-of-sequence or a stop string) are counted as
+  drafted but not accepted: they were proposed, and never emitted. The step's own target token is
+  then not emitted either, which is why ``output_tokens`` is ``1 + accepted + steps`` minus one when
+  the request ended inside a step (``stopped_mid_step``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+Mode = Literal["speculative", "plain", "holdout"]
+FinishReason = Literal["stop", "length", "error"]
+
+MODES: Final = ("speculative", "plain", "holdout")
+FINISH_REASONS: Final = ("stop", "length", "error")
+WORKLOAD_MAX_LENGTH: Final = 64
+WORKLOAD_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$")
+
+
+class RecordError(ValueError):
+    """A record breaks the contract; ``field`` names the offending field."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+def validate_workload(tag: str) -> str:
+    """Return ``tag`` if it is a valid workload tag, else raise :class:`RecordError`.
+
+    >>> validate_workload("code-edit")
+    'code-edit'
+    >>> validate_workload("no spaces")
+    Traceback (most recent call last):
+    ...
+    decoder.record.RecordError: workload: 'no spaces' is not a valid tag: use 1-64 of [A-Za-z0-9_.:-], starting with a letter or digit
+    """
+    if not isinstance(tag, str) or not WORKLOAD_PATTERN.match(tag):
+        raise RecordError(
+            "workload",
+            f"{tag!r} is not a valid tag: use 1-{WORKLOAD_MAX_LENGTH} of [A-Za-z0-9_.:-], "
+            "starting with a letter or digit",
+        )
+    return tag
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One finished request, successful or not."""
+
+    request_id: str
+    ts_start: datetime
+    ts_end: datetime
+    workload: str
+    target_model: str
+    drafter: str
+    draft_model: str | None = None
+    target_version: str | None = None
+    draft_version: str | None = None
+    mode: Mode = "speculative"
+    num_speculative_tokens: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    num_spec_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    acceptance_histogram: list[int] = field(default_factory=list)
+    ttft_ms: float | None = None
+    latency_ms: float | None = None
+    draft_ms: float | None = None
+    verify_ms: float | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    finish_reason: FinishReason = "stop"
+    error: str | None = None
+    source: str = "embedded"
+    prompt_hash: str | None = None
+    stopped_mid_step: bool = False
+
+    # Derived figures: computed, never stored twice.
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted draft tokens, ``None`` when nothing was drafted."""
+        if self.num_draft_tokens == 0:
+            return None
+        return self.num_accepted_tokens / self.num_draft_tokens
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens emitted per verification pass: ``1 + accepted / steps``."""
+        if self.num_spec_steps == 0:
+            return None
+        return 1.0 + self.num_accepted_tokens / self.num_spec_steps
+
+    @property
+    def ms_per_output_token(self) -> float | None:
+        if self.latency_ms is None or self.output_tokens == 0:
+            return None
+        return self.latency_ms / self.output_tokens
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.latency_ms is None or self.latency_ms <= 0 or self.output_tokens == 0:
+            return None
+        return self.output_tokens * 1000.0 / self.latency_ms
+
+    def check(self) -> RequestRecord:
+        """Raise :class:`RecordError` naming the first field that breaks the contract."""
+        validate_workload(self.workload)
+        if not self.request_id or len(self.request_id) > 128:
+            raise RecordError("request_id", f"must be 1-128 characters, got {self.request_id!r}")
+        if self.mode not in MODES:
+            raise RecordError("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
+        if self.finish_reason not in FINISH_REASONS:
+            raise RecordError(
+                "finish_reason", f"{self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}"
+            )
+        for name in (
+            "num_speculative_tokens",
+            "prompt_tokens",
+            "output_tokens",
+            "num_spec_steps",
+            "num_draft_tokens",
+            "num_accepted_tokens",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise RecordError(name, f"must be a non-negative integer, got {value!r}")
+        for name in ("ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value < 0):
+                raise RecordError(name, f"must be a finite non-negative number, got {value!r}")
+        if self.ts_end < self.ts_start:
+            raise RecordError("ts_end", f"{self.ts_end.isoformat()} is before ts_start")
+        if self.num_accepted_tokens > self.num_draft_tokens:
+            raise RecordError(
+                "num_accepted_tokens",
+                f"{self.num_accepted_tokens} accepted exceeds {self.num_draft_tokens} drafted",
+            )
+        self._check_counts("accepted_per_position", self.num_accepted_tokens, "num_accepted_tokens")
+        self._check_counts("acceptance_histogram", self.num_spec_steps, "num_spec_steps")
+        if self.accepted_per_position and len(self.accepted_per_position) > self.num_speculative_tokens:
+            raise RecordError(
+                "accepted_per_position",
+                f"has {len(self.accepted_per_position)} positions, more than "
+                f"num_speculative_tokens={self.num_speculative_tokens}",
+            )
+        if self.acceptance_histogram and len(self.acceptance_histogram) != self.num_speculative_tokens + 1:
+            raise RecordError(
+                "acceptance_histogram",
+                f"has {len(self.acceptance_histogram)} bins, expected num_speculative_tokens + 1 = "
+                f"{self.num_speculative_tokens + 1}",
+            )
+        if self.source == "embedded" and self.finish_reason != "error" and self.output_tokens > 0:
+            expected = 1 + self.num_accepted_tokens + self.num_spec_steps - int(self.stopped_mid_step)
+            if self.output_tokens != expected:
+                raise RecordError(
+                    "output_tokens",
+                    f"{self.output_tokens} disagrees with 1 + accepted + steps"
+                    f"{' - 1' if self.stopped_mid_step else ''} = {expected}",
+                )
+        return self
+
+    def _check_counts(self, name: str, total: int, total_name: str) -> None:
+        counts = getattr(self, name)
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+            raise RecordError(name, f"must hold non-negative integers, got {counts!r}")
+        if counts and sum(counts) != total:
+            raise RecordError(name, f"sums to {sum(counts)}, but {total_name} is {total}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: timestamps as ISO 8601 strings, derived figures left out."""
+        data = asdict(self)
+        data["ts_start"] = self.ts_start.isoformat()
+        data["ts_end"] = self.ts_end.isoformat()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
+        """Build a record from :meth:`to_dict`'s shape; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise RecordError(unknown[0], "is not a field of the record")
+        values = dict(data)
+        for name in ("ts_start", "ts_end"):
+            values[name] = _parse_timestamp(name, values.get(name))
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise RecordError("record", str(error)) from error
+
+
+def _parse_timestamp(name: str, value: object) -> datetime:
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError as error:
+            raise RecordError(name, f"{value!r} is not an ISO 8601 timestamp") from error
+    else:
+        raise RecordError(name, f"must be an ISO 8601 timestamp, got {value!r}")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
