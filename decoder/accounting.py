@@ -1,0 +1,79 @@
+"""Per-request bookkeeping: counts and timings as the decode loop runs, turned into a record at the end."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from decoder.record import Mode, RequestRecord, utc_now
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """What one request did, step by step; :meth:`to_record` checks the counting rules."""
+
+    gamma: int
+    mode: Mode
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    ts_start: datetime = field(default_factory=utc_now)
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    num_spec_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    acceptance_histogram: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    stopped_mid_step: bool = False
+
+    def __post_init__(self) -> None:
+        width = self.gamma if self.mode == "speculative" else 0
+        self.accepted_per_position = [0] * width
+        self.acceptance_histogram = [0] * (width + 1) if width else []
+
+    def first_token(self) -> None:
+        self.first_token_at = time.perf_counter()
+        self.output_tokens = 1
+
+    def step(self, drafted: int, accepted: int, emitted: int, stopped_mid_step: bool) -> None:
+        """Count one verification pass that drafted ``drafted``, accepted ``accepted`` and emitted ``emitted``."""
+        self.output_tokens += emitted
+        if self.mode != "speculative":
+            return
+        self.num_spec_steps += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
+        self.acceptance_histogram[accepted] += 1
+        self.stopped_mid_step = stopped_mid_step
+
+    def to_record(self, **identity: object) -> RequestRecord:
+        """Finish the request; ``identity`` carries workload, models, sampling, finish reason, error."""
+        now = time.perf_counter()
+        record = RequestRecord(
+            request_id=self.request_id,
+            ts_start=self.ts_start,
+            ts_end=utc_now(),
+            mode=self.mode,
+            num_speculative_tokens=self.gamma if self.mode == "speculative" else 0,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            num_spec_steps=self.num_spec_steps,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+            accepted_per_position=list(self.accepted_per_position),
+            acceptance_histogram=list(self.acceptance_histogram),
+            ttft_ms=None if self.first_token_at is None else (self.first_token_at - self.started) * 1000,
+            latency_ms=(now - self.started) * 1000,
+            draft_ms=self.draft_seconds * 1000,
+            verify_ms=self.verify_seconds * 1000,
+            stopped_mid_step=self.stopped_mid_step,
+            **identity,  # type: ignore[arg-type]
+        )
+        return record.check()

@@ -1,0 +1,150 @@
+"""Sub-commands of the decoder: ``draftwatch models ...`` and ``draftwatch generate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from decoder.drafters import Drafter, ModelDrafter, NgramDrafter
+from decoder.fetch import FetchError, fetch_preset, is_fetched, preset_path, remove_preset
+from decoder.loading import ModelLoadError, check_pair, load_model
+from decoder.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
+from decoder.record import RecordError, RequestRecord
+from decoder.speculative import SpeculativeDecoder
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    models = subparsers.add_parser("models", help="list and fetch the offline model presets")
+    models_sub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    listing = models_sub.add_parser("list", help="list presets and whether they are in the cache")
+    listing.set_defaults(handler=_models_list)
+    fetch = models_sub.add_parser("fetch", help="download, assemble and verify a preset into the cache")
+    fetch.add_argument("name", choices=sorted(PRESETS), help="preset to fetch")
+    fetch.add_argument("--force", action="store_true", help="delete the cached copy and fetch it again")
+    fetch.set_defaults(handler=_models_fetch)
+
+    generate = subparsers.add_parser(
+        "generate",
+        help="decode one prompt speculatively and print its text and record",
+        description="Decode PROMPT with the target, drafting with --draft (a model) or --drafter ngram, "
+        "and print the text plus a one-line summary of what speculation did.",
+    )
+    add_model_arguments(generate)
+    generate.add_argument("prompt", metavar="PROMPT", help="the prompt text (with --chat: the user message)")
+    generate.add_argument("--workload", default="default", help="workload tag recorded with the request")
+    generate.add_argument("--max-new-tokens", type=int, default=128, help="default: %(default)s")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: 1.0, off)")
+    generate.add_argument("--top-k", type=int, default=0, help="top-k sampling (default: 0, off)")
+    generate.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    generate.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    generate.add_argument("--plain", action="store_true", help="decode with the target alone")
+    generate.add_argument(
+        "--json", action="store_true", help="print one JSON object: text, token_ids, record"
+    )
+    generate.set_defaults(handler=_generate)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--target, --draft / --drafter and --gamma, shared by every command that decodes."""
+    parser.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help=f"preset ({', '.join(sorted(PRESETS))}), .gguf file, model directory or hub id "
+        "(default: %(default)s)",
+    )
+    drafting = parser.add_mutually_exclusive_group()
+    drafting.add_argument(
+        "--draft", default=None, help=f"draft model, same forms as --target (default: {DEFAULT_DRAFT})"
+    )
+    drafting.add_argument("--drafter", choices=["model", "ngram"], default=None,
+                          help="ngram: prompt lookup, no draft model")  # fmt: skip
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default: %(default)s)")
+    parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (default: 1)")
+    parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram to look up (default: 4)")
+
+
+def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool = False) -> SpeculativeDecoder:
+    """Load the target and drafter that ``args`` name; raises ModelLoadError / FetchError on bad input."""
+    target = load_model(args.target, progress=progress)
+    drafter: Drafter
+    if plain:
+        return SpeculativeDecoder(target, None, gamma=args.gamma)
+    if args.drafter == "ngram":
+        drafter = NgramDrafter(min_n=args.ngram_min, max_n=args.ngram_max)
+    else:
+        draft_spec = args.draft or DEFAULT_DRAFT
+        draft = target if draft_spec == args.target else load_model(draft_spec, progress=progress)
+        check_pair(target, draft)
+        drafter = ModelDrafter(draft, target_vocab_size=target.vocab_size)
+    return SpeculativeDecoder(target, drafter, gamma=args.gamma)
+
+
+def summary(record: RequestRecord) -> str:
+    """One line: what speculation did for this request."""
+    rate = record.acceptance_rate
+    length = record.mean_acceptance_length
+    speed = record.tokens_per_second
+    return (
+        f"[{record.mode}] accepted {record.num_accepted_tokens}/{record.num_draft_tokens} drafts"
+        f" (acceptance {'n/a' if rate is None else f'{rate:.2f}'},"
+        f" mean acceptance length {'n/a' if length is None else f'{length:.2f}'}),"
+        f" {record.output_tokens} tokens at {0.0 if speed is None else speed:.1f} tokens/s,"
+        f" finish {record.finish_reason}"
+    )
+
+
+def _models_list(args: argparse.Namespace) -> int:
+    for name, preset in sorted(PRESETS.items()):
+        state = "fetched" if is_fetched(preset) else "not fetched"
+        print(f"{name:18} {preset.size / 1e6:7.0f} MB  {state:12} {preset.description}")
+        if is_fetched(preset):
+            print(f"{'':18} {preset_path(preset)}")
+    return 0
+
+
+def _models_fetch(args: argparse.Namespace) -> int:
+    try:
+        if args.force:
+            remove_preset(args.name)
+        path = fetch_preset(args.name)
+    except FetchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    try:
+        decoder = build_decoder(args, plain=args.plain)
+        result = decoder.generate(
+            args.prompt,
+            workload=args.workload,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            chat=args.chat,
+            stop=args.stop,
+        )
+    except (ModelLoadError, FetchError, RecordError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps(
+                {"text": result.text, "token_ids": result.token_ids, "record": result.record.to_dict()}
+            )
+        )
+    else:
+        print(result.text)
+        print(summary(result.record), file=sys.stderr)
+    return 0

@@ -1,0 +1,312 @@
+"""The speculative decoder: prefill, then draft-and-verify steps until a stop.
+
+One request runs as a chain of small steps:
+
+* :func:`prefill` runs the target over the prompt and yields the first token (the TTFT);
+* :func:`speculative_step` asks the drafter for up to gamma tokens, verifies them all in one
+  target pass over ``[last token, d_1 .. d_gamma]``, keeps the accepted prefix plus the target's
+  own token, and crops both KV caches back to exactly the tokens that were kept;
+* plain decoding is the same step with no drafts, so both modes share one code path.
+
+Invariant between steps: the target's cache holds every token of the sequence but the last
+(``pending``), whose logits the next pass computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from decoder.accounting import RequestStats
+from decoder.drafters.base import Drafter
+from decoder.loading import LoadedModel
+from decoder.record import Mode, RequestRecord, validate_workload
+from decoder.sampling import SamplingParams, choose
+from decoder.stopping import Stopper, eos_token_ids
+from decoder.verify import Verdict, verify_greedy, verify_sampled
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[RequestRecord], None]
+Prompt = str | Sequence[dict[str, str]]
+MAX_GAMMA = 32
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    record: RequestRecord
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """The growing token sequence and the target's cache over all of it but the last token."""
+
+    tokens: list[int]
+    prompt_length: int
+    cache: Any
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+
+def target_logits(model: Any, input_ids: torch.Tensor, cache: Any, keep: int) -> torch.Tensor:
+    """One target pass over ``input_ids`` (1, n) with the cache; the logits of the last ``keep`` positions (keep, V)."""
+    output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=keep)
+    return output.logits[0, -keep:].float().cpu()  # type: ignore[no-any-return]
+
+
+def prefill(
+    target: LoadedModel, seq: _Sequence, params: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """Run the target over the prompt and choose the first output token."""
+    prompt = torch.tensor([seq.tokens], dtype=torch.long, device=target.device)  # (1, prompt_len)
+    logits = target_logits(target.model, prompt, seq.cache, keep=1)[0]  # (V,)
+    return choose(logits, params, generator)
+
+
+def speculative_step(
+    target: LoadedModel,
+    drafter: Drafter | None,
+    seq: _Sequence,
+    gamma: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    stats: RequestStats,
+) -> tuple[list[int], int]:
+    """Draft up to ``gamma`` tokens, verify them in one target pass; return (emitted tokens, drafts proposed)."""
+    started = time.perf_counter()
+    if drafter is not None and gamma > 0:
+        proposal = drafter.propose(seq.tokens, gamma, params, generator)
+        drafts, draft_probs = proposal.tokens, proposal.probs  # (k,), (k, V) | None
+    else:
+        drafts, draft_probs = torch.empty(0, dtype=torch.long), None
+    verifying = time.perf_counter()
+    stats.draft_seconds += verifying - started
+
+    k = int(drafts.shape[0])
+    block = torch.cat([torch.tensor([seq.tokens[-1]]), drafts]).to(target.device)[None]  # (1, k + 1)
+    logits = target_logits(target.model, block, seq.cache, keep=k + 1)  # (k + 1, V)
+    verdict: Verdict = (
+        verify_greedy(drafts, logits)
+        if params.greedy
+        else verify_sampled(drafts, draft_probs, logits, params, generator)
+    )
+    # The cache now covers pending + k drafts; keep pending + the accepted ones.
+    if k > verdict.num_accepted:
+        seq.cache.crop(verdict.num_accepted - k)
+    if drafter is not None:
+        drafter.rollback(len(seq.tokens) + verdict.num_accepted)
+    stats.verify_seconds += time.perf_counter() - verifying
+    return [*drafts[: verdict.num_accepted].tolist(), verdict.next_token], k
+
+
+class SpeculativeDecoder:
+    """A target model, an optional drafter, and the loop that runs requests through them.
+
+    Every finished request, failed ones included, becomes a :class:`RequestRecord` handed to
+    ``sink`` (errors raised by the sink are logged, never passed to the caller).
+    """
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        drafter: Drafter | None = None,
+        *,
+        gamma: int = 4,
+        sink: Sink | None = None,
+        source: str = "embedded",
+    ) -> None:
+        if not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
+        self.target = target
+        self.drafter = drafter
+        self.gamma = gamma
+        self.sink = sink
+        self.source = source
+        self.eos_token_ids = eos_token_ids(target.model, target.tokenizer)
+        self.max_positions = int(getattr(target.model.config, "max_position_embeddings", 0) or 0)
+
+    # Public API
+
+    def generate(self, prompt: Prompt, **options: Any) -> GenerationResult:
+        """Decode one request; ``options`` are those of :meth:`stream`."""
+        pieces: list[str] = []
+        record: RequestRecord | None = None
+        token_ids: list[int] = []
+        for item in self._run(prompt, token_ids, **options):
+            if isinstance(item, RequestRecord):
+                record = item
+            else:
+                pieces.append(item)
+        assert record is not None  # _run always ends with the record
+        return GenerationResult(text="".join(pieces), token_ids=token_ids, record=record)
+
+    def stream(self, prompt: Prompt, **options: Any) -> Iterator[str | RequestRecord]:
+        """Yield text pieces as they are decoded, then the request's record.
+
+        Options: ``workload`` (tag, default ``"default"``), ``max_new_tokens`` (128),
+        ``temperature`` (0 = greedy), ``top_p`` (1.0), ``top_k`` (0 = off), ``seed``, ``chat``
+        (apply the chat template to a string prompt), ``stop`` (stop strings), ``mode``
+        (``speculative``, ``plain`` or ``holdout``), ``gamma`` (override), ``request_id``.
+        """
+        return self._run(prompt, [], **options)
+
+    # The request loop
+
+    def _run(
+        self,
+        prompt: Prompt,
+        token_ids: list[int],
+        *,
+        workload: str = "default",
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        chat: bool = False,
+        stop: Sequence[str] = (),
+        mode: Mode = "speculative",
+        gamma: int | None = None,
+        request_id: str | None = None,
+    ) -> Iterator[str | RequestRecord]:
+        validate_workload(workload)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if mode not in ("speculative", "plain", "holdout"):
+            raise ValueError(f"mode must be speculative, plain or holdout, got {mode!r}")
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        gamma = self.gamma if gamma is None else gamma
+        if not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
+        if mode == "speculative" and self.drafter is None:
+            mode = "plain"
+        stats = RequestStats(gamma=gamma, mode=mode)
+        if request_id:
+            stats.request_id = request_id
+        prompt_ids, prompt_hash = self._encode(prompt, chat)
+        stats.prompt_tokens = len(prompt_ids)
+        if self.max_positions and len(prompt_ids) + max_new_tokens > self.max_positions:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"target's context of {self.max_positions} tokens"
+            )
+        identity: dict[str, object] = {
+            "workload": workload,
+            "target_model": self.target.name,
+            "target_version": self.target.version,
+            "drafter": self.drafter.kind if self.drafter is not None else "none",
+            "draft_model": self.drafter.name if self.drafter is not None else None,
+            "draft_version": self.drafter.version if self.drafter is not None else None,
+            "temperature": float(temperature),
+            "top_p": float(top_p),
+            "source": self.source,
+            "prompt_hash": prompt_hash,
+        }
+        stopper = Stopper(self.target.tokenizer, self.eos_token_ids, stop)
+        finish = "length"
+        shown = 0  # characters of text already yielded
+        try:
+            with torch.inference_mode():
+                for finished in self._decode(
+                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids
+                ):
+                    text = stopper.visible_text(token_ids, final=finished is not None)
+                    if len(text) > shown:
+                        yield text[shown:]
+                        shown = len(text)
+                    if finished is not None:
+                        finish = finished
+        except Exception as error:
+            record = stats.to_record(
+                finish_reason="error", error=f"{type(error).__name__}: {error}", **identity
+            )
+            self._hand_over(record)
+            raise
+        record = stats.to_record(finish_reason=finish, **identity)
+        self._hand_over(record)
+        yield record
+
+    def _decode(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        params: SamplingParams,
+        seed: int | None,
+        stats: RequestStats,
+        stopper: Stopper,
+        output: list[int],
+    ) -> Iterator[str | None]:
+        """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end."""
+        from transformers import DynamicCache
+
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        seq = _Sequence(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=DynamicCache())
+        drafter = self.drafter if stats.mode == "speculative" else None
+        if drafter is not None:
+            drafter.begin(prompt_ids)
+        first = prefill(self.target, seq, params, generator)
+        seq.tokens.append(first)
+        output.append(first)
+        stats.first_token()
+        if stopper.keep(output, 1) is not None:
+            yield "stop"
+            return
+        yield None
+        while len(output) < max_new_tokens:
+            # Never draft past max_new_tokens: the step's own token needs one slot.
+            gamma = min(stats.gamma, max_new_tokens - len(output) - 1)
+            emitted, drafted = speculative_step(self.target, drafter, seq, gamma, params, generator, stats)
+            accepted = len(emitted) - 1
+            output.extend(emitted)
+            keep = stopper.keep(output, len(emitted))
+            if keep is not None:
+                del output[len(output) - len(emitted) + keep :]
+                stats.step(drafted, min(accepted, keep), keep, stopped_mid_step=keep <= accepted)
+                yield "stop"
+                return
+            seq.tokens.extend(emitted)
+            stats.step(drafted, accepted, len(emitted), stopped_mid_step=False)
+            yield None
+        yield "length"
+
+    # Helpers
+
+    def _encode(self, prompt: Prompt, chat: bool) -> tuple[list[int], str]:
+        tokenizer = self.target.tokenizer
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("prompt is empty")
+            text = prompt
+            if chat:
+                text = tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+                )
+                ids = tokenizer.encode(text, add_special_tokens=False)
+            else:
+                ids = tokenizer.encode(text)
+        else:
+            messages = list(prompt)
+            if not messages or not any(str(m.get("content", "")).strip() for m in messages):
+                raise ValueError("messages are empty")
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        # Prompt text is never stored; its hash lets identical prompts be grouped.
+        return list(ids), hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def _hand_over(self, record: RequestRecord) -> None:
+        if self.sink is None:
+            return
+        try:
+            self.sink(record)
+        except Exception:
+            logger.exception("the record sink failed for request %s", record.request_id)
