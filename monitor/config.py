@@ -1,0 +1,307 @@
+"""Settings: one declarative table, read from an injected environment and an optional ``draftwatch.toml``.
+
+Precedence is environment variable, then the config file, then the default. Every setting is one
+row of :data:`SETTINGS` (its dotted name, environment variable, default, help) plus one field of
+:class:`Settings`; a test keeps the two in step, and the README test checks that the docs list every
+row. Adding a setting (API tokens, webhooks, scheduler intervals, ...) means adding both.
+
+The dotted name is also the location in the TOML file: ``recorder.queue_size`` is the key
+``queue_size`` of the ``[recorder]`` table; names without a dot are top-level keys.
+
+>>> s = Settings.from_env({"HOME": "/home/ada", "DRAFTWATCH_RECORDER_BATCH_SIZE": "250"}, None)
+>>> s.recorder_batch_size, s.database_url
+(250, 'sqlite:////home/ada/.local/share/draftwatch/draftwatch.db')
+>>> Settings.from_env({"HOME": "/h", "DRAFTWATCH_RECORDER_BATCH_SIZE": "many"}, None)
+Traceback (most recent call last):
+...
+monitor.config.ConfigError: DRAFTWATCH_RECORDER_BATCH_SIZE='many': expected an integer
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
+DEFAULT_CONFIG_FILE: Final = "draftwatch.toml"
+CONFIG_FILE_ENV: Final = "DRAFTWATCH_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value; the message quotes where it came from and the value."""
+
+
+# A parser turns the raw value (a string from the environment, any TOML value from the file) into
+# the typed value, raising ValueError with a short "expected ..." phrase on failure.
+Parser = Callable[[Any], Any]
+
+
+def _parse_int(minimum: int) -> Parser:
+    def parse(raw: Any) -> int:
+        if isinstance(raw, bool):
+            raise ValueError("expected an integer")
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise ValueError("expected an integer") from None
+        if isinstance(raw, float) and raw != value:
+            raise ValueError("expected an integer")
+        if value < minimum:
+            raise ValueError(f"expected an integer >= {minimum}")
+        return value
+
+    return parse
+
+
+def _parse_seconds(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("expected a number of seconds")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("expected a finite, non-negative number of seconds")
+    return value
+
+
+def _parse_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_str(raw: Any) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError("expected a non-empty string")
+    return raw.strip()
+
+
+def _parse_path(raw: Any) -> Path:
+    return Path(_parse_str(raw)).expanduser()
+
+
+def _parse_choice(choices: tuple[str, ...]) -> Parser:
+    def parse(raw: Any) -> str:
+        if raw not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return str(raw)
+
+    return parse
+
+
+def _parse_database_url(raw: Any) -> str:
+    url = _parse_str(raw)
+    if not url.startswith(("sqlite:", "postgresql:", "postgresql+", "postgres:")):
+        raise ValueError("expected a sqlite:/// or postgresql+psycopg:// URL")
+    return url
+
+
+@dataclass(frozen=True, slots=True)
+class SettingSpec:
+    """One row of the settings table.
+
+    ``default`` receives the settings resolved so far (rows are resolved in table order, so a
+    default may depend on an earlier row, e.g. paths inside ``data_dir``) and the environment.
+    """
+
+    name: str
+    env: str
+    field: str
+    parse: Parser
+    default: Callable[[dict[str, Any], Mapping[str, str]], Any]
+    help: str
+
+    @property
+    def toml_path(self) -> tuple[str, ...]:
+        return tuple(self.name.split("."))
+
+
+def _default_data_dir(_: dict[str, Any], environ: Mapping[str, str]) -> Path:
+    # XDG first, as Linux desktop tools do; HOME comes from the injected mapping so tests stay hermetic.
+    if environ.get("XDG_DATA_HOME"):
+        return Path(environ["XDG_DATA_HOME"]) / "draftwatch"
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    return home / ".local" / "share" / "draftwatch"
+
+
+def _const(value: Any) -> Callable[[dict[str, Any], Mapping[str, str]], Any]:
+    return lambda _resolved, _environ: value
+
+
+SETTINGS: Final[tuple[SettingSpec, ...]] = (
+    SettingSpec(
+        "data_dir",
+        "DRAFTWATCH_DATA_DIR",
+        "data_dir",
+        _parse_path,
+        _default_data_dir,
+        "directory for the default SQLite database and the recorder's spool "
+        "(default: $XDG_DATA_HOME/draftwatch or ~/.local/share/draftwatch)",
+    ),
+    SettingSpec(
+        "database.url",
+        "DRAFTWATCH_DATABASE_URL",
+        "database_url",
+        _parse_database_url,
+        lambda r, _e: f"sqlite:///{r['data_dir'] / 'draftwatch.db'}",
+        "SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB (default: draftwatch.db in data_dir)",
+    ),
+    SettingSpec(
+        "database.upgrade_on_start",
+        "DRAFTWATCH_DATABASE_UPGRADE_ON_START",
+        "database_upgrade_on_start",
+        _parse_bool,
+        _const(True),
+        "run the schema migrations when a service starts (default: true)",
+    ),
+    SettingSpec(
+        "recorder.queue_size",
+        "DRAFTWATCH_RECORDER_QUEUE_SIZE",
+        "recorder_queue_size",
+        _parse_int(1),
+        _const(20_000),
+        "records the recorder holds in memory before the full-queue policy applies",
+    ),
+    SettingSpec(
+        "recorder.batch_size",
+        "DRAFTWATCH_RECORDER_BATCH_SIZE",
+        "recorder_batch_size",
+        _parse_int(1),
+        _const(1000),
+        "records per database transaction",
+    ),
+    SettingSpec(
+        "recorder.flush_interval_s",
+        "DRAFTWATCH_RECORDER_FLUSH_INTERVAL_S",
+        "recorder_flush_interval_s",
+        _parse_seconds,
+        _const(0.2),
+        "longest time a record waits in the queue before its batch is written",
+    ),
+    SettingSpec(
+        "recorder.full_queue_policy",
+        "DRAFTWATCH_RECORDER_FULL_QUEUE_POLICY",
+        "recorder_full_queue_policy",
+        _parse_choice(FULL_QUEUE_POLICIES),
+        _const("block_then_spool"),
+        "what record() does when the queue is full: block_then_spool (wait up to block_timeout_s, then "
+        "append to the spool on the caller's thread), spool (at once), raise (RecorderFullError)",
+    ),
+    SettingSpec(
+        "recorder.block_timeout_s",
+        "DRAFTWATCH_RECORDER_BLOCK_TIMEOUT_S",
+        "recorder_block_timeout_s",
+        _parse_seconds,
+        _const(0.05),
+        "how long record() waits for room under block_then_spool",
+    ),
+    SettingSpec(
+        "recorder.retry_interval_s",
+        "DRAFTWATCH_RECORDER_RETRY_INTERVAL_S",
+        "recorder_retry_interval_s",
+        _parse_seconds,
+        _const(1.0),
+        "how often the recorder retries an unreachable database",
+    ),
+    SettingSpec(
+        "recorder.writer_threads",
+        "DRAFTWATCH_RECORDER_WRITER_THREADS",
+        "recorder_writer_threads",
+        _parse_int(1),
+        _const(1),
+        "background writer threads (2 helps ingest throughput on PostgreSQL; SQLite gains nothing)",
+    ),
+    SettingSpec(
+        "recorder.spool_dir",
+        "DRAFTWATCH_RECORDER_SPOOL_DIR",
+        "recorder_spool_dir",
+        _parse_path,
+        lambda r, _e: r["data_dir"] / "spool",
+        "directory of the recorder's append-only spool files (default: spool/ in data_dir)",
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Resolved settings; build with :meth:`from_env`. Field docs live in :data:`SETTINGS`."""
+
+    data_dir: Path
+    database_url: str
+    database_upgrade_on_start: bool
+    recorder_queue_size: int
+    recorder_batch_size: int
+    recorder_flush_interval_s: float
+    recorder_full_queue_policy: str
+    recorder_block_timeout_s: float
+    recorder_retry_interval_s: float
+    recorder_writer_threads: int
+    recorder_spool_dir: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], config_file: Path | None = None) -> Settings:
+        """Resolve every setting from ``environ``, then ``config_file`` (TOML), then the defaults."""
+        file_values = _read_config_file(config_file) if config_file is not None else {}
+        resolved: dict[str, Any] = {}
+        for spec in SETTINGS:
+            if spec.env in environ:
+                source, raw = spec.env, environ[spec.env]
+            elif spec.name in file_values:
+                source, raw = f"{config_file}: {spec.name}", file_values.pop(spec.name)
+            else:
+                resolved[spec.field] = spec.default(resolved, environ)
+                continue
+            try:
+                resolved[spec.field] = spec.parse(raw)
+            except ValueError as error:
+                raise ConfigError(f"{source}={raw!r}: {error}") from None
+        file_values = {k: v for k, v in file_values.items() if k not in {s.name for s in SETTINGS}}
+        if file_values:
+            key = sorted(file_values)[0]
+            raise ConfigError(f"{config_file}: {key}={file_values[key]!r}: unknown setting")
+        return cls(**resolved)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (tests and CLI flags)."""
+        return dataclasses.replace(self, **changes)
+
+
+def default_config_file(environ: Mapping[str, str], cwd: Path) -> Path | None:
+    """The config file to read: ``$DRAFTWATCH_CONFIG`` if set, else ``./draftwatch.toml`` if it exists."""
+    if environ.get(CONFIG_FILE_ENV):
+        return Path(environ[CONFIG_FILE_ENV]).expanduser()
+    candidate = cwd / DEFAULT_CONFIG_FILE
+    return candidate if candidate.is_file() else None
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """Flatten the TOML file into dotted names (``{"recorder": {"batch_size": 5}}`` -> ``recorder.batch_size``)."""
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the config file: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, table: Mapping[str, Any]) -> None:
+        for key, value in table.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(f"{name}.", value)
+            else:
+                flat[name] = value
+
+    walk("", document)
+    return flat

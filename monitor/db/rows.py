@@ -1,0 +1,123 @@
+"""Between :class:`decoder.record.RequestRecord` and the ``requests`` table: validation and conversion.
+
+The record's own :meth:`~decoder.record.RequestRecord.check` is the contract; :func:`validate` adds
+what storing it needs on top (no NUL characters, which PostgreSQL refuses in text; bounded strings
+and counts; timezone-aware timestamps), so that a record the recorder accepted can never fail later
+in the database and block a batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from decoder.record import RecordError, RequestRecord
+
+RECORD_FIELDS: Final = tuple(f.name for f in fields(RequestRecord))
+# Column order of the tuples from to_row: the record's fields in declaration order, then ingested_at.
+ROW_COLUMNS: Final = (*RECORD_FIELDS, "ingested_at")
+_HEAD: Final = RECORD_FIELDS[: RECORD_FIELDS.index("ts_start")]
+_TAIL: Final = RECORD_FIELDS[RECORD_FIELDS.index("ts_end") + 1 :]
+TEXT_FIELDS: Final = (
+    "request_id",
+    "workload",
+    "target_model",
+    "drafter",
+    "draft_model",
+    "target_version",
+    "draft_version",
+    "mode",
+    "finish_reason",
+    "error",
+    "source",
+    "prompt_hash",
+)
+MAX_TEXT: Final = 512
+MAX_ERROR_TEXT: Final = 8192
+# Beyond any real draft length; keeps the per-position arrays and histogram rows bounded.
+MAX_SPECULATIVE_TOKENS: Final = 1024
+# Counts stay exact in JSON and in PostgreSQL BIGINT sums.
+MAX_COUNT: Final = 2**53
+
+
+def validate(rec: object) -> RequestRecord:
+    """Return ``rec`` if it is a storable record, else raise :class:`RecordError` naming the field.
+
+    >>> from datetime import datetime, UTC
+    >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> validate(RequestRecord("r1", t, t, "chat", "m", "none", source="api", mode="plain")).request_id
+    'r1'
+    >>> validate(RequestRecord("r1", t, t, "chat", "m\\x00", "none"))
+    Traceback (most recent call last):
+    ...
+    decoder.record.RecordError: target_model: must not contain NUL characters
+    """
+    if not isinstance(rec, RequestRecord):
+        raise RecordError("record", f"expected a RequestRecord, got {type(rec).__name__}")
+    for name in ("ts_start", "ts_end"):
+        value = getattr(rec, name)
+        if not isinstance(value, datetime):
+            raise RecordError(name, f"must be a datetime, got {value!r}")
+    for name in ("workload", "request_id", "target_model", "drafter", "source"):
+        if not isinstance(getattr(rec, name), str):
+            raise RecordError(name, f"must be a string, got {getattr(rec, name)!r}")
+    for name in ("accepted_per_position", "acceptance_histogram"):
+        if not isinstance(getattr(rec, name), list):
+            raise RecordError(name, f"must be a list, got {getattr(rec, name)!r}")
+    for name in ("ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p"):
+        value = getattr(rec, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise RecordError(name, f"must be a number, got {value!r}")
+    try:
+        rec.check()
+    except TypeError as error:  # e.g. comparing an aware with a naive timestamp
+        raise RecordError("ts_end", str(error)) from None
+    for name in TEXT_FIELDS:
+        value = getattr(rec, name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise RecordError(name, f"must be a string, got {value!r}")
+        if "\x00" in value:
+            raise RecordError(name, "must not contain NUL characters")
+        limit = MAX_ERROR_TEXT if name == "error" else MAX_TEXT
+        if len(value) > limit:
+            raise RecordError(name, f"is {len(value)} characters long, more than {limit}")
+    if rec.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+        raise RecordError("num_speculative_tokens", f"{rec.num_speculative_tokens} exceeds {MAX_SPECULATIVE_TOKENS}")
+    for name in ("prompt_tokens", "output_tokens", "num_spec_steps", "num_draft_tokens"):
+        if getattr(rec, name) > MAX_COUNT:
+            raise RecordError(name, f"{getattr(rec, name)} exceeds {MAX_COUNT}")
+    if not isinstance(rec.stopped_mid_step, bool):
+        raise RecordError("stopped_mid_step", f"must be a bool, got {rec.stopped_mid_step!r}")
+    return rec
+
+
+def to_row(rec: RequestRecord, ingested_at: datetime) -> tuple[Any, ...]:
+    """The ``requests`` row of a validated record, in :data:`ROW_COLUMNS` order, timestamps in UTC."""
+    return (
+        *[getattr(rec, name) for name in _HEAD],
+        _utc(rec.ts_start),
+        _utc(rec.ts_end),
+        *[getattr(rec, name) for name in _TAIL],
+        ingested_at,
+    )
+
+
+def from_row(row: Any) -> RequestRecord:
+    """A record from a ``requests`` row (an ORM object or a Row with the record's columns)."""
+    mapping = row._mapping if hasattr(row, "_mapping") else {n: getattr(row, n) for n in RECORD_FIELDS}
+    values = {name: mapping[name] for name in RECORD_FIELDS}
+    values["accepted_per_position"] = list(values["accepted_per_position"] or [])
+    values["acceptance_histogram"] = list(values["acceptance_histogram"] or [])
+    return RequestRecord(**values)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def is_finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
