@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+DEMO_PROMPT ?= Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.
+
 demo: $(STAMP)
-	$(BIN)/draftwatch demo
+	$(BIN)/draftwatch models fetch qwen-coder-1.5b
+	$(BIN)/draftwatch models fetch qwen-coder-0.5b
+	$(BIN)/draftwatch generate --target qwen-coder-1.5b --draft qwen-coder-0.5b --chat --json "$(DEMO_PROMPT)"
 
 test: $(STAMP)
 	$(BIN)/draftwatch models fetch smollm2-135m

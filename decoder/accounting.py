@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from decoder.controller import Observation
 from decoder.record import Mode, RequestRecord, utc_now
 
 
@@ -30,6 +31,13 @@ class RequestStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     stopped_mid_step: bool = False
+    # For the controller: drafts the target judged, and target passes with and without drafts.
+    judged: int = 0
+    verify_passes: int = 0
+    verify_drafts: int = 0
+    verify_pass_seconds: float = 0.0
+    single_passes: int = 0
+    single_pass_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         width = self.gamma if self.mode == "speculative" else 0
@@ -52,6 +60,32 @@ class RequestStats:
             self.accepted_per_position[position] += 1
         self.acceptance_histogram[accepted] += 1
         self.stopped_mid_step = stopped_mid_step
+
+    def target_pass(self, drafts: int, accepted: int, seconds: float) -> None:
+        """Time one target pass that carried ``drafts`` drafts, of which ``accepted`` were accepted."""
+        self.verify_seconds += seconds
+        if drafts:
+            self.verify_passes += 1
+            self.verify_drafts += drafts
+            self.verify_pass_seconds += seconds
+            self.judged += min(drafts, accepted + 1)
+        else:
+            self.single_passes += 1
+            self.single_pass_seconds += seconds
+
+    def observation(self) -> Observation:
+        """What the controller learns from this request."""
+        return Observation(
+            accepted=self.num_accepted_tokens,
+            judged=self.judged,
+            draft_tokens=self.verify_drafts,
+            draft_ms=self.draft_seconds * 1000,
+            verify_passes=self.verify_passes,
+            verify_drafts=self.verify_drafts,
+            verify_ms=self.verify_pass_seconds * 1000,
+            single_passes=self.single_passes,
+            single_ms=self.single_pass_seconds * 1000,
+        )
 
     def to_record(self, **identity: object) -> RequestRecord:
         """Finish the request; ``identity`` carries workload, models, sampling, finish reason, error."""

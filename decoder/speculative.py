@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from decoder.accounting import RequestStats
+from decoder.controller import SpeculationController
 from decoder.drafters.base import Drafter
 from decoder.loading import LoadedModel
 from decoder.record import Mode, RequestRecord, validate_workload
@@ -103,7 +104,7 @@ def speculative_step(
         seq.cache.crop(verdict.num_accepted - k)
     if drafter is not None:
         drafter.rollback(len(seq.tokens) + verdict.num_accepted)
-    stats.verify_seconds += time.perf_counter() - verifying
+    stats.target_pass(k, verdict.num_accepted, time.perf_counter() - verifying)
     return [*drafts[: verdict.num_accepted].tolist(), verdict.next_token], k
 
 
@@ -111,7 +112,9 @@ class SpeculativeDecoder:
     """A target model, an optional drafter, and the loop that runs requests through them.
 
     Every finished request, failed ones included, becomes a :class:`RequestRecord` handed to
-    ``sink`` (errors raised by the sink are logged, never passed to the caller).
+    ``sink`` (errors raised by the sink are logged, never passed to the caller). With a
+    ``controller``, each request's mode and gamma come from it (unless the caller fixes them) and
+    what the request measured goes back to it.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class SpeculativeDecoder:
         gamma: int = 4,
         sink: Sink | None = None,
         source: str = "embedded",
+        controller: SpeculationController | None = None,
     ) -> None:
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
@@ -130,6 +134,7 @@ class SpeculativeDecoder:
         self.gamma = gamma
         self.sink = sink
         self.source = source
+        self.controller = controller
         self.eos_token_ids = eos_token_ids(target.model, target.tokenizer)
         self.max_positions = int(getattr(target.model.config, "max_position_embeddings", 0) or 0)
 
@@ -154,7 +159,8 @@ class SpeculativeDecoder:
         Options: ``workload`` (tag, default ``"default"``), ``max_new_tokens`` (128),
         ``temperature`` (0 = greedy), ``top_p`` (1.0), ``top_k`` (0 = off), ``seed``, ``chat``
         (apply the chat template to a string prompt), ``stop`` (stop strings), ``mode``
-        (``speculative``, ``plain`` or ``holdout``), ``gamma`` (override), ``request_id``.
+        (``speculative``, ``plain`` or ``holdout``; default: the controller's choice, else
+        speculative), ``gamma`` (default: the controller's choice, else the decoder's), ``request_id``.
         """
         return self._run(prompt, [], **options)
 
@@ -173,16 +179,21 @@ class SpeculativeDecoder:
         seed: int | None = None,
         chat: bool = False,
         stop: Sequence[str] = (),
-        mode: Mode = "speculative",
+        mode: Mode | None = None,
         gamma: int | None = None,
         request_id: str | None = None,
     ) -> Iterator[str | RequestRecord]:
         validate_workload(workload)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if mode not in ("speculative", "plain", "holdout"):
+        if mode is not None and mode not in ("speculative", "plain", "holdout"):
             raise ValueError(f"mode must be speculative, plain or holdout, got {mode!r}")
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
+            plan = self.controller.plan(workload)
+            mode = plan.mode if mode is None else mode
+            gamma = plan.gamma if gamma is None else gamma
+        mode = "speculative" if mode is None else mode
         gamma = self.gamma if gamma is None else gamma
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
@@ -227,6 +238,8 @@ class SpeculativeDecoder:
             self._hand_over(record)
             raise
         record = stats.to_record(finish_reason=finish, **identity)
+        if self.controller is not None and self.drafter is not None:
+            self.controller.observe(workload, stats.observation(), mode)
         self._hand_over(record)
         yield record
 

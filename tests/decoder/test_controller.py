@@ -1,0 +1,125 @@
+"""The speculation controller: gamma follows alpha and cost, speculation switches off and back on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scipy.stats import binom
+
+from decoder import LoadedModel, ModelDrafter, SpeculativeDecoder
+from decoder.controller import Observation, SpeculationController, expected_speedup
+
+
+def measured(alpha: float, c: float, b_over_t1: float = 0.05, steps: int = 20, gamma: int = 4) -> Observation:
+    """What a request with these true parameters would report (t1 = 100 ms)."""
+    judged = steps * gamma
+    return Observation(
+        accepted=round(alpha * judged),
+        judged=judged,
+        draft_tokens=steps * gamma,
+        draft_ms=steps * gamma * c * 100,
+        verify_passes=steps,
+        verify_drafts=steps * gamma,
+        verify_ms=steps * 100 * (1 + gamma * b_over_t1),
+        single_passes=2,
+        single_ms=200,
+    )
+
+
+def test_estimates_recover_the_measured_terms() -> None:
+    controller = SpeculationController()
+    for _ in range(30):
+        controller.observe("w", measured(alpha=0.7, c=0.2, b_over_t1=0.1))
+    e = controller.estimates("w")
+    assert e["alpha"] == pytest.approx(0.7, abs=0.01)
+    assert e["c"] == pytest.approx(0.2, rel=0.01)
+    assert e["b_over_t1"] == pytest.approx(0.1, rel=0.01)
+    assert e["t1_ms"] == pytest.approx(100)
+
+
+def test_gamma_rises_with_alpha_and_falls_with_cost() -> None:
+    controller = SpeculationController(gamma_max=10)
+    cases = {"low": (0.5, 0.1), "mid": (0.8, 0.1), "high": (0.97, 0.02), "costly": (0.8, 0.4)}
+    for workload, (alpha, c) in cases.items():
+        for _ in range(30):
+            controller.observe(workload, measured(alpha, c))
+    gammas = {workload: controller.plan(workload).gamma for workload in cases}
+    assert gammas["low"] < gammas["mid"] < gammas["high"]
+    assert gammas["costly"] < gammas["mid"]
+    # The chosen gamma is the argmax of the formula over 1..gamma_max.
+    e = controller.estimates("mid")
+    best = max(range(1, 11), key=lambda g: expected_speedup(e["alpha"], e["c"], e["b_over_t1"], g))
+    assert gammas["mid"] == best
+
+
+def test_useless_drafter_switches_off_then_probes_and_recovers() -> None:
+    controller = SpeculationController(forgetting=0.3, probe_every=5)
+    for _ in range(10):
+        controller.observe("chat", measured(alpha=0.05, c=0.4))
+    plans = []
+    for _ in range(10):
+        plan = controller.plan("chat")
+        plans.append(plan.mode)
+        # While off, the decoder reports plain requests; a probe reports a (still bad) speculative one.
+        controller.observe(
+            "chat", measured(alpha=0.05, c=0.4) if plan.mode == "speculative" else Observation(), plan.mode
+        )
+    assert plans.count("plain") == 8 and plans[4] == plans[9] == "speculative"  # a probe every 5th request
+    # The drafter recovers: the probes see it, and speculation comes back.
+    for _ in range(30):
+        plan = controller.plan("chat")
+        controller.observe(
+            "chat", measured(alpha=0.9, c=0.05) if plan.mode == "speculative" else Observation(), plan.mode
+        )
+    assert controller.plan("chat").mode == "speculative"
+
+
+def test_holdout_share_within_binomial_bounds() -> None:
+    n, share = 4000, 0.05
+    controller = SpeculationController(holdout_share=share, seed=3)
+    holdouts = sum(controller.plan("w").mode == "holdout" for _ in range(n))
+    low, high = binom.ppf(0.0005, n, share), binom.ppf(0.9995, n, share)  # 99.9 % interval
+    assert low <= holdouts <= high
+
+
+def test_deterministic_under_a_seed_and_serialisable() -> None:
+    def run(controller: SpeculationController, count: int) -> list[tuple[str, int]]:
+        out = []
+        for i in range(count):
+            plan = controller.plan("w")
+            out.append((plan.mode, plan.gamma))
+            controller.observe("w", measured(alpha=0.3 + 0.02 * (i % 10), c=0.2), plan.mode)
+        return out
+
+    first = SpeculationController(holdout_share=0.2, seed=9)
+    second = SpeculationController(holdout_share=0.2, seed=9)
+    assert run(first, 40) == run(second, 40)
+    restored = SpeculationController.from_state(json.loads(json.dumps(first.state())))
+    assert run(restored, 40) == run(first, 40)
+    assert set(first.summary()["w"]) >= {"alpha", "c", "gamma", "mode", "expected_speedup"}
+
+
+def test_constructor_errors_name_the_value() -> None:
+    with pytest.raises(ValueError, match="holdout_share must be in \\[0, 1\\), got 1.5"):
+        SpeculationController(holdout_share=1.5)
+    with pytest.raises(ValueError, match="gamma_max must be in 1..32, got 0"):
+        SpeculationController(gamma_max=0)
+
+
+def test_decoder_with_controller_stays_lossless_and_switches_off_a_bad_drafter(
+    tiny_target: LoadedModel, tiny_draft: LoadedModel
+) -> None:
+    """tiny_draft disagrees with the target almost always and costs about as much as the target."""
+    controller = SpeculationController(forgetting=0.3, probe_every=4, seed=0)
+    decoder = SpeculativeDecoder(tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller)
+    plain = SpeculativeDecoder(tiny_target, None)
+    modes = []
+    for i in range(16):
+        prompt = " ".join("abcdefgh"[(i + j) % 8] for j in range(6))
+        result = decoder.generate(prompt, max_new_tokens=20, workload="prose")
+        modes.append(result.record.mode)
+        assert result.token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
+    assert modes[0] == "speculative"
+    assert modes[-8:].count("plain") >= 5  # off, but for the probes
+    assert controller.summary()["prose"]["expected_speedup"] < 1
