@@ -24,7 +24,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
 DEFAULT_CONFIG_FILE: Final = "draftwatch.toml"
@@ -106,6 +106,54 @@ def _parse_database_url(raw: Any) -> str:
     return url
 
 
+API_SCOPES: Final = ("ingest", "read", "admin")
+API_TOKEN_MIN_LENGTH: Final = 16
+
+
+class ApiToken(NamedTuple):
+    """One bearer token of the sidecar API and its scope; the repr never shows the token."""
+
+    scope: str
+    token: str
+
+    def __repr__(self) -> str:
+        return f"ApiToken(scope={self.scope!r}, token='***')"
+
+
+def _parse_api_tokens(raw: Any) -> tuple[ApiToken, ...]:
+    """``ingest:TOKEN,admin:TOKEN`` (comma-separated ``scope:token`` pairs); the message never quotes a token."""
+    if not isinstance(raw, str):
+        raise ValueError("expected comma-separated scope:token pairs")
+    tokens: list[ApiToken] = []
+    for number, part in enumerate(filter(None, (p.strip() for p in raw.split(","))), start=1):
+        scope, _, token = part.partition(":")
+        if scope.strip() not in API_SCOPES:
+            raise ValueError(f"pair {number}: scope must be one of {', '.join(API_SCOPES)}")
+        if len(token.strip()) < API_TOKEN_MIN_LENGTH or any(c.isspace() for c in token.strip()):
+            raise ValueError(f"pair {number}: token must be at least {API_TOKEN_MIN_LENGTH} characters, no spaces")
+        tokens.append(ApiToken(scope.strip(), token.strip()))
+    return tuple(tokens)
+
+
+def _parse_port(raw: Any) -> int:
+    port = _parse_int(0)(raw)
+    if port > 65535:
+        raise ValueError("expected a port number 0-65535")
+    return int(port)
+
+
+def _parse_share(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("expected a share between 0 and 1")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError("expected a share between 0 and 1") from None
+    if not 0 <= value <= 1:
+        raise ValueError("expected a share between 0 and 1")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class SettingSpec:
     """One row of the settings table.
@@ -120,6 +168,8 @@ class SettingSpec:
     parse: Parser
     default: Callable[[dict[str, Any], Mapping[str, str]], Any]
     help: str
+    # Secret values (API tokens) are never quoted in error messages.
+    secret: bool = False
 
     @property
     def toml_path(self) -> tuple[str, ...]:
@@ -229,6 +279,72 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         lambda r, _e: r["data_dir"] / "spool",
         "directory of the recorder's append-only spool files (default: spool/ in data_dir)",
     ),
+    SettingSpec(
+        "api.host",
+        "DRAFTWATCH_API_HOST",
+        "api_host",
+        _parse_str,
+        _const("127.0.0.1"),
+        "address `draftwatch serve` binds; anything but loopback needs api.tokens (default: 127.0.0.1)",
+    ),
+    SettingSpec(
+        "api.port",
+        "DRAFTWATCH_API_PORT",
+        "api_port",
+        _parse_port,
+        _const(8321),
+        "TCP port of `draftwatch serve` (default: 8321)",
+    ),
+    SettingSpec(
+        "api.tokens",
+        "DRAFTWATCH_API_TOKENS",
+        "api_tokens",
+        _parse_api_tokens,
+        _const(()),
+        "bearer tokens of the API as comma-separated scope:token pairs, scopes ingest, read, admin "
+        "(admin may do everything); none configured: no auth, loopback only",
+        secret=True,
+    ),
+    SettingSpec(
+        "api.max_batch_size",
+        "DRAFTWATCH_API_MAX_BATCH_SIZE",
+        "api_max_batch_size",
+        _parse_int(1),
+        _const(10_000),
+        "most records in one POST /v1/events (default: 10000)",
+    ),
+    SettingSpec(
+        "api.max_body_bytes",
+        "DRAFTWATCH_API_MAX_BODY_BYTES",
+        "api_max_body_bytes",
+        _parse_int(1024),
+        _const(16 * 1024 * 1024),
+        "largest request body the API reads, in bytes (default: 16 MiB)",
+    ),
+    SettingSpec(
+        "api.request_timeout_s",
+        "DRAFTWATCH_API_REQUEST_TIMEOUT_S",
+        "api_request_timeout_s",
+        _parse_seconds,
+        _const(60.0),
+        "longest time from a request's arrival to its response's start; 0 disables (default: 60)",
+    ),
+    SettingSpec(
+        "api.decode_queue_size",
+        "DRAFTWATCH_API_DECODE_QUEUE_SIZE",
+        "api_decode_queue_size",
+        _parse_int(1),
+        _const(16),
+        "generation requests waiting for the decoder; beyond that the API answers 503 (default: 16)",
+    ),
+    SettingSpec(
+        "decoder.holdout_share",
+        "DRAFTWATCH_HOLDOUT_SHARE",
+        "holdout_share",
+        _parse_share,
+        _const(0.05),
+        "share of served requests decoded without speculation (mode holdout) to measure the speedup (default: 0.05)",
+    ),
 )
 
 
@@ -247,6 +363,14 @@ class Settings:
     recorder_retry_interval_s: float
     recorder_writer_threads: int
     recorder_spool_dir: Path
+    api_host: str
+    api_port: int
+    api_tokens: tuple[ApiToken, ...]
+    api_max_batch_size: int
+    api_max_body_bytes: int
+    api_request_timeout_s: float
+    api_decode_queue_size: int
+    holdout_share: float
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], config_file: Path | None = None) -> Settings:
@@ -264,7 +388,8 @@ class Settings:
             try:
                 resolved[spec.field] = spec.parse(raw)
             except ValueError as error:
-                raise ConfigError(f"{source}={raw!r}: {error}") from None
+                shown = "'<redacted>'" if spec.secret else repr(raw)
+                raise ConfigError(f"{source}={shown}: {error}") from None
         file_values = {k: v for k, v in file_values.items() if k not in {s.name for s in SETTINGS}}
         if file_values:
             key = sorted(file_values)[0]

@@ -1,0 +1,185 @@
+"""The application factory of the sidecar API.
+
+``create_app(settings, decoder=None, engine=None)`` builds the FastAPI app; its lifespan migrates
+the schema (when ``database.upgrade_on_start``), starts the recorder (whose ``on_durable`` hook
+feeds ``/metrics``), makes it the decoder's sink and starts the decoder worker, and on shutdown
+stops the worker and drains the recorder. Without a decoder, ingest and reads work and the decode
+endpoints answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Final
+
+import anyio.to_thread
+from fastapi import FastAPI
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+from sqlalchemy.engine import Engine
+
+from decoder.speculative import SpeculativeDecoder
+from monitor.api import errors, generate, ingest, openai_chat, reads
+from monitor.api.adapters import MODELS
+from monitor.api.auth import TokenSet
+from monitor.api.decoding import DecodeWorker
+from monitor.api.events import EventBatchIn, EventIn
+from monitor.api.limits import LimitsMiddleware
+from monitor.api.metrics import Metrics
+from monitor.api.state import ApiState
+from monitor.config import Settings
+from monitor.db import migrate
+from monitor.db.engine import create_engine
+from monitor.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+SCHEMA_RETRY_S: Final = 5.0
+
+
+def _version() -> str:
+    try:
+        return version("draftwatch")
+    except PackageNotFoundError:  # running from a bare checkout
+        return "0.0.0"
+
+
+def create_app(
+    settings: Settings,
+    *,
+    decoder: SpeculativeDecoder | None = None,
+    engine: Engine | None = None,
+    decode_seed: int = 0,
+) -> FastAPI:
+    """The sidecar API over ``settings`` (database, tokens, limits); ``decoder`` enables generation."""
+    tokens = TokenSet(settings.api_tokens)
+    metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        eng = engine or create_engine(settings.database_url)
+        recorder = Recorder.from_settings(settings, eng, on_durable=metrics.observe)
+        state = ApiState(settings=settings, engine=eng, recorder=recorder, tokens=tokens, metrics=metrics)
+        state.head_revision = migrate.head_revision()
+        schema_task = None
+        if settings.database_upgrade_on_start and not await _upgrade(eng):
+            # The database may come up later: keep trying, while records spool meanwhile.
+            schema_task = asyncio.create_task(_upgrade_until_done(eng))
+        await anyio.to_thread.run_sync(recorder.start)
+        if decoder is not None:
+            decoder.sink = recorder.record
+            state.worker = DecodeWorker(
+                decoder,
+                queue_size=settings.api_decode_queue_size,
+                holdout_share=settings.holdout_share,
+                seed=decode_seed,
+            ).start()
+        metrics.add_collector(lambda: _own_figures(state))
+        app.state.api = state
+        try:
+            yield
+        finally:
+            if schema_task is not None:
+                schema_task.cancel()
+            if state.worker is not None:
+                await anyio.to_thread.run_sync(state.worker.stop)
+            await anyio.to_thread.run_sync(recorder.close)
+            if engine is None:
+                eng.dispose()
+
+    app = FastAPI(
+        title="draftwatch sidecar API",
+        version=_version(),
+        summary="Ingest per-request speculative-decoding records, decode behind HTTP, expose metrics.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.add_middleware(
+        LimitsMiddleware, max_body_bytes=settings.api_max_body_bytes, timeout_s=settings.api_request_timeout_s
+    )
+    for module in (ingest, generate, openai_chat, reads):
+        app.include_router(module.router)
+    _document_bodies(app)
+    return app
+
+
+async def _upgrade(engine: Engine) -> bool:
+    try:
+        await anyio.to_thread.run_sync(migrate.upgrade, engine)
+    except Exception as error:  # the service still starts: it spools, and readyz reports the schema
+        log.error("schema upgrade failed (%s); retrying in the background", str(error).splitlines()[0])
+        return False
+    return True
+
+
+async def _upgrade_until_done(engine: Engine) -> None:
+    while not await _upgrade(engine):
+        await asyncio.sleep(SCHEMA_RETRY_S)
+    log.info("schema upgrade succeeded")
+
+
+def _own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
+    stats = state.recorder.stats()
+    yield "draftwatch_recorder_queued_records", "Records waiting in the recorder's queue.", "gauge", stats.queued
+    for name in ("written", "spooled", "replayed", "duplicates", "rejected", "failed"):
+        yield (
+            f"draftwatch_recorder_{name}_total",
+            f"Records the recorder {name} (cumulative).",
+            "counter",
+            float(getattr(stats, name)),
+        )
+    yield (
+        "draftwatch_recorder_spool_pending",
+        "1 while spooled records wait for the database.",
+        "gauge",
+        float(stats.spool_pending),
+    )
+    yield (
+        "draftwatch_recorder_database_available",
+        "1 when the last write reached the database.",
+        "gauge",
+        float(stats.database_available),
+    )
+    if state.worker is not None:
+        yield (
+            "draftwatch_decode_queue_depth",
+            "Generation requests waiting for the decoder.",
+            "gauge",
+            float(state.worker.depth),
+        )
+        yield (
+            "draftwatch_decode_rejected_total",
+            "Generation requests refused with 503 (queue full).",
+            "counter",
+            float(state.worker.rejected),
+        )
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Add the hand-parsed request bodies' schemas to the OpenAPI components the routes refer to."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        models: list[type[BaseModel]] = [EventIn, EventBatchIn, *MODELS.values()]
+        _, extra = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in extra.get("$defs", {}).items():
+            components.setdefault(name, definition)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def openapi_document(app: FastAPI) -> str:
+    """The OpenAPI document as committed in docs/openapi.json (sorted keys, two-space indent)."""
+    import json
+
+    return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,105 @@
+"""``draftwatch serve``: the sidecar API on uvicorn, optionally with the embedded decoder.
+
+Without API tokens the server binds loopback only and refuses anything else, with the reason; with
+``--target`` it loads the pair (``--draft D`` or ``--drafter ngram``) before it starts listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from decoder.cli import add_model_arguments, build_decoder
+from decoder.fetch import FetchError
+from decoder.loading import ModelLoadError
+from decoder.speculative import SpeculativeDecoder
+from monitor.api.app import create_app
+from monitor.api.auth import check_bind
+from monitor.config import ConfigError, Settings, default_config_file
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the sidecar API (ingest, metrics; decoding with --target)",
+        description="Serve the sidecar API: POST /v1/events (and the vllm, llamacpp, sglang adapters), "
+        "/v1/workloads, /metrics, /healthz, /readyz; with --target also /v1/generate and "
+        "/v1/chat/completions. The database comes from DRAFTWATCH_DATABASE_URL, tokens from "
+        "DRAFTWATCH_API_TOKENS.",
+    )
+    parser.add_argument("--host", default=None, help="address to bind (default: api.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to bind (default: api.port, 8321)")
+    parser.add_argument("--config", type=Path, default=None, help="draftwatch.toml to read")
+    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL")
+    parser.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="do not run the drift/alert scheduler inside this process (run `draftwatch scheduler` elsewhere)",
+    )
+    add_model_arguments(parser)
+    # Decoding is optional here: no --target means an ingest-and-report sidecar.
+    parser.set_defaults(handler=_serve, target=None)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    config_file = args.config or default_config_file(os.environ, Path.cwd())
+    settings = Settings.from_env(os.environ, config_file)
+    changes: dict[str, Any] = {}
+    if args.database_url:
+        changes["database_url"] = args.database_url
+    if args.host:
+        changes["api_host"] = args.host
+    if args.port is not None:
+        changes["api_port"] = args.port
+    return settings.replace(**changes) if changes else settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    try:
+        settings = _settings(args)
+    except ConfigError as error:
+        print(f"draftwatch serve: {error}", file=sys.stderr)
+        return 2
+    refusal = check_bind(settings.api_host, bool(settings.api_tokens))
+    if refusal is not None:
+        print(f"draftwatch serve: {refusal}", file=sys.stderr)
+        return 2
+    if args.target is None and (args.draft or args.drafter):
+        print("draftwatch serve: --draft/--drafter need --target", file=sys.stderr)
+        return 2
+    decoder: SpeculativeDecoder | None = None
+    if args.target is not None:
+        try:
+            decoder = build_decoder(args, progress=sys.stderr.isatty())
+        except (ModelLoadError, FetchError, ValueError) as error:
+            print(f"draftwatch serve: {error}", file=sys.stderr)
+            return 1
+    if not args.no_scheduler:
+        # The scheduler (drift tests, alerts) is started here once it exists; until then there is nothing to run.
+        log.debug("no embedded scheduler available in this build")
+    app = create_app(settings, decoder=decoder)
+    print(
+        f"draftwatch serve: listening on http://{settings.api_host}:{settings.api_port} "
+        f"({'decoding with ' + decoder.target.name if decoder else 'ingest only'}, "
+        f"{'token auth' if settings.api_tokens else 'no auth, loopback only'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        # Access lines carry method, path and status only: no bodies, no Authorization header.
+        access_log=logging.getLogger().level <= logging.INFO,
+        server_header=False,
+    )
+    return 0

@@ -1,0 +1,113 @@
+"""One JSON error shape for every failure the API reports, and the handlers that produce it.
+
+Every error body is ``{"error": CODE, "message": TEXT}``, plus ``"detail": [{"loc", "msg", "type"}]``
+for validation problems. Bodies never carry stack traces or the input that was sent: a hostile or
+private body is never echoed back, and tracebacks go to the log only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+Loc = tuple[str | int, ...]
+
+
+class Problem(BaseModel):
+    """One validation problem: where (``loc``), what (``msg``) and its kind (``type``)."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx and 5xx response."""
+
+    error: str
+    message: str
+    detail: list[Problem] | None = None
+
+
+class ApiError(Exception):
+    """An error the API answers with ``status`` and an :class:`ErrorBody`."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        detail: Sequence[Problem] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = list(detail) if detail is not None else None
+        self.headers = dict(headers or {})
+
+    def response(self) -> JSONResponse:
+        body = ErrorBody(error=self.code, message=self.message, detail=self.detail)
+        return JSONResponse(body.model_dump(exclude_none=True), status_code=self.status, headers=self.headers)
+
+
+def validation_error(problems: Sequence[Problem], what: str = "request") -> ApiError:
+    count = len(problems)
+    return ApiError(
+        422, "validation_error", f"the {what} has {count} problem{'s' if count != 1 else ''}", detail=problems
+    )
+
+
+def problems_of(error: ValidationError, prefix: Loc = (), limit: int = 50) -> list[Problem]:
+    """Pydantic's errors without the input values (never echo a body), at most ``limit`` of them."""
+    return [
+        Problem(loc=[*prefix, *item["loc"]], msg=item["msg"], type=item["type"])
+        for item in error.errors(include_url=False, include_input=False, include_context=False)[:limit]
+    ]
+
+
+# Error codes of the plain HTTP statuses Starlette raises itself (unknown route, wrong method).
+_STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 400: "bad_request"}
+
+
+def install(app: FastAPI) -> None:
+    """Route every exception to the one error shape."""
+
+    async def on_api_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return exc.response()
+
+    async def on_request_validation(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        problems = [
+            Problem(loc=list(item.get("loc", ())), msg=str(item.get("msg", "")), type=str(item.get("type", "")))
+            for item in list(exc.errors())[:50]
+        ]
+        return validation_error(problems).response()
+
+    async def on_http(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = _STATUS_CODES.get(exc.status_code, "http_error")
+        headers: dict[str, Any] = dict(exc.headers or {})
+        return ApiError(exc.status_code, code, str(exc.detail), headers=headers).response()
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The traceback goes to the log (never the body); the path is logged, never the body.
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return ApiError(500, "internal_error", "the server failed to handle the request").response()
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_request_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,189 @@
+"""Read and observe: per-workload aggregates and series, Prometheus metrics, liveness and readiness."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Final, Literal
+
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
+from sqlalchemy import text
+
+from decoder.record import WORKLOAD_PATTERN
+from monitor import queries
+from monitor.api.auth import require
+from monitor.api.errors import ErrorBody, Problem, validation_error
+from monitor.api.state import ApiState, api_state
+from monitor.db.migrate import current_revision
+
+router = APIRouter(tags=["read"])
+read = [Depends(require("read"))]
+
+DEFAULT_RANGE: Final = timedelta(hours=1)
+MAX_POINTS: Final = 10_000
+SERIES_METRICS: Final = (
+    "requests",
+    "acceptance_rate_tokens",
+    "acceptance_rate_requests",
+    "mean_acceptance_length",
+    "ms_per_token_mean",
+    "ms_per_token_p95",
+    "tokens_per_second",
+)
+SeriesMetric = Literal[
+    "requests",
+    "acceptance_rate_tokens",
+    "acceptance_rate_requests",
+    "mean_acceptance_length",
+    "ms_per_token_mean",
+    "ms_per_token_p95",
+    "tokens_per_second",
+]
+Mode = Literal["speculative", "plain", "holdout"]
+_STEP: Final = re.compile(r"^(\d{1,6})([mhd]?)$")
+READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "no or unknown bearer token"},
+    403: {"model": ErrorBody, "description": "the token lacks the read scope"},
+    422: {"model": ErrorBody, "description": "invalid query parameters"},
+}
+
+
+def _range(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
+    end = _aware(until) if until is not None else datetime.now(UTC)
+    start = _aware(since) if since is not None else end - DEFAULT_RANGE
+    if start >= end:
+        raise validation_error([Problem(loc=["query", "since"], msg="must be before until", type="value_error")])
+    return start, end
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def parse_step(step: str) -> timedelta:
+    """``5`` or ``5m`` (minutes), ``2h``, ``1d``: a whole number of minutes, as the rollups hold.
+
+    >>> parse_step("90"), parse_step("2h")
+    (datetime.timedelta(seconds=5400), datetime.timedelta(seconds=7200))
+    """
+    match = _STEP.match(step.strip())
+    if not match or int(match.group(1)) == 0:
+        raise validation_error(
+            [Problem(loc=["query", "step"], msg="expected whole minutes like 1m, 15m, 2h or 1d", type="value_error")]
+        )
+    factor = {"": 1, "m": 1, "h": 60, "d": 1440}[match.group(2)]
+    return timedelta(minutes=int(match.group(1)) * factor)
+
+
+class WorkloadsOut(BaseModel):
+    since: datetime
+    until: datetime
+    workloads: list[dict[str, Any]]
+
+
+class SeriesOut(BaseModel):
+    workload: str
+    since: datetime
+    until: datetime
+    step_s: int
+    metric: str | None
+    points: list[dict[str, Any]]
+
+
+@router.get("/v1/workloads", dependencies=read, response_model=WorkloadsOut, responses=READ_ERRORS)
+async def workloads(
+    request: Request,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    mode: Mode | None = None,
+) -> WorkloadsOut:
+    """Per-workload aggregates over ``[since, until)`` (default: the last hour), from the store's rollups."""
+    start, end = _range(since, until)
+    engine = api_state(request).engine
+    found = await anyio.to_thread.run_sync(lambda: queries.workload_summaries(engine, start, end, mode=mode))
+    return WorkloadsOut(since=start, until=end, workloads=[dataclasses.asdict(s) for s in found])
+
+
+@router.get("/v1/workloads/{tag}/series", dependencies=read, response_model=SeriesOut, responses=READ_ERRORS)
+async def series(
+    request: Request,
+    tag: Annotated[str, Path(max_length=64, pattern=WORKLOAD_PATTERN.pattern)],
+    since: datetime | None = None,
+    until: datetime | None = None,
+    step: Annotated[str, Query(max_length=12)] = "1m",
+    metric: SeriesMetric | None = None,
+    mode: Mode | None = None,
+) -> SeriesOut:
+    """One point per ``step`` that has records; with ``metric``, points are ``{bucket, value}``."""
+    start, end = _range(since, until)
+    delta = parse_step(step)
+    if (end - start) / delta > MAX_POINTS:
+        raise validation_error(
+            [Problem(loc=["query", "step"], msg=f"more than {MAX_POINTS} points: widen step", type="value_error")]
+        )
+    engine = api_state(request).engine
+    points = await anyio.to_thread.run_sync(lambda: queries.time_series(engine, tag, start, end, step=delta, mode=mode))
+    rows = [dataclasses.asdict(p) for p in points]
+    if metric is not None:
+        rows = [{"bucket": row["bucket"], "value": row[metric]} for row in rows]
+    return SeriesOut(
+        workload=tag, since=start, until=end, step_s=int(delta.total_seconds()), metric=metric, points=rows
+    )
+
+
+@router.get(
+    "/metrics",
+    dependencies=read,
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}}, **READ_ERRORS},
+    summary="Prometheus text format",
+)
+async def metrics(request: Request) -> PlainTextResponse:
+    body = api_state(request).metrics.render()
+    return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, Any] = {}
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "not ready; checks say why"}},
+    summary="Readiness: database reachable, schema at head, recorder not backed up",
+)
+async def readyz(request: Request) -> JSONResponse:
+    state = api_state(request)
+    checks = await anyio.to_thread.run_sync(lambda: readiness(state))
+    ready = all(check["ok"] for check in checks.values())
+    body = Health(status="ready" if ready else "not_ready", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+def readiness(state: ApiState) -> dict[str, dict[str, Any]]:
+    checks: dict[str, dict[str, Any]] = {}
+    try:
+        with state.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        revision = current_revision(state.engine)
+        checks["database"] = {"ok": True}
+        checks["schema"] = {"ok": revision == state.head_revision, "revision": revision, "head": state.head_revision}
+    except Exception as error:  # reported, not raised: this is what readiness is for
+        checks["database"] = {"ok": False, "error": type(error).__name__}
+        checks["schema"] = {"ok": False, "revision": None, "head": state.head_revision}
+    stats = state.recorder.stats()
+    limit = state.settings.recorder_queue_size
+    backed_up = stats.spool_pending or stats.queued >= 0.9 * limit
+    checks["recorder"] = {"ok": not backed_up, "queued": stats.queued, "spool_pending": stats.spool_pending}
+    return checks
