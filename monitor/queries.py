@@ -184,8 +184,15 @@ def _sum_select(*group: Any) -> Select[Any]:
     return select(*group, *[func.sum(getattr(M, c)) for c in SUM_COLUMNS])
 
 
+_FLOAT_SUMS = frozenset(c for c in SUM_COLUMNS if c.startswith("sum_") and c.endswith(("_ms", "_rate", "_token")))
+
+
 def _to_sums(values: Sequence[Any]) -> Sums:
-    return Sums(**{c: (v or 0) for c, v in zip(SUM_COLUMNS, values, strict=True)})
+    # PostgreSQL's SUM(bigint) is NUMERIC (Decimal in Python): bring every figure back to int/float.
+    figures: dict[str, Any] = {
+        c: (float(v or 0) if c in _FLOAT_SUMS else int(v or 0)) for c, v in zip(SUM_COLUMNS, values, strict=True)
+    }
+    return Sums(**figures)
 
 
 def workload_summaries(

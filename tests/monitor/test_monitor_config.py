@@ -1,0 +1,84 @@
+"""Settings: defaults, precedence, the TOML file, and errors that quote key and value."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from monitor.config import SETTINGS, ConfigError, Settings, default_config_file
+
+HOME = {"HOME": "/home/ada"}
+
+
+def test_defaults_live_under_the_data_dir() -> None:
+    s = Settings.from_env(HOME, None)
+    assert s.data_dir == Path("/home/ada/.local/share/draftwatch")
+    assert s.database_url == "sqlite:////home/ada/.local/share/draftwatch/draftwatch.db"
+    assert s.recorder_spool_dir == s.data_dir / "spool"
+    assert s.recorder_full_queue_policy == "block_then_spool"
+
+
+def test_data_dir_moves_the_derived_defaults() -> None:
+    s = Settings.from_env({**HOME, "DRAFTWATCH_DATA_DIR": "/srv/dw"}, None)
+    assert s.database_url == "sqlite:////srv/dw/draftwatch.db"
+    assert s.recorder_spool_dir == Path("/srv/dw/spool")
+    assert Settings.from_env({**HOME, "XDG_DATA_HOME": "/x"}, None).data_dir == Path("/x/draftwatch")
+
+
+def test_environment_beats_file_beats_default(tmp_path: Path) -> None:
+    config = tmp_path / "draftwatch.toml"
+    config.write_text(
+        'data_dir = "/from/file"\n[database]\nurl = "postgresql+psycopg://u@h/db"\n'
+        "[recorder]\nbatch_size = 64\nflush_interval_s = 0.5\n"
+    )
+    s = Settings.from_env({**HOME, "DRAFTWATCH_RECORDER_BATCH_SIZE": "128"}, config)
+    assert s.recorder_batch_size == 128
+    assert s.recorder_flush_interval_s == 0.5
+    assert s.database_url == "postgresql+psycopg://u@h/db"
+    assert s.recorder_spool_dir == Path("/from/file/spool")
+
+
+@pytest.mark.parametrize(
+    ("env", "quoted"),
+    [
+        ({"DRAFTWATCH_RECORDER_QUEUE_SIZE": "0"}, "DRAFTWATCH_RECORDER_QUEUE_SIZE='0'"),
+        ({"DRAFTWATCH_RECORDER_FLUSH_INTERVAL_S": "soon"}, "DRAFTWATCH_RECORDER_FLUSH_INTERVAL_S='soon'"),
+        ({"DRAFTWATCH_RECORDER_FULL_QUEUE_POLICY": "drop"}, "DRAFTWATCH_RECORDER_FULL_QUEUE_POLICY='drop'"),
+        ({"DRAFTWATCH_DATABASE_URL": "mysql://x"}, "DRAFTWATCH_DATABASE_URL='mysql://x'"),
+        ({"DRAFTWATCH_DATABASE_UPGRADE_ON_START": "maybe"}, "DRAFTWATCH_DATABASE_UPGRADE_ON_START='maybe'"),
+    ],
+)
+def test_bad_environment_values_are_quoted(env: dict[str, str], quoted: str) -> None:
+    with pytest.raises(ConfigError, match=quoted.replace("(", r"\(")):
+        Settings.from_env({**HOME, **env}, None)
+
+
+def test_bad_file_values_and_unknown_keys_are_quoted(tmp_path: Path) -> None:
+    config = tmp_path / "draftwatch.toml"
+    config.write_text("[recorder]\nbatch_size = -3\n")
+    with pytest.raises(ConfigError, match=r"recorder\.batch_size=-3: expected an integer >= 1"):
+        Settings.from_env(HOME, config)
+    config.write_text("[recorder]\nbatch_sise = 3\n")
+    with pytest.raises(ConfigError, match=r"recorder\.batch_sise=3: unknown setting"):
+        Settings.from_env(HOME, config)
+    config.write_text("[recorder\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Settings.from_env(HOME, config)
+    with pytest.raises(ConfigError, match="cannot read"):
+        Settings.from_env(HOME, tmp_path / "missing.toml")
+
+
+def test_the_table_and_the_dataclass_agree() -> None:
+    fields = [f.name for f in dataclasses.fields(Settings)]
+    assert sorted(fields) == sorted(spec.field for spec in SETTINGS)
+    assert len({spec.env for spec in SETTINGS}) == len(SETTINGS)
+    assert all(spec.env.startswith("DRAFTWATCH_") and spec.help for spec in SETTINGS)
+
+
+def test_config_file_discovery(tmp_path: Path) -> None:
+    assert default_config_file({}, tmp_path) is None
+    (tmp_path / "draftwatch.toml").write_text("")
+    assert default_config_file({}, tmp_path) == tmp_path / "draftwatch.toml"
+    assert default_config_file({"DRAFTWATCH_CONFIG": "/etc/dw.toml"}, tmp_path) == Path("/etc/dw.toml")

@@ -1,0 +1,83 @@
+"""Migrations on both dialects: up, down, matching the models, concurrent upgrades, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
+from monitor.db import migrate
+from monitor.db.cli import register
+from monitor.db.engine import create_engine
+from monitor.db.models import Base
+
+TABLES = {"requests", "model_versions", "deployment_events", "rollup_minute", "rollup_bins", "recorder_batches"}
+
+
+def _ours(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Compare only this revision's tables: later revisions (other issues) own theirs."""
+    table = name if type_ == "table" else getattr(getattr(obj, "table", None), "name", None)
+    return table in TABLES
+
+
+def test_upgrade_downgrade_and_models_match(db_url: str) -> None:
+    engine = create_engine(db_url)
+    assert migrate.current_revision(engine) is None
+    assert migrate.upgrade(engine) == migrate.head_revision()
+    assert set(inspect(engine).get_table_names()) >= TABLES
+    with engine.connect() as conn:
+        opts = {"compare_type": True, "include_object": _ours}
+        diff = compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata)
+    assert diff == []
+    assert migrate.upgrade(engine) == migrate.head_revision()  # idempotent
+    assert migrate.downgrade(engine, "base") is None
+    assert not TABLES & set(inspect(engine).get_table_names())
+    migrate.upgrade(engine)
+    assert migrate.is_current(engine)
+    engine.dispose()
+
+
+def test_concurrent_upgrades_are_safe(db_url: str) -> None:
+    errors: list[BaseException] = []
+
+    def replica() -> None:
+        engine = create_engine(db_url)
+        try:
+            migrate.upgrade(engine)
+        except BaseException as error:  # collected for the assertion below
+            errors.append(error)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=replica) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    engine = create_engine(db_url)
+    assert migrate.is_current(engine)
+    engine.dispose()
+
+
+def test_cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+
+    def run(*argv: str) -> int:
+        args = parser.parse_args(["db", "--database-url", db_url, *argv])
+        return int(args.handler(args))
+
+    assert run("current") == 0
+    assert "base (empty)" in capsys.readouterr().out
+    assert run("upgrade") == 0
+    assert run("current") == 0
+    assert "(up to date)" in capsys.readouterr().out
+    assert run("downgrade", "base") == 0
+    assert run("downgrade", "nonsense") == 1
+    assert "nonsense" in capsys.readouterr().err

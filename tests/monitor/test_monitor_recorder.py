@@ -1,0 +1,158 @@
+"""Recorder behaviour on both dialects: batching, full-queue policies, database away at start."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from decoder.record import RequestRecord
+from monitor.config import Settings
+from monitor.db.engine import create_engine
+from monitor.db.migrate import upgrade
+from monitor.db.models import RequestRow, RollupMinuteRow
+from monitor.recorder import Recorder, RecorderClosedError, RecorderFullError
+from tests.monitor.conftest import PG_URL, drop_pg_database
+from tests.monitor.records import stream
+
+
+def stored_count(engine: Engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        requests = conn.execute(select(func.count()).select_from(RequestRow)).scalar_one()
+        rolled = conn.execute(select(func.coalesce(func.sum(RollupMinuteRow.n_requests), 0))).scalar_one()
+    return int(requests), int(rolled)
+
+
+def test_records_arrive_in_batches_and_hooks_see_them(engine: Engine, tmp_path: Path) -> None:
+    seen: list[tuple[int, str]] = []
+    recorder = Recorder(engine, tmp_path / "spool", batch_size=100, on_durable=lambda b, w: seen.append((len(b), w)))
+    with recorder:
+        for rec in stream(1000):
+            recorder.record(rec)
+        assert recorder.flush(20)
+        assert recorder.stats().queued == 0
+    assert stored_count(engine) == (1000, 1000)
+    assert sum(n for n, _ in seen) == 1000 and {w for _, w in seen} == {"written"}
+    assert max(n for n, _ in seen) <= 100
+    with pytest.raises(RecorderClosedError):
+        recorder.record(stream(1)[0])
+
+
+def test_from_settings(engine: Engine, tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        {"HOME": str(tmp_path), "DRAFTWATCH_RECORDER_BATCH_SIZE": "7", "DRAFTWATCH_RECORDER_QUEUE_SIZE": "9"}, None
+    )
+    with Recorder.from_settings(settings, engine) as recorder:
+        for rec in stream(20):
+            recorder.record(rec)
+    assert stored_count(engine) == (20, 20)
+
+
+class _Stalled:
+    """Holds the writer thread inside the durable hook, so the queue fills up deterministically."""
+
+    def __init__(self) -> None:
+        self.release = False
+
+    def __call__(self, batch: object, where: str) -> None:
+        while where == "written" and not self.release:
+            time.sleep(0.005)
+
+
+@pytest.mark.parametrize("policy", ["raise", "spool", "block_then_spool"])
+def test_full_queue_policies(engine: Engine, tmp_path: Path, policy: str) -> None:
+    stall = _Stalled()
+    recorder = Recorder(
+        engine,
+        tmp_path / "spool",
+        queue_size=5,
+        batch_size=1,
+        full_queue_policy=policy,
+        block_timeout_s=0.01,
+        on_durable=stall,
+    ).start()
+    records = stream(20)
+    outcomes = []
+    for rec in records:
+        try:
+            recorder.record(rec)
+            outcomes.append("ok")
+        except RecorderFullError:
+            outcomes.append("full")
+    stats = recorder.stats()
+    stall.release = True
+    recorder.close()
+    final = recorder.stats()
+    if policy == "raise":
+        assert "full" in outcomes
+        assert stored_count(engine)[0] == outcomes.count("ok")
+    else:
+        assert outcomes == ["ok"] * 20
+        assert stats.spooled > 0  # the overflow went to the spool, on the caller's thread
+        assert stored_count(engine) == (20, 20)  # and was replayed at close
+        assert final.written + final.replayed == 20
+    assert not list((tmp_path / "spool").glob("spool-*"))
+
+
+def _unmigrated_or_missing(db_url: str) -> tuple[str, object]:
+    """A database the recorder cannot write to yet: SQLite without schema, PostgreSQL not created."""
+    if db_url.startswith("sqlite"):
+        return db_url, None
+    name = db_url.rsplit("/", 1)[1] + "_late"
+    return PG_URL.format(name=name), name
+
+
+def test_database_down_at_start_spools_then_replays(db_url: str, tmp_path: Path) -> None:
+    url, late_name = _unmigrated_or_missing(db_url)
+    engine = create_engine(url)
+    records = stream(300)
+    recorder = Recorder(engine, tmp_path / "spool", batch_size=50, retry_interval_s=0.1).start()
+    try:
+        for rec in records:
+            recorder.record(rec)
+        assert recorder.flush(20)
+        stats = recorder.stats()
+        assert stats.spooled == 300 and stats.written == 0 and not stats.database_available
+        # The database comes up.
+        if late_name is not None:
+            create_pg_database_named(str(late_name))
+        upgrade(engine)
+        assert recorder.wait_replayed(20)
+        for rec in stream(10, prefix="after"):
+            recorder.record(rec)
+    finally:
+        recorder.close()
+    stats = recorder.stats()
+    assert stats.replayed == 300 and stats.written == 10 and stats.duplicates == 0
+    assert stored_count(engine) == (310, 310)
+    engine.dispose()
+    if late_name is not None:
+        drop_pg_database(str(late_name))
+
+
+def create_pg_database_named(name: str) -> None:
+    import psycopg
+
+    from tests.monitor.conftest import PG_ADMIN
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def test_a_restarted_recorder_replays_what_an_earlier_one_left(engine: Engine, tmp_path: Path) -> None:
+    first = Recorder(engine, tmp_path / "spool")
+    records: list[RequestRecord] = stream(40)
+    first._spool.append("left-behind", records)  # what a crashed process leaves: an unlocked segment
+    first._spool.close()
+    with Recorder(engine, tmp_path / "spool") as second:
+        assert second.wait_replayed(10)
+        assert second.stats().replayed == 40
+    with Recorder(engine, tmp_path / "spool") as third:  # replaying the same batch again is a no-op
+        third._spool.append("left-behind", records)
+        third._spool.seal()
+        assert third.wait_replayed(10)
+        assert third.stats().replayed == 0 and third.stats().duplicates == 0
+    assert stored_count(engine) == (40, 40)
