@@ -1,0 +1,225 @@
+"""Recorder ingest benchmark: sustained records/s into SQLite and PostgreSQL, and record()'s cost.
+
+    python benchmarks/ingest.py                      # 200,000 records per backend, writes RESULTS.md
+    python benchmarks/ingest.py --records 20000 --no-write
+
+For each backend, one thread calls ``record()`` as fast as it can for ``--records`` synthetic records
+(the queue is sized to hold them all, so nothing takes the full-queue path) and the clock stops when
+``flush()`` reports every record committed; the database is then counted to check that every record
+landed exactly once. The caller's cost is measured twice: during that flood (the writer thread
+competes for the GIL) and at a steady 1,000 records/s, which is closer to a serving process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from decoder.record import RequestRecord
+from monitor.db.engine import create_engine
+from monitor.db.migrate import upgrade
+from monitor.db.models import RequestRow, RollupMinuteRow
+from monitor.recorder import Recorder
+from monitor.synthetic import synthetic_record
+
+TITLE = "Ingest (benchmarks/ingest.py)"
+STEADY_COUNT = 5000
+STEADY_RATE = 1000.0  # records/s: already far above one serving process's request rate
+
+
+@dataclass
+class Result:
+    backend: str
+    records: int
+    seconds: float
+    flood_p50_us: float
+    flood_p99_us: float
+    steady_p50_us: float
+    steady_p99_us: float
+    stored: int
+
+    @property
+    def per_second(self) -> float:
+        return self.records / self.seconds
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def make_records(count: int, prefix: str) -> list[RequestRecord]:
+    workloads = ("code", "chat", "summarize", "translate")
+    return [synthetic_record(i, workload=workloads[i % 4], prefix=prefix) for i in range(count)]
+
+
+def flood(engine: Engine, spool: Path, records: list[RequestRecord], writers: int) -> tuple[float, list[float]]:
+    costs: list[float] = []
+    recorder = Recorder(engine, spool, queue_size=len(records) + 1, batch_size=1000, writer_threads=writers)
+    recorder.start()
+    clock = time.perf_counter_ns
+    start = time.perf_counter()
+    for rec in records:
+        t0 = clock()
+        recorder.record(rec)
+        costs.append((clock() - t0) / 1000)
+    if not recorder.flush(600):
+        raise RuntimeError("recorder did not drain within 10 minutes")
+    seconds = time.perf_counter() - start
+    recorder.close()
+    stats = recorder.stats()
+    if stats.spooled or stats.duplicates or stats.written != len(records):
+        raise RuntimeError(f"unexpected recorder figures: {stats}")
+    return seconds, costs
+
+
+def steady(engine: Engine, spool: Path, records: list[RequestRecord], rate: float) -> list[float]:
+    costs: list[float] = []
+    with Recorder(engine, spool) as recorder:
+        clock = time.perf_counter_ns
+        start = time.perf_counter()
+        for n, rec in enumerate(records):
+            t0 = clock()
+            recorder.record(rec)
+            costs.append((clock() - t0) / 1000)
+            delay = start + (n + 1) / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+    return costs
+
+
+def run_backend(backend: str, url: str, count: int, writers: int, workdir: Path) -> Result:
+    engine = create_engine(url)
+    upgrade(engine)
+    records = make_records(count, prefix=f"{backend}-flood")
+    seconds, flood_costs = flood(engine, workdir / f"{backend}-spool", records, writers)
+    steady_costs = steady(
+        engine, workdir / f"{backend}-spool", make_records(STEADY_COUNT, f"{backend}-steady"), STEADY_RATE
+    )
+    with engine.connect() as conn:
+        stored = int(conn.execute(select(func.count()).select_from(RequestRow)).scalar_one())
+        rolled = int(conn.execute(select(func.sum(RollupMinuteRow.n_requests))).scalar_one())
+    engine.dispose()
+    if stored != count + STEADY_COUNT or rolled != stored:
+        raise RuntimeError(f"{backend}: {stored} rows and {rolled} in rollups, expected {count + STEADY_COUNT}")
+    return Result(
+        backend,
+        count,
+        seconds,
+        statistics.median(flood_costs),
+        percentile(flood_costs, 0.99),
+        statistics.median(steady_costs),
+        percentile(steady_costs, 0.99),
+        stored,
+    )
+
+
+def report(results: list[Result], writers: int) -> str:
+    lines = [
+        "| backend | records | seconds | records/s | record() p50 / p99 µs (flood) | record() p50 / p99 µs (1k/s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.backend} | {r.records:,} | {r.seconds:.1f} | {r.per_second:,.0f} | "
+            f"{r.flood_p50_us:.1f} / {r.flood_p99_us:.1f} | {r.steady_p50_us:.1f} / {r.steady_p99_us:.1f} |"
+        )
+    lines += [
+        "",
+        f"Batches of 1,000 records, {writers} writer thread(s) on PostgreSQL, 1 on SQLite; each record is "
+        "validated on the caller's thread, written with its per-minute rollups in the same transaction, and "
+        "the row count is checked afterwards (every record exactly once). SQLite is a WAL file in a temporary "
+        "directory; PostgreSQL 15 runs on the same 2 cores as the benchmark, so the server and the Python "
+        "process compete for the CPU.",
+    ]
+    return "\n".join(lines)
+
+
+def write_results(body: str, argv: list[str]) -> None:
+    try:
+        from benchmarks.results import write_section
+    except ImportError:  # run from elsewhere: write the section ourselves
+        results = Path(__file__).with_name("RESULTS.md")
+        text = results.read_text() if results.exists() else "# Benchmark results\n"
+        section = f"## {TITLE}\n\nCommand: `python {' '.join(argv)}`  \nDate: {time.strftime('%Y-%m-%d')}\n\n{body}\n"
+        if f"## {TITLE}\n" in text:
+            head, _, rest = text.partition(f"## {TITLE}\n")
+            tail = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
+            text = head + section + ("\n" + tail if tail else "")
+        else:
+            text = text.rstrip() + "\n\n" + section
+        results.write_text(text)
+        return
+    write_section(TITLE, body, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument(
+        "--pg",
+        default="host=127.0.0.1 port=5432 user=postgres dbname=postgres",
+        help="libpq DSN of a server where a scratch database may be created and dropped",
+    )
+    parser.add_argument("--pg-writers", type=int, default=2, help="writer threads on PostgreSQL")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    workdir = Path(tempfile.mkdtemp(prefix="dw-ingest-"))
+    results = []
+    try:
+        for backend in args.backends.split(","):
+            if backend == "sqlite":
+                results.append(run_backend("sqlite", f"sqlite:///{workdir / 'ingest.db'}", args.records, 1, workdir))
+            elif backend == "postgresql":
+                name = f"dw_bench_{uuid.uuid4().hex[:8]}"
+                with psycopg.connect(args.pg, autocommit=True) as conn:
+                    conn.execute(f'CREATE DATABASE "{name}"')
+                try:
+                    info = psycopg.conninfo.conninfo_to_dict(args.pg)
+                    user, host, port = (
+                        info.get("user", "postgres"),
+                        info.get("host", "127.0.0.1"),
+                        info.get("port", 5432),
+                    )
+                    url = f"postgresql+psycopg://{user}@{host}:{port}/{name}"
+                    results.append(run_backend("postgresql", url, args.records, args.pg_writers, workdir))
+                finally:
+                    with psycopg.connect(args.pg, autocommit=True) as conn:
+                        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            else:
+                parser.error(f"unknown backend {backend!r}")
+            r = results[-1]
+            print(
+                f"{r.backend}: {r.records:,} records in {r.seconds:.1f} s = {r.per_second:,.0f} records/s; "
+                f"record() p50/p99 {r.flood_p50_us:.1f}/{r.flood_p99_us:.1f} µs (flood), "
+                f"{r.steady_p50_us:.1f}/{r.steady_p99_us:.1f} µs (1k/s)",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    body = report(results, args.pg_writers)
+    print(body)
+    if not args.no_write:
+        write_results(body, ["benchmarks/ingest.py", *(argv if argv is not None else sys.argv[1:])])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
