@@ -23,6 +23,7 @@ import dataclasses
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -104,6 +105,60 @@ def _parse_database_url(raw: Any) -> str:
     if not url.startswith(("sqlite:", "postgresql:", "postgresql+", "postgres:")):
         raise ValueError("expected a sqlite:/// or postgresql+psycopg:// URL")
     return url
+
+
+_DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(raw: Any) -> timedelta:
+    """``15m``, ``6h``, ``7d``, ``90s``, ``2w`` (or a number of seconds) as a positive timedelta.
+
+    >>> parse_duration("6h"), parse_duration("90")
+    (datetime.timedelta(seconds=21600), datetime.timedelta(seconds=90))
+    """
+    text = str(raw).strip().lower()
+    unit = text[-1:] if text[-1:] in _DURATION_UNITS else "s"
+    number = text[:-1] if text[-1:] in _DURATION_UNITS else text
+    try:
+        value = float(number) * _DURATION_UNITS[unit]
+    except ValueError:
+        raise ValueError("expected a duration like 15m, 6h or 7d") from None
+    if not 0 < value < 10 * 365 * 86400:
+        raise ValueError("expected a positive duration like 15m, 6h or 7d")
+    return timedelta(seconds=value)
+
+
+def _parse_fraction(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("expected a number between 0 and 1")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number between 0 and 1") from None
+    if not 0 < value < 1:
+        raise ValueError("expected a number between 0 and 1")
+    return value
+
+
+# Per-workload effect floors of the drift tests, e.g. "chat:acceptance=0.08,latency=0.2;code:acceptance=0.1".
+FLOOR_KEYS: Final = ("acceptance", "latency", "length", "psi")
+
+
+def _parse_workload_floors(raw: Any) -> tuple[tuple[str, str, float], ...]:
+    if not isinstance(raw, str):
+        raise ValueError("expected a string like 'chat:acceptance=0.08,latency=0.2;code:acceptance=0.1'")
+    found: list[tuple[str, str, float]] = []
+    for part in filter(None, (p.strip() for p in raw.split(";"))):
+        workload, _, assignments = part.partition(":")
+        for assignment in filter(None, (a.strip() for a in assignments.split(","))):
+            key, _, value = assignment.partition("=")
+            if not workload.strip() or key.strip() not in FLOOR_KEYS:
+                raise ValueError(f"expected WORKLOAD:KEY=VALUE with KEY one of {', '.join(FLOOR_KEYS)}")
+            try:
+                found.append((workload.strip(), key.strip(), float(value)))
+            except ValueError:
+                raise ValueError(f"expected a number after {key.strip()}=") from None
+    return tuple(found)
 
 
 API_SCOPES: Final = ("ingest", "read", "admin")
@@ -345,6 +400,71 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         _const(0.05),
         "share of served requests decoded without speculation (mode holdout) to measure the speedup (default: 0.05)",
     ),
+    SettingSpec(
+        "drift.current_window",
+        "DRAFTWATCH_DRIFT_CURRENT_WINDOW",
+        "drift_current_window",
+        parse_duration,
+        _const(timedelta(hours=1)),
+        "length of the current window of a drift run, e.g. 15m, 6h (default: 1h)",
+    ),
+    SettingSpec(
+        "drift.reference_window",
+        "DRAFTWATCH_DRIFT_REFERENCE_WINDOW",
+        "drift_reference_window",
+        parse_duration,
+        _const(timedelta(days=1)),
+        "length of the rolling reference window just before the current one (default: 1d)",
+    ),
+    SettingSpec(
+        "drift.fdr_level",
+        "DRAFTWATCH_DRIFT_FDR_LEVEL",
+        "drift_fdr_level",
+        _parse_fraction,
+        _const(0.01),
+        "Benjamini-Hochberg false-discovery level across one drift run (default: 0.01)",
+    ),
+    SettingSpec(
+        "drift.min_requests",
+        "DRAFTWATCH_DRIFT_MIN_REQUESTS",
+        "drift_min_requests",
+        _parse_int(5),
+        _const(30),
+        "fewest requests per window for a test to decide; fewer gives insufficient_data (default: 30)",
+    ),
+    SettingSpec(
+        "drift.sample_size",
+        "DRAFTWATCH_DRIFT_SAMPLE_SIZE",
+        "drift_sample_size",
+        _parse_int(50),
+        _const(2000),
+        "most requests read per window and workload (a deterministic hash sample) (default: 2000)",
+    ),
+    SettingSpec(
+        "drift.acceptance_floor",
+        "DRAFTWATCH_DRIFT_ACCEPTANCE_FLOOR",
+        "drift_acceptance_floor",
+        _parse_fraction,
+        _const(0.05),
+        "smallest change of mean per-request acceptance that counts as drift (default: 0.05 = 5 points)",
+    ),
+    SettingSpec(
+        "drift.latency_floor",
+        "DRAFTWATCH_DRIFT_LATENCY_FLOOR",
+        "drift_latency_floor",
+        _parse_seconds,
+        _const(0.10),
+        "smallest relative rise of p95 latency (ms per token, TTFT, end-to-end) that counts (default: 0.10)",
+    ),
+    SettingSpec(
+        "drift.workload_floors",
+        "DRAFTWATCH_DRIFT_WORKLOAD_FLOORS",
+        "drift_workload_floors",
+        _parse_workload_floors,
+        _const(()),
+        "per-workload floors, 'chat:acceptance=0.08,latency=0.2;code:psi=0.5' (keys: acceptance, latency, "
+        "length, psi)",
+    ),
 )
 
 
@@ -371,6 +491,14 @@ class Settings:
     api_request_timeout_s: float
     api_decode_queue_size: int
     holdout_share: float
+    drift_current_window: timedelta
+    drift_reference_window: timedelta
+    drift_fdr_level: float
+    drift_min_requests: int
+    drift_sample_size: int
+    drift_acceptance_floor: float
+    drift_latency_floor: float
+    drift_workload_floors: tuple[tuple[str, str, float], ...]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], config_file: Path | None = None) -> Settings:

@@ -1,0 +1,270 @@
+"""One drift run: every test for every workload and pair with data, BH across the run, results stored.
+
+:func:`run_drift` is what the CLI, the scheduler and the API call. Reads are bounded (rollup counts
+plus hash samples of at most ``sample_size`` requests per window, workload and pair), so a run over
+a million stored requests takes seconds (``benchmarks/drift_speed.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy import insert
+from sqlalchemy.engine import Connection, Engine
+
+from monitor.config import Settings
+from monitor.drift.acceptance import AcceptanceDrift
+from monitor.drift.acceptance_length import AcceptanceLengthDrift
+from monitor.drift.config import DriftConfig
+from monitor.drift.detectors import update_detector
+from monitor.drift.latency import METRICS as LATENCY_METRICS
+from monitor.drift.latency import LatencyRegression
+from monitor.drift.models import DriftResultRow, DriftRunRow
+from monitor.drift.net_loss import NetLoss
+from monitor.drift.prompt_length import PromptLengthShift
+from monitor.drift.result import DriftResult, apply_bh
+from monitor.drift.sampling import Sample, pair_label, sample_requests, window_counts
+from monitor.drift.traffic_mix import TrafficMixDrift
+from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
+from monitor.queries import Pair
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DriftRun:
+    """The outcome of one run; ``windows`` are the default (rolling) windows."""
+
+    run_id: str
+    started_at: datetime
+    finished_at: datetime
+    windows: Windows
+    level: float
+    results: list[DriftResult] = field(default_factory=list)
+
+    @property
+    def drifts(self) -> list[DriftResult]:
+        return [r for r in self.results if r.decision == "drift"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat(),
+            "level": self.level,
+            "windows": {
+                "reference": [self.windows.ref_start.isoformat(), self.windows.ref_end.isoformat()],
+                "current": [self.windows.cur_start.isoformat(), self.windows.cur_end.isoformat()],
+            },
+            "results": [r.to_json() for r in self.results],
+        }
+
+
+def _seed(seed: int, *parts: object) -> int:
+    # A stable seed per test and workload: reruns on the same data give the same intervals.
+    return seed ^ zlib.crc32("|".join(map(str, parts)).encode())
+
+
+def _workload_tests(
+    conn: Connection, config: DriftConfig, base: Windows, workload: str, pair: Pair, seed: int, only_pair: bool
+) -> list[DriftResult]:
+    windows = workload_windows(conn, base, workload, pair)
+    limit = config.sample_size
+    ref = sample_requests(conn, workload, pair, windows.ref_start, windows.ref_end, limit, only_pair=only_pair)
+    cur = sample_requests(conn, workload, pair, windows.cur_start, windows.cur_end, limit, only_pair=only_pair)
+    common: dict[str, Any] = {"min_requests": config.min_requests, "ci_level": config.ci_level}
+
+    def floor(key: str) -> float:
+        return config.floor(workload, key)
+
+    def s(test: str) -> int:
+        return _seed(seed, workload, pair_label(pair), test)
+
+    spec_ref, spec_cur = ref.where(ref.mode == "speculative"), cur.where(cur.mode == "speculative")
+    drafting_ref, drafting_cur = spec_ref.where(spec_ref.drafted > 0), spec_cur.where(spec_cur.drafted > 0)
+    results = [
+        AcceptanceDrift(floor=floor("acceptance"), n_boot=config.n_boot, **common).compare(
+            drafting_ref.accepted / drafting_ref.drafted, drafting_cur.accepted / drafting_cur.drafted
+        ),
+        AcceptanceLengthDrift(floor=floor("length"), n_boot=config.n_boot, **common).compare(
+            _histograms(drafting_ref), _histograms(drafting_cur)
+        ),
+    ]
+    for metric in LATENCY_METRICS:
+        test = LatencyRegression(metric, floor=floor("latency"), n_boot=config.n_boot, seed=s(metric), **common)
+        results.append(test.compare(_latency(spec_ref, metric), _latency(spec_cur, metric)))
+    results.append(
+        PromptLengthShift(floor=floor("psi"), n_boot=config.n_boot, **common).compare(
+            ref.prompt_tokens, cur.prompt_tokens
+        )
+    )
+    results.append(_net_loss(conn, config, windows, workload, pair, cur, spec_cur, only_pair))
+    return [
+        r.replace(
+            workload=workload,
+            pair=pair_label(pair),
+            note="; ".join(filter(None, [windows.note, r.note])) or None,
+            ref_start=windows.ref_start,
+            ref_end=windows.ref_end,
+            cur_start=windows.cur_start,
+            cur_end=windows.cur_end,
+        )
+        for r in results
+    ]
+
+
+def _histograms(sample: Sample) -> np.ndarray[Any, np.dtype[np.float64]]:
+    width = max((len(h) for h in sample.histograms), default=1)
+    out = np.zeros((len(sample.histograms), max(width, 1)))
+    for i, h in enumerate(sample.histograms):
+        out[i, : len(h)] = h
+    return out
+
+
+def _latency(sample: Sample, metric: str) -> np.ndarray[Any, np.dtype[np.float64]]:
+    if metric == "ms_per_token":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = sample.latency_ms / sample.output_tokens
+    else:
+        values = getattr(sample, metric)
+    return np.asarray(values[np.isfinite(values)], dtype=float)
+
+
+def _net_loss(
+    conn: Connection,
+    config: DriftConfig,
+    windows: Windows,
+    workload: str,
+    pair: Pair,
+    cur: Sample,
+    spec: Sample,
+    only_pair: bool,
+) -> DriftResult:
+    test = NetLoss(min_requests=config.min_requests, min_holdout=config.min_holdout, n_boot=config.n_boot)
+    holdout = cur.where(cur.mode == "holdout")
+    # With a single pair and a sample that holds the whole window, the sample has every holdout request.
+    complete = only_pair and len(cur) < config.sample_size
+    if len(holdout) < config.min_holdout and not complete:
+        # Holdout is a small share of traffic: the mixed sample may hold few; read it on its own.
+        start, end = windows.cur_start, windows.cur_end
+        size = config.sample_size
+        holdout = sample_requests(conn, workload, pair, start, end, size, mode="holdout", any_drafter=True)
+    hold_ms, spec_ms = _latency(holdout, "ms_per_token"), _latency(spec, "ms_per_token")
+    if len(hold_ms) >= config.min_holdout:
+        return test.measured(spec_ms, hold_ms)
+    drafting = spec.where((spec.drafted > 0) & np.isfinite(spec.draft_ms) & np.isfinite(spec.verify_ms))
+    full_steps = np.array([h[-1] if h else 0 for h in drafting.histograms], dtype=float)
+    gamma = int(np.median(drafting.gamma)) if len(drafting) else 0
+    return test.estimated(
+        accepted=drafting.accepted,
+        rejections=drafting.steps - full_steps,
+        draft_ms=drafting.draft_ms,
+        drafted=drafting.drafted,
+        verify_ms=drafting.verify_ms,
+        steps=drafting.steps,
+        gamma=gamma,
+        n_holdout=len(hold_ms),
+    )
+
+
+def run_drift(
+    engine: Engine,
+    settings: Settings | None = None,
+    now: datetime | None = None,
+    *,
+    current: timedelta | None = None,
+    reference: timedelta | None = None,
+    config: DriftConfig | None = None,
+    store: bool = True,
+    seed: int = 0,
+    detectors: bool = True,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> DriftRun:
+    """Run every drift test once and (by default) store the results; returns the run.
+
+    ``config`` wins over ``settings`` (whose ``drift.*`` rows give the defaults); ``current`` and
+    ``reference`` override the window lengths; ``now`` (default: the clock) ends the current window.
+    """
+    config = config or (DriftConfig.from_settings(settings) if settings is not None else DriftConfig())
+    started = clock()
+    t0 = time.perf_counter()
+    now = utc(now) if now is not None else started
+    base = rolling_windows(now, current or config.current_window, reference or config.reference_window)
+    results: list[DriftResult] = []
+    with engine.begin() as conn:
+        counts = window_counts(conn, base.ref_start, base.cur_start, base.cur_end)
+        mix = TrafficMixDrift(
+            floor=config.floor(None, "mix"), min_requests=config.min_requests, n_boot=config.n_boot
+        ).compare(counts.mix("ref"), counts.mix("cur"))
+        results.append(
+            mix.replace(ref_start=base.ref_start, ref_end=base.ref_end, cur_start=base.cur_start, cur_end=base.cur_end)
+        )
+        # Pairs that speculated in either window; plain and holdout traffic is read through them.
+        keys = set(counts.ref) | set(counts.cur)
+        combos = {k for c in (counts.ref, counts.cur) for k, modes in c.items() if modes.get("speculative")}
+        for workload, pair in sorted(combos):
+            only_pair = all(p == pair for w, p in keys if w == workload)
+            results += _workload_tests(conn, config, base, workload, pair, seed, only_pair)
+            if detectors:
+                cap = config.detector_batch
+                found = update_detector(conn, workload, pair, base.cur_start, base.cur_end, started, cap)
+                results.append(found.replace(workload=workload, pair=pair_label(pair)))
+        results = apply_bh(results, config.level)
+        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.level, results)
+        if store:
+            _store(conn, run, config)
+    elapsed = time.perf_counter() - t0
+    log.info("drift run %s: %d results, %d drift, %.2f s", run.run_id, len(results), len(run.drifts), elapsed)
+    return run
+
+
+def _store(conn: Connection, run: DriftRun, config: DriftConfig) -> None:
+    w = run.windows
+    conn.execute(
+        insert(DriftRunRow).values(
+            run_id=run.run_id,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+            ref_start=w.ref_start,
+            ref_end=w.ref_end,
+            cur_start=w.cur_start,
+            cur_end=w.cur_end,
+            level=run.level,
+            n_results=len(run.results),
+            n_drift=len(run.drifts),
+            params={
+                "current_window_s": (w.cur_end - w.cur_start).total_seconds(),
+                "reference_window_s": (w.ref_end - w.ref_start).total_seconds(),
+                "min_requests": config.min_requests,
+                "sample_size": config.sample_size,
+                "floors": config.floors,
+                "workload_floors": config.workload_floors,
+            },
+        )
+    )
+    rows = [
+        {
+            "run_id": run.run_id,
+            "created_at": run.started_at,
+            **{k: getattr(r, k) for k in ("test", "workload", "pair", "metric", "n_ref", "n_cur", "decision", "note")},
+            **{k: v for k, v in r.to_json().items() if k in ("statistic", "p", "q", "effect")},
+            "ci_low": r.to_json()["ci"][0] if r.ci else None,
+            "ci_high": r.to_json()["ci"][1] if r.ci else None,
+            "detail": r.detail,
+            "ref_start": r.ref_start,
+            "ref_end": r.ref_end,
+            "cur_start": r.cur_start,
+            "cur_end": r.cur_end,
+        }
+        for r in run.results
+    ]
+    if rows:
+        conn.execute(insert(DriftResultRow), rows)

@@ -1,0 +1,171 @@
+"""Bounded reads for a drift run: counts aggregated in SQL, per-request samples capped per window.
+
+Counts come from ``rollup_minute`` (one row per minute, workload, pair and mode), so they cost
+the same over a thousand requests as over millions. Per-request values come from ``requests``,
+at most ``limit`` per window, workload and pair, chosen by a fixed hash of the row id
+(``(id mod P) · K mod P`` with K ≈ P·(√5 − 1)/2, Fibonacci hashing): the choice ignores every
+measured value, so the sample is unbiased for the tests, consecutive ids scatter evenly over the
+window (no bias towards its start), and the same data always gives the same sample. The ids are
+picked in a subquery; when a workload has a single pair, that subquery only touches the
+``(workload, ts_start)`` index, so the database reads ``limit`` rows, not the whole window.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import numpy as np
+from sqlalchemy import Text, case, func, select, type_coerce
+from sqlalchemy.engine import Connection
+
+from monitor.db.models import RequestRow, RollupMinuteRow
+from monitor.db.rollups import minute_of
+from monitor.drift.stats import FloatArray
+from monitor.queries import Pair
+
+HASH_MODULUS: Final = 2_147_483_647  # 2**31 - 1, prime; products stay below 2**62 (BIGINT-safe)
+HASH_MULTIPLIER: Final = 1_327_217_884  # round(P * 0.6180339887)
+
+
+def pair_label(pair: Pair) -> str:
+    """``target/drafter`` or ``target/drafter:draft_model``.
+
+    >>> pair_label(Pair("qwen-coder-1.5b", "model", "qwen-coder-0.5b")), pair_label(Pair("smollm2-135m", "ngram"))
+    ('qwen-coder-1.5b/model:qwen-coder-0.5b', 'smollm2-135m/ngram')
+    """
+    base = f"{pair.target_model}/{pair.drafter}"
+    return f"{base}:{pair.draft_model}" if pair.draft_model and pair.draft_model != pair.drafter else base
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCounts:
+    """Requests per (workload, pair) and mode in the reference and the current window."""
+
+    ref: dict[tuple[str, Pair], dict[str, int]]
+    cur: dict[tuple[str, Pair], dict[str, int]]
+
+    def mix(self, which: str) -> dict[str, int]:
+        per_workload: dict[str, int] = defaultdict(int)
+        for (workload, _pair), modes in getattr(self, which).items():
+            per_workload[workload] += sum(modes.values())
+        return dict(per_workload)
+
+
+def window_counts(conn: Connection, ref_start: datetime, cur_start: datetime, cur_end: datetime) -> WindowCounts:
+    """One grouped query over the rollups for both windows (``[ref_start, cur_start)``, ``[cur_start, cur_end)``)."""
+    m = RollupMinuteRow
+    is_cur = case((m.bucket >= minute_of(cur_start), 1), else_=0)
+    rows = conn.execute(
+        select(is_cur, m.workload, m.target_model, m.drafter, m.draft_model, m.mode, func.sum(m.n_requests))
+        .where(m.bucket >= minute_of(ref_start), m.bucket < cur_end)
+        .group_by(is_cur, m.workload, m.target_model, m.drafter, m.draft_model, m.mode)
+    )
+    ref: dict[tuple[str, Pair], dict[str, int]] = defaultdict(dict)
+    cur: dict[tuple[str, Pair], dict[str, int]] = defaultdict(dict)
+    for flag, workload, target, drafter, draft_model, mode, n in rows:
+        key = (workload, Pair(target, drafter, draft_model or None))
+        (cur if flag else ref)[key][mode] = int(n)
+    return WindowCounts(dict(ref), dict(cur))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Per-request columns of a window sample, as arrays aligned by request."""
+
+    mode: np.ndarray[Any, np.dtype[np.str_]]
+    drafted: FloatArray
+    accepted: FloatArray
+    steps: FloatArray
+    gamma: FloatArray
+    output_tokens: FloatArray
+    prompt_tokens: FloatArray
+    latency_ms: FloatArray  # NaN when unknown
+    ttft_ms: FloatArray
+    draft_ms: FloatArray
+    verify_ms: FloatArray
+    histograms: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.mode)
+
+    def where(self, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Sample:
+        index = np.flatnonzero(mask)
+        values = {name: getattr(self, name)[index] for name in self.__dataclass_fields__ if name != "histograms"}
+        return Sample(**values, histograms=[self.histograms[i] for i in index])
+
+    def concat(self, other: Sample) -> Sample:
+        values = {
+            name: np.concatenate([getattr(self, name), getattr(other, name)])
+            for name in self.__dataclass_fields__
+            if name != "histograms"
+        }
+        return Sample(**values, histograms=self.histograms + other.histograms)
+
+
+_COLUMNS = (
+    RequestRow.mode,
+    RequestRow.num_draft_tokens,
+    RequestRow.num_accepted_tokens,
+    RequestRow.num_spec_steps,
+    RequestRow.num_speculative_tokens,
+    RequestRow.output_tokens,
+    RequestRow.prompt_tokens,
+    RequestRow.latency_ms,
+    RequestRow.ttft_ms,
+    RequestRow.draft_ms,
+    RequestRow.verify_ms,
+    # Raw JSON text: one json.loads over all rows beats the JSON type's per-row decoding.
+    type_coerce(RequestRow.acceptance_histogram, Text),
+)
+
+
+def sample_requests(
+    conn: Connection,
+    workload: str,
+    pair: Pair,
+    start: datetime,
+    end: datetime,
+    limit: int,
+    *,
+    mode: str | None = None,
+    any_drafter: bool = False,
+    only_pair: bool = False,
+) -> Sample:
+    """Up to ``limit`` finished (non-error) requests of one workload and pair in ``[start, end)``.
+
+    ``any_drafter`` matches the target model only (holdout traffic may be recorded with drafter
+    ``none``). ``only_pair`` says the caller knows this is the workload's only pair and no mode is
+    asked for: the ids are then picked from the ``(workload, ts_start)`` index alone (on SQLite a
+    covering index scan, several times faster than visiting every row of the window). Error
+    requests are dropped after the pick, so the sample can fall short of ``limit`` by their share.
+    """
+    r = RequestRow
+    hashed = ((r.id % HASH_MODULUS) * HASH_MULTIPLIER) % HASH_MODULUS
+    inner = select(r.id).where(r.workload == workload, r.ts_start >= start, r.ts_start < end)
+    if not (only_pair and mode is None):
+        inner = inner.where(r.target_model == pair.target_model)
+        if not any_drafter:
+            inner = inner.where(
+                r.drafter == pair.drafter,
+                r.draft_model.is_(None) if pair.draft_model is None else r.draft_model == pair.draft_model,
+            )
+        if mode is not None:
+            inner = inner.where(r.mode == mode)
+    inner = inner.order_by(hashed).limit(limit)
+    query = select(*_COLUMNS).where(r.id.in_(inner.scalar_subquery()), r.finish_reason != "error")
+    rows = conn.execute(query).all()
+    numeric_names = [name for name in Sample.__dataclass_fields__ if name not in ("mode", "histograms")]
+    if not rows:
+        empty = {name: np.zeros(0) for name in numeric_names}
+        return Sample(mode=np.array([], dtype=str), histograms=[], **empty)
+    cols = list(zip(*rows, strict=True))
+    numeric = {
+        name: np.array([np.nan if v is None else v for v in col], dtype=float)
+        for name, col in zip(numeric_names, cols[1:11], strict=True)
+    }
+    histograms = json.loads("[" + ",".join(h or "[]" for h in cols[11]) + "]")
+    return Sample(mode=np.array(cols[0], dtype=str), histograms=histograms, **numeric)

@@ -1,0 +1,145 @@
+"""Resampling helpers shared by the drift tests: bootstrap intervals, quantile draws, PSI, TVD.
+
+All randomness comes from a ``numpy.random.Generator`` the caller seeds, so a run is reproducible.
+Quantile intervals use the exact bootstrap distribution of an order statistic (a binomial sum over
+the sorted sample) instead of resampling: the same answer as an infinite bootstrap, at O(n) cost.
+
+>>> rng = np.random.default_rng(0)
+>>> x = np.sort(rng.lognormal(0.0, 0.5, 500))
+>>> point, draws = quantile_draws(x, 0.5, 2000, rng)
+>>> round(point, 2), bool(np.quantile(draws, 0.025) < point < np.quantile(draws, 0.975))
+(0.98, True)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats
+
+FloatArray = NDArray[np.float64]
+
+
+def percentile_interval(draws: FloatArray, ci_level: float) -> tuple[float, float]:
+    """The central ``ci_level`` interval of bootstrap draws."""
+    tail = (1.0 - ci_level) / 2.0
+    low, high = np.quantile(draws, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def distance_interval(point: float, draws: FloatArray, ci_level: float) -> tuple[float, float]:
+    """Percentile interval of a distance (TVD, PSI), widened to contain the estimate.
+
+    A resampled distance is biased upwards (resampling noise adds distance), so near zero the plain
+    percentile interval can sit wholly above the estimate; widening keeps the report readable.
+    """
+    low, high = percentile_interval(draws, ci_level)
+    return min(low, point), max(high, point)
+
+
+@functools.lru_cache(maxsize=16)
+def bootstrap_weights(n: int, n_boot: int, stream: str) -> FloatArray:
+    """``n_boot`` rows of resampling counts (how often each of n items was drawn; rows sum to n).
+
+    Any mean of a resample is then a matrix-vector product, ``weights @ x / n``. The pattern is
+    fixed per (n, n_boot, stream) and cached: intervals are reproducible, a run generates each
+    pattern once, and the two samples a test compares use different streams ("ref", "cur"), so
+    their resamples are independent.
+    """
+    rng = np.random.default_rng(zlib.crc32(f"{n}|{n_boot}|{stream}".encode()))
+    idx = rng.integers(0, n, size=(n_boot, n), dtype=np.int64) + (n * np.arange(n_boot))[:, None]
+    weights: FloatArray = np.bincount(idx.ravel(), minlength=n * n_boot).reshape(n_boot, n).astype(np.float32)
+    weights.setflags(write=False)
+    return weights
+
+
+def bootstrap_means(x: FloatArray, n_boot: int, stream: str) -> FloatArray:
+    """Means of ``n_boot`` resamples of ``x`` (1-D), or of each column of ``x`` (2-D: n_boot × columns)."""
+    weights = bootstrap_weights(len(x), n_boot, stream)
+    values = np.asarray(x, dtype=np.float32)
+    # einsum, not BLAS: OpenBLAS's threaded sgemv/sgemm took 100x longer on a busy 2-core machine.
+    if values.ndim == 1:
+        means: FloatArray = np.einsum("bn,n->b", weights, values).astype(float) / len(x)
+        return means
+    columns = [np.einsum("bn,n->b", weights, np.ascontiguousarray(values[:, j])) for j in range(values.shape[1])]
+    return np.stack(columns, axis=1).astype(float) / len(x)
+
+
+def bootstrap_bin_shares(bins: np.ndarray[Any, np.dtype[np.intp]], n_bins: int, n_boot: int, stream: str) -> FloatArray:
+    """Shares of each bin in ``n_boot`` resamples of items whose bin indices are ``bins``."""
+    weights = bootstrap_weights(len(bins), n_boot, stream)
+    order = np.argsort(bins, kind="stable")
+    starts = np.searchsorted(bins[order], np.arange(n_bins))
+    out = np.zeros((n_boot, n_bins))
+    present = np.unique(bins)
+    sums = np.add.reduceat(weights[:, order], starts[present], axis=1)
+    out[:, present] = sums
+    return out / len(bins)
+
+
+def mean_difference(
+    ref: FloatArray, cur: FloatArray, n_boot: int, ci_level: float
+) -> tuple[float, tuple[float, float]]:
+    """``mean(cur) - mean(ref)`` with a percentile bootstrap interval (both samples resampled)."""
+    draws = bootstrap_means(cur, n_boot, "cur") - bootstrap_means(ref, n_boot, "ref")
+    return float(cur.mean() - ref.mean()), percentile_interval(draws, ci_level)
+
+
+def quantile_draws(sorted_x: FloatArray, q: float, n_boot: int, rng: np.random.Generator) -> tuple[float, FloatArray]:
+    """The sample ``q``-quantile (order statistic k = ceil(q n)) and ``n_boot`` draws of its bootstrap distribution.
+
+    A resample's k-th order statistic is at most x_(j) exactly when at least k of the n resampled
+    values are at most x_(j), a Binomial(n, j/n) event; inverting that CDF samples it directly.
+    """
+    n = len(sorted_x)
+    k = min(n, max(1, math.ceil(q * n)))
+    cdf = stats.binom.sf(k - 1, n, np.arange(1, n + 1) / n)
+    index = np.minimum(np.searchsorted(cdf, rng.random(n_boot)), n - 1)
+    return float(sorted_x[k - 1]), sorted_x[index]
+
+
+def quantile_ratio(
+    ref: FloatArray, cur: FloatArray, q: float, n_boot: int, ci_level: float, rng: np.random.Generator
+) -> tuple[float, tuple[float, float]]:
+    """``quantile(cur) / quantile(ref)`` with a bootstrap interval; the windows are independent."""
+    ref_point, ref_draws = quantile_draws(np.sort(ref), q, n_boot, rng)
+    cur_point, cur_draws = quantile_draws(np.sort(cur), q, n_boot, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = cur_point / ref_point if ref_point > 0 else math.inf
+        draws = np.where(ref_draws > 0, cur_draws / np.where(ref_draws > 0, ref_draws, 1.0), np.inf)
+    return float(ratio), percentile_interval(draws, ci_level)
+
+
+def tvd(p: FloatArray, q: FloatArray) -> float:
+    """Total variation distance between two (unnormalised) distributions on the same categories."""
+    return float(0.5 * np.abs(p / p.sum() - q / q.sum()).sum())
+
+
+def psi_bins(ref: FloatArray, n_bins: int = 10) -> FloatArray:
+    """Inner bin edges at the reference's quantiles (duplicates dropped: discrete lengths tie)."""
+    edges: FloatArray = np.unique(np.quantile(ref, np.linspace(0, 1, n_bins + 1)[1:-1]))
+    return edges
+
+
+def psi(ref_counts: FloatArray, cur_counts: FloatArray, eps: float = 1e-4) -> float | FloatArray:
+    """Population stability index, sum (c - r) ln(c / r) over bins; counts may be rows of a matrix."""
+    r = np.maximum(ref_counts / ref_counts.sum(axis=-1, keepdims=True), eps)
+    c = np.maximum(cur_counts / cur_counts.sum(axis=-1, keepdims=True), eps)
+    value = ((c - r) * np.log(c / r)).sum(axis=-1)
+    return float(value) if np.ndim(value) == 0 else np.asarray(value, dtype=float)
+
+
+def binned_counts(values: FloatArray, edges: FloatArray) -> FloatArray:
+    """Counts of ``values`` per bin of ``edges`` (``len(edges) + 1`` bins)."""
+    index = np.searchsorted(edges, values, side="right")
+    return np.bincount(index, minlength=len(edges) + 1).astype(float)
+
+
+def bin_index(values: FloatArray, edges: FloatArray) -> np.ndarray[Any, np.dtype[np.intp]]:
+    """The bin of each value (``len(edges) + 1`` bins)."""
+    return np.searchsorted(edges, values, side="right")

@@ -1,0 +1,76 @@
+"""Seeded record streams with known acceptance and latency, for the drift tests."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+from decoder.record import Mode, RequestRecord
+
+
+def record(
+    index: int,
+    ts: datetime,
+    *,
+    workload: str,
+    alpha: float,
+    ms_per_token: float = 20.0,
+    mode: Mode = "speculative",
+    gamma: int = 4,
+    draft_version: str = "d1",
+    prompt_tokens: int | None = None,
+    seed: int = 0,
+) -> RequestRecord:
+    """A valid embedded record: per-request alpha jittered (Beta), geometric runs per step, lognormal time."""
+    rng = random.Random(f"{seed}-{workload}-{index}-{ts.isoformat()}")
+    a = rng.betavariate(alpha * 30, (1 - alpha) * 30)
+    steps = rng.randint(6, 20)
+    spec = mode == "speculative"
+    per_position = [0] * gamma if spec else []
+    histogram = [0] * (gamma + 1) if spec else []
+    accepted = 0
+    for _ in range(steps if spec else 0):
+        run = 0
+        while run < gamma and rng.random() < a:
+            per_position[run] += 1
+            run += 1
+        histogram[run] += 1
+        accepted += run
+    output = 1 + accepted + steps if spec else rng.randint(20, 60)
+    latency = ms_per_token * rng.lognormvariate(0.0, 0.25) * output
+    return RequestRecord(
+        request_id=f"{workload}-{seed}-{index}-{int(ts.timestamp() * 1000)}",
+        ts_start=ts,
+        ts_end=ts + timedelta(milliseconds=latency),
+        workload=workload,
+        target_model="qwen-coder-1.5b",
+        drafter="model",
+        draft_model="qwen-coder-0.5b",
+        target_version="t1",
+        draft_version=draft_version,
+        mode=mode,
+        num_speculative_tokens=gamma if spec else 0,
+        prompt_tokens=prompt_tokens if prompt_tokens is not None else rng.randint(50, 400),
+        output_tokens=output,
+        num_spec_steps=steps if spec else 0,
+        num_draft_tokens=steps * gamma if spec else 0,
+        num_accepted_tokens=accepted,
+        accepted_per_position=per_position,
+        acceptance_histogram=histogram,
+        ttft_ms=rng.lognormvariate(3.5, 0.3),
+        latency_ms=latency,
+        draft_ms=latency * 0.15 if spec else 0.0,
+        verify_ms=latency * 0.75 if spec else 0.0,
+        temperature=0.0,
+        top_p=1.0,
+        finish_reason="stop",
+        source="embedded",
+    )
+
+
+def window_stream(
+    start: datetime, end: datetime, count: int, *, workload: str, alpha: float, **kwargs: object
+) -> list[RequestRecord]:
+    """``count`` records spread evenly over ``[start, end)``."""
+    step = (end - start) / count
+    return [record(i, start + step * i, workload=workload, alpha=alpha, **kwargs) for i in range(count)]  # type: ignore[arg-type]
