@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import statistics
 import sys
@@ -129,7 +130,7 @@ def run_backend(backend: str, url: str, count: int, writers: int, workdir: Path)
     )
 
 
-def report(results: list[Result], writers: int) -> str:
+def report(results: list[Result], writers: int, load: tuple[float, float]) -> str:
     lines = [
         "| backend | records | seconds | records/s | record() p50 / p99 µs (flood) | record() p50 / p99 µs (1k/s) |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -146,6 +147,9 @@ def report(results: list[Result], writers: int) -> str:
         "the row count is checked afterwards (every record exactly once). SQLite is a WAL file in a temporary "
         "directory; PostgreSQL 15 runs on the same 2 cores as the benchmark, so the server and the Python "
         "process compete for the CPU.",
+        "",
+        f"Load average (1 min) at start / end of the run: {load[0]:.1f} / {load[1]:.1f}: other work on the "
+        "machine takes CPU from both the recorder and the database, so figures from a busy machine are low.",
     ]
     return "\n".join(lines)
 
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     workdir = Path(tempfile.mkdtemp(prefix="dw-ingest-"))
+    load_start = os.getloadavg()[0]
     results = []
     try:
         for backend in args.backends.split(","):
@@ -214,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    body = report(results, args.pg_writers)
+    body = report(results, args.pg_writers, (load_start, os.getloadavg()[0]))
     print(body)
     if not args.no_write:
         write_results(body, ["benchmarks/ingest.py", *(argv if argv is not None else sys.argv[1:])])
