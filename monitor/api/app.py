@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
@@ -64,6 +65,8 @@ def create_app(
         eng = engine or create_engine(settings.database_url)
         recorder = Recorder.from_settings(settings, eng, on_durable=metrics.observe)
         state = ApiState(settings=settings, engine=eng, recorder=recorder, tokens=tokens, metrics=metrics)
+        if eng.dialect.name == "sqlite":
+            state.write_lock = threading.Lock()
         state.head_revision = migrate.head_revision()
         schema_task = None
         if settings.database_upgrade_on_start and not await _upgrade(eng):

@@ -16,10 +16,11 @@ import anyio.to_thread
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
+from decoder.record import RecordError
 from monitor.api.adapters import MODELS, STACKS, Stack, parse_adapter_events
 from monitor.api.auth import require
-from monitor.api.errors import ApiError, ErrorBody
-from monitor.api.events import EventBatchIn, EventIn, loads, parse_events
+from monitor.api.errors import ApiError, ErrorBody, Problem, validation_error
+from monitor.api.events import EventBatchIn, EventIn, loads, parse_body
 from monitor.api.state import ApiState, api_state
 from monitor.recorder import RecorderClosedError
 
@@ -58,13 +59,17 @@ def _body_schema(*models: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-async def _ingest(state: ApiState, body: bytes, parse: Callable[[Any], list[Any]]) -> IngestResult:
+async def _ingest(state: ApiState, body: bytes, parse: Callable[[bytes], list[Any]]) -> IngestResult:
     def work() -> IngestResult:
-        records = parse(loads(body))
+        records = parse(body)
         try:
-            result = state.recorder.store_batch(records)
+            with state.write_lock:
+                result = state.recorder.store_batch(records)
         except RecorderClosedError:
             raise ApiError(503, "shutting_down", "the server is shutting down") from None
+        except RecordError as error:  # the store's own check; the API's validation should have caught it first
+            problem = Problem(loc=["body", error.field], msg=str(error).split(": ", 1)[-1], type="record_contract")
+            raise validation_error([problem]) from None
         return IngestResult(
             received=len(records), stored=result.stored, duplicates=result.duplicates, spooled=result.spooled
         )
@@ -84,7 +89,7 @@ async def post_events(request: Request) -> IngestResult:
     """One record, or ``{"events": [...]}`` of up to ``api.max_batch_size``; all-or-nothing per batch."""
     state = api_state(request)
     limit = state.settings.api_max_batch_size
-    return await _ingest(state, await request.body(), lambda body: parse_events(body, limit))
+    return await _ingest(state, await request.body(), lambda body: parse_body(body, limit))
 
 
 def _adapter_route(stack: Stack) -> None:
@@ -93,7 +98,7 @@ def _adapter_route(stack: Stack) -> None:
     async def post_stack_event(request: Request) -> IngestResult:
         state = api_state(request)
         limit = state.settings.api_max_batch_size
-        return await _ingest(state, await request.body(), lambda body: parse_adapter_events(stack, body, limit))
+        return await _ingest(state, await request.body(), lambda body: parse_adapter_events(stack, loads(body), limit))
 
     post_stack_event.__doc__ = (
         f"A {stack} response plus ``workload`` (and optional draftwatch fields), mapped onto the record as "

@@ -1,0 +1,158 @@
+"""The vLLM, llama.cpp and SGLang adapters: each stack's shape lands in the record field by field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from monitor.api.adapters import map_response, per_position
+from tests.api.conftest import INGEST, auth, recent, stored
+
+H = auth(INGEST)
+
+VLLM: dict[str, Any] = {
+    "id": "chatcmpl-abc",
+    "model": "qwen-coder-1.5b",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "never stored"}, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 42, "completion_tokens": 53, "total_tokens": 95},
+    "metrics": {
+        "time_to_first_token_ms": 85.0,
+        "generation_time_ms": 1240.0,
+        "queue_time_ms": 12.0,
+        "speculative_decoding": {
+            "mean_acceptance_length": 1.2325581395348837,
+            "draft_acceptance_rate": 0.07751937984496124,
+            "acceptance_histogram": [39, 1, 0, 3],
+            "acceptance_histogram_by_draft_length": {"3": [39, 1, 0, 3]},
+            "num_spec_steps": 43,
+            "num_accepted_draft_tokens": 10,
+            "num_draft_tokens": 129,
+            "num_spec_tokens": 3,
+        },
+    },
+}
+LLAMACPP: dict[str, Any] = {
+    "content": "never stored",
+    "model": "qwen-coder-1.5b.gguf",
+    "stop_type": "eos",
+    "timings": {
+        "prompt_n": 12,
+        "prompt_ms": 40.5,
+        "prompt_per_token_ms": 3.4,
+        "predicted_n": 64,
+        "predicted_ms": 2100.0,
+        "predicted_per_second": 30.5,
+        "draft_n": 80,
+        "draft_n_accepted": 51,
+    },
+}
+SGLANG: dict[str, Any] = {
+    "text": "never stored",
+    "meta_info": {
+        "id": "sg-1",
+        "prompt_tokens": 20,
+        "completion_tokens": 30,
+        "finish_reason": {"type": "length", "length": 30},
+        "e2e_latency": 0.75,
+        "spec_verify_ct": 10,
+        "spec_accept_token_num": 19,
+        "spec_draft_token_num": 30,
+        "spec_accept_rate": 0.633,
+        "spec_accept_length": 3.0,
+        "spec_accept_histogram": [1, 2, 4, 3],
+    },
+}
+
+
+def test_vllm_maps_field_by_field(client: TestClient, db_url: str) -> None:
+    response = client.post("/v1/events/vllm", json={**VLLM, "workload": "code", "drafter": "ngram"}, headers=H)
+    assert response.status_code == 202, response.text
+    row = stored(db_url, "chatcmpl-abc")
+    assert (row["num_spec_steps"], row["num_draft_tokens"], row["num_accepted_tokens"]) == (43, 129, 10)
+    assert row["num_speculative_tokens"] == 3
+    assert row["acceptance_histogram"] == [39, 1, 0, 3]
+    assert row["accepted_per_position"] == [4, 3, 3]
+    assert (row["prompt_tokens"], row["output_tokens"]) == (42, 53)
+    assert row["ttft_ms"] == 85.0 and row["latency_ms"] == 1325.0
+    assert row["draft_ms"] is None and row["verify_ms"] is None  # vLLM does not report them: null, not invented
+    assert row["finish_reason"] == "length" and row["source"] == "proxy:vllm" and row["mode"] == "speculative"
+    assert row["target_model"] == "qwen-coder-1.5b" and row["drafter"] == "ngram"
+    assert (row["ts_end"] - row["ts_start"]).total_seconds() * 1000 == 1337.0  # queue + ttft + generation
+
+
+def test_llamacpp_maps_field_by_field(client: TestClient, db_url: str) -> None:
+    body = {**LLAMACPP, "workload": "chat", "request_id": "ll-1", "num_speculative_tokens": 8}
+    assert client.post("/v1/events/llamacpp", json=body, headers=H).status_code == 202
+    row = stored(db_url, "ll-1")
+    assert (row["num_draft_tokens"], row["num_accepted_tokens"]) == (80, 51)
+    assert (row["prompt_tokens"], row["output_tokens"]) == (12, 64)
+    assert row["ttft_ms"] == 40.5 and row["latency_ms"] == 2140.5
+    assert row["num_spec_steps"] == 0 and row["acceptance_histogram"] == [] and row["accepted_per_position"] == []
+    assert row["num_speculative_tokens"] == 8 and row["finish_reason"] == "stop" and row["source"] == "proxy:llamacpp"
+    assert row["target_model"] == "qwen-coder-1.5b.gguf"
+
+
+def test_sglang_maps_field_by_field(client: TestClient, db_url: str) -> None:
+    body = {**SGLANG, "workload": "chat", "target_model": "qwen", "ts_end": recent().isoformat()}
+    assert client.post("/v1/events/sglang", json=body, headers=H).status_code == 202
+    row = stored(db_url, "sg-1")
+    assert (row["num_spec_steps"], row["num_draft_tokens"], row["num_accepted_tokens"]) == (10, 30, 19)
+    assert row["num_speculative_tokens"] == 3 and row["acceptance_histogram"] == [1, 2, 4, 3]
+    assert row["accepted_per_position"] == [9, 7, 3]
+    assert row["latency_ms"] == 750.0 and row["ttft_ms"] is None and row["finish_reason"] == "length"
+
+
+def test_sglang_timestamps_and_a_short_histogram() -> None:
+    meta = {**SGLANG["meta_info"], "spec_accept_histogram": [1, 1, 8], "spec_accept_token_num": 17}
+    meta |= {"request_received_ts": recent().timestamp(), "prefill_finished_ts": recent().timestamp() + 0.05}
+    record = map_response("sglang", {"meta_info": meta, "workload": "chat", "target_model": "qwen"})
+    assert record.acceptance_histogram == [1, 1, 8, 0]  # padded to num_speculative_tokens + 1
+    assert record.ttft_ms is not None and abs(record.ttft_ms - 50.0) < 1e-3
+    assert record.ts_start == recent()
+
+
+def test_batches_of_stack_responses(client: TestClient, count_rows: Callable[[], int]) -> None:
+    events = [{**VLLM, "id": f"v-{i}", "workload": "code"} for i in range(3)]
+    assert client.post("/v1/events/vllm", json={"events": events}, headers=H).json()["stored"] == 3
+    events.append({**VLLM, "workload": "code"})  # no distinct id: a duplicate of nothing stored yet, fine
+    events.append({**VLLM, "id": "v-bad", "workload": "bad tag"})
+    response = client.post("/v1/events/vllm", json={"events": events}, headers=H)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "events", 4, "workload"]
+    assert count_rows() == 3
+
+
+def test_adapter_errors(client: TestClient) -> None:
+    cases: list[tuple[str, Any, list[Any]]] = [
+        ("llamacpp", {**LLAMACPP, "workload": "chat"}, ["body", "request_id"]),
+        ("llamacpp", {"workload": "chat", "request_id": "x"}, ["body", "timings"]),
+        ("sglang", {**SGLANG, "workload": "chat"}, ["body", "target_model"]),
+        ("vllm", {**VLLM}, ["body", "workload"]),
+        ("vllm", [VLLM], ["body"]),
+        ("vllm", {**VLLM, "workload": "c", "usage": {"prompt_tokens": -4}}, ["body", "usage", "prompt_tokens"]),
+        (
+            "vllm",
+            {**VLLM, "workload": "c", "metrics": {"speculative_decoding": {"num_accepted_draft_tokens": 5}}},
+            ["body", "num_accepted_tokens"],
+        ),
+    ]
+    for stack, body, loc in cases:
+        response = client.post(f"/v1/events/{stack}", json=body, headers=H)
+        assert response.status_code == 422, (stack, response.text)
+        assert response.json()["detail"][0]["loc"] == loc, (stack, response.json())
+
+
+def test_plain_traffic_without_speculative_figures() -> None:
+    plain = {**VLLM, "metrics": {"time_to_first_token_ms": 5.0, "generation_time_ms": 50.0}, "workload": "w"}
+    record = map_response("vllm", plain)
+    assert record.mode == "plain" and record.num_draft_tokens == 0 and record.acceptance_histogram == []
+    record = map_response("llamacpp", {"workload": "w", "id": "l", "model": "m", "timings": {"predicted_n": 3}})
+    assert record.mode == "plain" and record.latency_ms is None and record.drafter == "unknown"
+
+
+def test_per_position_follows_from_the_histogram() -> None:
+    assert per_position([], 4) == []
+    assert per_position([0, 0, 0, 5], 3) == [5, 5, 5]
+    assert sum(per_position([3, 2, 1], 2)) == 2 * 1 + 1 * 2

@@ -1,0 +1,106 @@
+"""A real ``draftwatch serve`` process: sustained batch ingest, ``kill -9``, restart; every 202 stored exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from sqlalchemy import func, select
+
+from monitor.db.engine import create_engine
+from monitor.db.models import RequestRow, RollupMinuteRow
+from tests.api.conftest import ADMIN, INGEST, TOKENS, auth, bodies, records
+from tests.api.test_api_decode import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(tmp_path: Path, db_url: str, port: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"),
+        "DRAFTWATCH_DATABASE_URL": db_url,
+        "DRAFTWATCH_API_TOKENS": TOKENS,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "monitor.cli", "serve", "--port", str(port), "--no-scheduler"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError("draftwatch serve did not become ready")
+
+
+def test_kill_minus_9_loses_no_acknowledged_event(tmp_path: Path, db_url: str) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1/events"
+    acknowledged: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def load(worker: int) -> None:
+        # Sustained ingest: batches of 50, until the process dies under us.
+        with httpx.Client(headers=auth(INGEST), timeout=10) as client:
+            for batch_number in range(10_000):
+                if stop.is_set():
+                    return
+                batch = bodies(records(50, prefix=f"w{worker}-b{batch_number}"))
+                try:
+                    response = client.post(url, json={"events": batch})
+                except httpx.HTTPError:
+                    return
+                if response.status_code == 202:
+                    with lock:
+                        acknowledged.extend(r["request_id"] for r in batch)
+
+    server = start(tmp_path, db_url, port)
+    threads = [threading.Thread(target=load, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(acknowledged) < 1500 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.send_signal(signal.SIGKILL)
+    server.wait(10)
+    stop.set()
+    for thread in threads:
+        thread.join(15)
+    assert len(acknowledged) >= 1500, "the load never got going"
+
+    server = start(tmp_path, db_url, port)  # replays whatever the dead process spooled
+    try:
+        again = bodies(records(50, prefix="w0-b0"))  # a client retrying after the crash
+        response = httpx.post(url, json={"events": again}, headers=auth(ADMIN), timeout=10)
+        assert response.status_code == 202 and response.json()["stored"] == 0
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            ids = list(conn.execute(select(RequestRow.request_id)).scalars())
+            rollup_requests = conn.execute(select(func.sum(RollupMinuteRow.n_requests))).scalar_one()
+    finally:
+        engine.dispose()
+    assert len(ids) == len(set(ids))  # exactly once
+    assert set(acknowledged) <= set(ids)  # every acknowledged event is there
+    assert rollup_requests == len(ids)  # and counted once in the rollups

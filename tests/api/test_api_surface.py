@@ -1,0 +1,141 @@
+"""Auth, reads, metrics, health, limits and the committed OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from starlette.types import Receive, Scope, Send
+
+from monitor.api import create_app, openapi_document
+from monitor.api.limits import LimitsMiddleware
+from monitor.config import ConfigError, Settings
+from tests.api.conftest import ADMIN, INGEST, READ, auth, bodies, make_settings, recent, records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tokens_and_scopes(client: TestClient) -> None:
+    batch = {"events": bodies(records(2))}
+    missing = client.post("/v1/events", json=batch)
+    assert missing.status_code == 401 and missing.json()["error"] == "missing_token"
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    wrong = client.post("/v1/events", json=batch, headers=auth("not-a-token-at-all-000"))
+    assert wrong.status_code == 401 and wrong.json()["error"] == "invalid_token"
+    basic = client.post("/v1/events", json=batch, headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    assert basic.status_code == 401
+    scope = client.post("/v1/events", json=batch, headers=auth(READ))
+    assert (
+        scope.status_code == 403
+        and scope.json()["error"] == "insufficient_scope"
+        and "ingest" in scope.json()["message"]
+    )
+    assert client.post("/v1/events", json=batch, headers=auth(ADMIN)).status_code == 202
+    for path in ("/v1/workloads", "/v1/workloads/code/series", "/metrics"):
+        assert client.get(path).status_code == 401
+        assert client.get(path, headers=auth(INGEST)).status_code == 403
+        assert client.get(path, headers=auth(READ)).status_code == 200
+        assert client.get(path, headers=auth(ADMIN)).status_code == 200
+    for path in ("/v1/generate", "/v1/chat/completions"):
+        assert client.post(path, json={}).status_code == 401
+        assert client.post(path, json={}, headers=auth(READ)).status_code == 403
+    assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
+
+
+def test_no_tokens_means_open_but_loopback_only(tmp_path: Path, sqlite_url: str) -> None:
+    settings = make_settings(tmp_path, sqlite_url).replace(api_tokens=())
+    with TestClient(create_app(settings)) as client:
+        assert client.post("/v1/events", json=bodies(records(1))[0]).status_code == 202
+    done = subprocess.run(
+        [sys.executable, "-m", "monitor.cli", "serve", "--host", "0.0.0.0", "--database-url", sqlite_url],
+        capture_output=True,
+        text=True,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "refusing to bind 0.0.0.0 without API tokens" in done.stderr
+
+
+def test_config_errors_never_quote_a_token() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"HOME": "/h", "DRAFTWATCH_API_TOKENS": "ingest:tooshortsecret"}, None)
+    assert "tooshortsecret" not in str(caught.value) and "DRAFTWATCH_API_TOKENS" in str(caught.value)
+    settings = Settings.from_env({"HOME": "/h", "DRAFTWATCH_API_TOKENS": f"admin:{ADMIN}"}, None)
+    assert ADMIN not in repr(settings)
+
+
+def test_reads_workloads_series_and_metrics(client: TestClient) -> None:
+    start = recent(30)
+    batch = bodies(records(20, start=start)) + bodies(records(4, prefix="h", start=start, mode="holdout"))
+    assert client.post("/v1/events", json={"events": batch}, headers=auth(INGEST)).status_code == 202
+    since = (start - timedelta(minutes=1)).isoformat()
+    found = client.get("/v1/workloads", params={"since": since}, headers=auth(READ)).json()
+    by_tag = {w["workload"]: w for w in found["workloads"]}
+    assert by_tag["code"]["requests"] == 12 and by_tag["chat"]["requests"] == 12
+    assert by_tag["code"]["requests_by_mode"] == {"holdout": 2, "speculative": 10}
+    assert 0 < by_tag["code"]["acceptance_rate_tokens"] < 1
+    series = client.get(
+        "/v1/workloads/code/series",
+        params={"since": since, "step": "5m", "metric": "acceptance_rate_tokens", "mode": "speculative"},
+        headers=auth(READ),
+    ).json()
+    assert series["step_s"] == 300 and len(series["points"]) == 1
+    assert series["points"][0]["value"] == pytest.approx(by_tag["code"]["acceptance_rate_tokens"], rel=0.2)
+    full = client.get("/v1/workloads/chat/series", params={"since": since}, headers=auth(READ)).json()
+    assert full["points"][0]["requests"] == 12
+    text = client.get("/metrics", headers=auth(READ)).text
+    assert 'draftwatch_requests_total{workload="code",mode="holdout"} 2' in text
+    assert 'draftwatch_spec_decode_num_accepted_tokens_per_pos_total{workload="code",position="0"}' in text
+    assert 'draftwatch_time_per_output_token_seconds_bucket{workload="chat",le="+Inf"} 12' in text
+    assert "draftwatch_recorder_written_total 24" in text
+    assert client.get("/readyz").json()["status"] == "ready"
+
+
+def test_read_errors(client: TestClient) -> None:
+    h = auth(READ)
+    cases = [
+        ("/v1/workloads", {"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
+        ("/v1/workloads", {"since": "last week"}, "since"),
+        ("/v1/workloads/code/series", {"step": "5s"}, "step"),
+        ("/v1/workloads/code/series", {"step": "1m", "since": "2000-01-01T00:00:00Z"}, "step"),
+        ("/v1/workloads/code/series", {"metric": "vibes"}, "metric"),
+        ("/v1/workloads/bad%20tag/series", {}, "tag"),
+    ]
+    for path, params, field in cases:
+        response = client.get(path, params=params, headers=h)
+        assert response.status_code == 422, (path, params, response.text)
+        assert response.json()["detail"][0]["loc"][-1] == field
+    assert client.get("/nowhere").json()["error"] == "not_found"
+    assert client.delete("/v1/events").status_code == 405
+    assert client.post("/v1/generate", json={"prompt": "x"}, headers=auth(INGEST)).json()["error"] == "no_decoder"
+
+
+def test_slow_requests_time_out_with_504() -> None:
+    async def slow(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await asyncio.sleep(5)
+
+    async def run() -> httpx.Response:
+        app = LimitsMiddleware(slow, max_body_bytes=1000, timeout_s=0.2)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await client.post("/", content=b"{}")
+
+    response = asyncio.run(run())
+    assert response.status_code == 504 and response.json()["error"] == "timeout"
+
+
+def test_openapi_document_is_committed_and_current(tmp_path: Path, sqlite_url: str) -> None:
+    committed = (ROOT / "docs" / "openapi.json").read_text()
+    current = openapi_document(create_app(make_settings(tmp_path, sqlite_url)))
+    assert committed == current, "docs/openapi.json is stale: run `python -m monitor.api.openapi > docs/openapi.json`"
+    paths = json.loads(committed)["paths"]
+    assert {"/v1/events", "/v1/events/vllm", "/v1/chat/completions", "/metrics", "/readyz"} <= set(paths)
