@@ -132,6 +132,11 @@ class RequestRecord:
         validate_workload(self.workload)
         if not self.request_id or len(self.request_id) > 128:
             raise RecordError("request_id", f"must be 1-128 characters, got {self.request_id!r}")
+        for name in ("request_id", "target_model", "drafter", "draft_model", "target_version", "draft_version",
+                     "error", "source", "prompt_hash"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "\x00" in value):
+                raise RecordError(name, f"must be text without NUL characters, got {value!r}")
         if self.mode not in MODES:
             raise RecordError("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
         if self.finish_reason not in FINISH_REASONS:

@@ -1,0 +1,232 @@
+"""Decoder speed: draftwatch against plain decoding and transformers' own speculative modes.
+
+One run, one machine, the same prompts; for each prompt the methods run back to back (A B C ...
+A B C ...), so that slow drift of a shared machine hits every method alike. Greedy outputs of every
+method are checked against plain decoding. Usage:
+
+    python benchmarks/decoder_speed.py            # full: Qwen pair + smollm2/ngram, 5 prompts per workload
+    python benchmarks/decoder_speed.py --quick    # under 5 minutes: fewer Qwen prompts
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results import write_section
+from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
+from decoder.controller import SpeculationController
+from decoder.loading import LoadedModel
+from decoder.workloads import builtin_workloads, copy_heavy_workloads
+
+logger = logging.getLogger("decoder_speed")
+
+
+@dataclass
+class Outcome:
+    seconds: float
+    tokens: list[int]
+    accepted: int = 0
+    drafted: int = 0
+    steps: int = 0
+    gamma: int = 0
+    mode: str = "-"
+
+
+@dataclass
+class Cell:
+    """Every outcome of one method on one workload."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    mismatches: int = 0
+
+    def tokens_per_second(self) -> float:
+        return statistics.median(len(o.tokens) / o.seconds for o in self.outcomes)
+
+
+Method = Callable[[list[int], str, str], Outcome]
+
+
+def chat_ids(model: LoadedModel, prompt: str) -> list[int]:
+    text = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    return list(model.tokenizer.encode(text, add_special_tokens=False))
+
+
+def hf_method(target: LoadedModel, max_new_tokens: int, **generate_kwargs: Any) -> Method:
+    def run(prompt_ids: list[int], prompt: str, workload: str) -> Outcome:
+        ids = torch.tensor([prompt_ids])
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = target.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **generate_kwargs)
+        return Outcome(time.perf_counter() - started, out[0, len(prompt_ids) :].tolist())
+
+    return run
+
+
+def draftwatch_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: str | None = None) -> Method:
+    def run(prompt_ids: list[int], prompt: str, workload: str) -> Outcome:
+        started = time.perf_counter()
+        result = decoder.generate(prompt, chat=True, workload=workload, max_new_tokens=max_new_tokens, mode=mode)
+        record = result.record
+        return Outcome(
+            time.perf_counter() - started, result.token_ids, record.num_accepted_tokens, record.num_draft_tokens,
+            record.num_spec_steps, record.num_speculative_tokens, record.mode,
+        )  # fmt: skip
+
+    return run
+
+
+def run_pair(
+    label: str,
+    methods: dict[str, Method],
+    target: LoadedModel,
+    prompts: dict[str, list[str]],
+    repeats: int,
+) -> dict[str, dict[str, Cell]]:
+    cells: dict[str, dict[str, Cell]] = defaultdict(lambda: defaultdict(Cell))
+    total = sum(len(p) for p in prompts.values()) * repeats * len(methods)
+    with tqdm(total=total, desc=label, unit="run") as bar:
+        for workload, workload_prompts in prompts.items():
+            for prompt in workload_prompts:
+                prompt_ids = chat_ids(target, prompt)
+                for _ in range(repeats):
+                    reference: list[int] | None = None
+                    for name, method in methods.items():  # interleaved: every method on this prompt, in turn
+                        outcome = method(prompt_ids, prompt, workload)
+                        cell = cells[workload][name]
+                        cell.outcomes.append(outcome)
+                        if reference is None:
+                            reference = outcome.tokens
+                        elif outcome.tokens != reference:
+                            cell.mismatches += 1
+                        bar.set_postfix_str(f"{workload} {name} {len(outcome.tokens) / outcome.seconds:.1f} tok/s")
+                        bar.update()
+    return cells
+
+
+def table(label: str, cells: dict[str, dict[str, Cell]], plain: str, assisted: str | None) -> str:
+    lines = [
+        f"### {label}",
+        "",
+        "| workload | method | tokens/s | × plain | × assisted | acceptance | mean acc. length | γ | modes"
+        " | greedy = plain |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for workload, methods in cells.items():
+        base = methods[plain].tokens_per_second()
+        anchor = methods[assisted].tokens_per_second() if assisted else None
+        for name, cell in methods.items():
+            speed = cell.tokens_per_second()
+            ratios[name].append(speed / base)
+            drafted = sum(o.drafted for o in cell.outcomes)
+            accepted = sum(o.accepted for o in cell.outcomes)
+            steps = sum(o.steps for o in cell.outcomes)
+            gammas = [o.gamma for o in cell.outcomes if o.mode == "speculative"]
+            modes = defaultdict(int)
+            for o in cell.outcomes:
+                modes[o.mode] += 1
+            lines.append(
+                f"| {workload} | {name} | {speed:.2f} | {speed / base:.2f} | "
+                f"{'' if anchor is None else f'{speed / anchor:.2f}'} | "
+                f"{'' if not drafted else f'{accepted / drafted:.2f}'} | "
+                f"{'' if not steps else f'{1 + accepted / steps:.2f}'} | "
+                f"{'' if not gammas else f'{statistics.mean(gammas):.1f}'} | "
+                f"{', '.join(f'{m} {n}' for m, n in sorted(modes.items()) if m != '-')} | "
+                f"{'yes' if cell.mismatches == 0 else f'NO ({cell.mismatches})'} |"
+            )
+    lines += ["", "Geometric mean over workloads, × plain: " + ", ".join(
+        f"{name} {statistics.geometric_mean(values):.2f}" for name, values in ratios.items()
+    )]  # fmt: skip
+    return "\n".join(lines)
+
+
+def qwen_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
+    target, draft = load_model("qwen-coder-1.5b"), load_model("qwen-coder-0.5b")
+    check_pair(target, draft)
+    model_drafter = ModelDrafter(draft, target.vocab_size)
+    controlled = SpeculativeDecoder(target, model_drafter, controller=SpeculationController(seed=0))
+    ngram = SpeculativeDecoder(target, NgramDrafter(), controller=SpeculationController(seed=0))
+    fixed = SpeculativeDecoder(target, ModelDrafter(draft, target.vocab_size), gamma=4)
+    return target, {
+        "plain (transformers)": hf_method(target, max_new_tokens),
+        "assisted (transformers)": hf_method(target, max_new_tokens, assistant_model=draft.model),
+        "prompt lookup (transformers)": hf_method(target, max_new_tokens, prompt_lookup_num_tokens=10),
+        "draftwatch model + controller": draftwatch_method(controlled, max_new_tokens),
+        "draftwatch ngram + controller": draftwatch_method(ngram, max_new_tokens),
+        "draftwatch model, fixed γ=4": draftwatch_method(fixed, max_new_tokens),
+    }
+
+
+def smollm_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
+    target = load_model("smollm2-135m")
+    ngram = SpeculativeDecoder(target, NgramDrafter(), controller=SpeculationController(seed=0))
+    fixed = SpeculativeDecoder(target, NgramDrafter(), gamma=4)
+    return target, {
+        "plain (transformers)": hf_method(target, max_new_tokens),
+        "prompt lookup (transformers)": hf_method(target, max_new_tokens, prompt_lookup_num_tokens=10),
+        "draftwatch plain": draftwatch_method(fixed, max_new_tokens, mode="plain"),
+        "draftwatch ngram + controller": draftwatch_method(ngram, max_new_tokens),
+        "draftwatch ngram, fixed γ=4": draftwatch_method(fixed, max_new_tokens),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smollm2 in full, the Qwen pair on 2 workloads x 1 prompt")
+    parser.add_argument("--prompts", type=int, default=5, help="prompts per workload (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="default: %(default)s")
+    parser.add_argument("--repeats", type=int, default=1, help="repeats per prompt and method (median taken)")
+    parser.add_argument("--skip-qwen", action="store_true", help="only the smollm2 + ngram pair")
+    parser.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    workloads = builtin_workloads()
+    sections = []
+    prompts = {w: p[: args.prompts] for w, p in workloads.items()}
+    target, methods = smollm_methods(args.max_new_tokens)
+    cells = run_pair("smollm2-135m + ngram", methods, target, prompts, args.repeats)
+    sections.append(table("smollm2-135m, ngram drafter", cells, "plain (transformers)", None))
+    del target, methods
+    if not args.skip_qwen:
+        qwen_prompts = {w: p[:1] for w, p in workloads.items() if w in ("code", "code-edit")} if args.quick else prompts
+        max_new = min(args.max_new_tokens, 48) if args.quick else args.max_new_tokens
+        target, methods = qwen_methods(max_new)
+        cells = run_pair("qwen-coder-1.5b + 0.5b", methods, target, qwen_prompts, args.repeats)
+        sections.append(
+            table(
+                "qwen-coder-1.5b target, qwen-coder-0.5b draft",
+                cells,
+                "plain (transformers)",
+                "assisted (transformers)",
+            )
+        )
+    body = (
+        f"Greedy decoding, chat template, {args.max_new_tokens} new tokens at most"
+        f"{' (48 for the Qwen pair in --quick)' if args.quick else ''}, {args.repeats} run(s) per prompt and method, "
+        f"methods interleaved per prompt. tokens/s is the median over a workload's prompts. Copy-heavy workloads: "
+        f"{', '.join(copy_heavy_workloads())}.\n\n" + "\n\n".join(sections)
+    )
+    print(body)
+    if not args.no_write:
+        write_section("Decoder speed (benchmarks/decoder_speed.py)", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

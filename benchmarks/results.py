@@ -1,0 +1,43 @@
+"""Writing a benchmark's figures into its own section of benchmarks/RESULTS.md, leaving the others alone."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HEADER = (
+    "# Benchmark results\n\n"
+    "Each section is rewritten by the benchmark named in its title; the command and machine are given.\n"
+)
+
+
+def machine() -> str:
+    """A short description of this machine: CPU count, architecture, Python and torch versions."""
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    return (
+        f"{os.cpu_count()} CPU cores ({platform.machine()}, {platform.processor() or 'unknown CPU'}), "
+        f"Python {platform.python_version()}, torch {torch_version}"
+    )
+
+
+def write_section(title: str, body: str, argv: list[str] | None = None) -> None:
+    """Replace (or append) the ``## title`` section of RESULTS.md with ``body`` plus command, date and machine."""
+    command = "python " + shlex.join(argv if argv is not None else sys.argv)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    section = f"## {title}\n\nCommand: `{command}`  \nDate: {stamp}  \nMachine: {machine()}\n\n{body.strip()}\n"
+    text = RESULTS.read_text() if RESULTS.exists() else HEADER
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    found = pattern.search(text)
+    text = pattern.sub(lambda _m: section + "\n", text) if found else text.rstrip() + "\n\n" + section
+    RESULTS.write_text(text.rstrip() + "\n")
