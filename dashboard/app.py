@@ -1,0 +1,28 @@
+"""Entry point of the Streamlit app: ``draftwatch dashboard`` (or ``streamlit run dashboard/app.py``).
+
+Runs on every rerun of every page: login, the shared sidebar, then the chosen page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from dashboard import auth, components
+
+PAGES = Path(__file__).with_name("pages")
+
+st.set_page_config(page_title="draftwatch", page_icon=":material/speed:", layout="wide")
+auth.require_login()
+page = st.navigation(
+    [
+        st.Page(PAGES / "overview.py", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page(PAGES / "workload.py", title="Workload", icon=":material/insights:"),
+        st.Page(PAGES / "drift.py", title="Drift", icon=":material/query_stats:"),
+        st.Page(PAGES / "alerts.py", title="Alerts", icon=":material/notifications:"),
+        st.Page(PAGES / "pairs.py", title="Pairs", icon=":material/compare_arrows:"),
+    ]
+)
+components.sidebar()
+page.run()

@@ -1,0 +1,187 @@
+"""Altair charts of the dashboard, built from plain rows (lists of dicts).
+
+Colours: series take the Streamlit theme's palette (``theme="streamlit"`` when drawn), which has
+light and dark variants; the few fixed colours (drift red, version purple, regression orange) are
+mid-tone so that they read on both backgrounds. Axes and labels come from the theme too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import altair as alt
+
+DRIFT_COLOR: Final = "#e45756"
+VERSION_COLOR: Final = "#b279a2"
+REGRESSION_COLOR: Final = "#f58518"
+REFERENCE_COLOR: Final = "#8c8c8c"
+CURRENT_COLOR: Final = "#4c78a8"
+
+Rows = Sequence[dict[str, Any]]
+# Altair's builder methods return loosely typed unions (Chart | FacetChart ...): charts are passed on as-is.
+ChartSpec = Any
+
+
+def _data(rows: Rows) -> Any:
+    # alt.Data carries no type annotations; inline values keep the chart self-contained (no pandas).
+    return alt.Data(values=list(rows))  # type: ignore[no-untyped-call]
+
+
+def _markers(events: Rows, color: str, label: str) -> ChartSpec:
+    """Vertical rules at ``ts`` with a tooltip ``text``."""
+    return (
+        alt.Chart(_data(events))
+        .mark_rule(color=color, strokeDash=[4, 3], strokeWidth=1.5)
+        .encode(
+            x="ts:T",
+            tooltip=[alt.Tooltip("ts:T", title="when", format="%Y-%m-%d %H:%M"), alt.Tooltip("text:N", title=label)],
+        )
+    )
+
+
+def acceptance_over_time(points: Rows, drifts: Rows, versions: Rows) -> ChartSpec:
+    """Acceptance rate per time step, drift findings (red) and model-version changes (purple) as rules."""
+    base = alt.Chart(_data(points)).encode(
+        x=alt.X("bucket:T", title=None),
+        y=alt.Y("acceptance:Q", title="acceptance rate", axis=alt.Axis(format="%"), scale=alt.Scale(zero=False)),
+        tooltip=[
+            alt.Tooltip("bucket:T", title="from", format="%Y-%m-%d %H:%M"),
+            alt.Tooltip("acceptance:Q", format=".1%"),
+            alt.Tooltip("requests:Q"),
+        ],
+    )
+    layers: list[Any] = [base.mark_line(point=len(points) < 40)]
+    if drifts:
+        layers.append(_markers(drifts, DRIFT_COLOR, "drift finding"))
+    if versions:
+        layers.append(_markers(versions, VERSION_COLOR, "model version"))
+    return alt.layer(*layers).properties(height=260)
+
+
+def per_position(rows: Rows) -> ChartSpec:
+    """Acceptance at draft position i (1-based on the axis), per verification step."""
+    return (
+        alt.Chart(_data(rows))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("position:O", title="draft position"),
+            y=alt.Y("rate:Q", title="accepted per step", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+            tooltip=[alt.Tooltip("position:O"), alt.Tooltip("rate:Q", format=".1%"), alt.Tooltip("accepted:Q")],
+        )
+        .properties(height=240)
+    )
+
+
+def length_histogram(rows: Rows) -> ChartSpec:
+    """Share of verification steps that accepted exactly j drafts, reference against current window."""
+    return (
+        alt.Chart(_data(rows))
+        .mark_bar()
+        .encode(
+            x=alt.X("accepted:O", title="drafts accepted in a step"),
+            xOffset=alt.XOffset("window:N", sort=["reference", "current"]),
+            y=alt.Y("share:Q", title="share of steps", axis=alt.Axis(format="%")),
+            color=alt.Color(
+                "window:N",
+                sort=["reference", "current"],
+                scale=alt.Scale(domain=["reference", "current"], range=[REFERENCE_COLOR, CURRENT_COLOR]),
+                legend=alt.Legend(orient="top", title=None),
+            ),
+            tooltip=[alt.Tooltip("window:N"), alt.Tooltip("accepted:O"), alt.Tooltip("share:Q", format=".1%")],
+        )
+        .properties(height=240)
+    )
+
+
+def percentiles_over_time(rows: Rows, regressions: Rows, unit: str) -> ChartSpec:
+    """Lines per percentile (long rows: bucket, percentile, value); latency regressions shaded orange."""
+    layers: list[Any] = []
+    if regressions:
+        layers.append(
+            alt.Chart(_data(regressions))
+            .mark_rect(color=REGRESSION_COLOR, opacity=0.18)
+            .encode(
+                x="start:T",
+                x2="end:T",
+                tooltip=[alt.Tooltip("text:N", title="regression"), alt.Tooltip("start:T"), alt.Tooltip("end:T")],
+            )
+        )
+    layers.append(
+        alt.Chart(_data(rows))
+        .mark_line()
+        .encode(
+            x=alt.X("bucket:T", title=None),
+            y=alt.Y("value:Q", title=unit),
+            color=alt.Color("percentile:N", sort=["p50", "p95", "p99"], legend=alt.Legend(orient="top", title=None)),
+            tooltip=[
+                alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"),
+                alt.Tooltip("percentile:N"),
+                alt.Tooltip("value:Q", format=".2f"),
+            ],
+        )
+    )
+    return alt.layer(*layers).properties(height=240)
+
+
+def what_if_gamma(rows: Rows, current_gamma: int | None) -> ChartSpec:
+    """Expected speedup against γ; the break-even line at 1 and the current γ marked."""
+    line = (
+        alt.Chart(_data(rows))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("gamma:O", title="γ (drafts per step)"),
+            y=alt.Y("speedup:Q", title="expected speedup ×", scale=alt.Scale(zero=False)),
+            tooltip=[alt.Tooltip("gamma:O", title="γ"), alt.Tooltip("speedup:Q", format=".2f")],
+        )
+    )
+    even = alt.Chart(_data([{"y": 1.0}])).mark_rule(color=DRIFT_COLOR, strokeDash=[4, 3]).encode(y="y:Q")
+    layers: list[Any] = [even, line]
+    marked = [r for r in rows if r["gamma"] == current_gamma]
+    if marked:
+        layers.append(
+            alt.Chart(_data(marked))
+            .mark_point(size=180, shape="diamond", filled=True, color=REGRESSION_COLOR)
+            .encode(x="gamma:O", y="speedup:Q", tooltip=[alt.Tooltip("speedup:Q", title="current γ", format=".2f")])
+        )
+    return alt.layer(*layers).properties(height=240)
+
+
+def grouped_bars(rows: Rows, field: str, title: str, fmt: str) -> ChartSpec:
+    """One bar per pair within each workload (Pairs page)."""
+    return (
+        alt.Chart(_data(rows))
+        .mark_bar()
+        .encode(
+            x=alt.X("workload:N", title=None),
+            xOffset="pair:N",
+            y=alt.Y(f"{field}:Q", title=title, axis=alt.Axis(format=fmt) if fmt else alt.Axis()),
+            color=alt.Color("pair:N", legend=alt.Legend(orient="bottom", title=None, columns=1, labelLimit=400)),
+            tooltip=[alt.Tooltip("workload:N"), alt.Tooltip("pair:N"), alt.Tooltip(f"{field}:Q", format=fmt or ".2f")],
+        )
+        .properties(height=260)
+    )
+
+
+def effect_history(rows: Rows) -> ChartSpec:
+    """A test's effect per run with its interval; red points where the run decided drift."""
+    base = alt.Chart(_data(rows)).encode(x=alt.X("created_at:T", title="run"))
+    band = base.mark_rule(opacity=0.5).encode(y=alt.Y("ci_low:Q", title="effect"), y2="ci_high:Q")
+    points = base.mark_point(filled=True, size=60).encode(
+        y="effect:Q",
+        color=alt.Color(
+            "decision:N",
+            scale=alt.Scale(
+                domain=["drift", "no_drift", "insufficient_data"], range=[DRIFT_COLOR, CURRENT_COLOR, REFERENCE_COLOR]
+            ),
+            legend=alt.Legend(orient="top", title=None),
+        ),
+        tooltip=[
+            alt.Tooltip("created_at:T", format="%Y-%m-%d %H:%M"),
+            alt.Tooltip("metric:N"),
+            alt.Tooltip("effect:Q", format=".3f"),
+            alt.Tooltip("q:Q", format=".3g"),
+            alt.Tooltip("decision:N"),
+        ],
+    )
+    return alt.layer(band, points).properties(height=240)

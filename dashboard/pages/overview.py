@@ -1,0 +1,60 @@
+"""Overview: one row per workload, its status, and the firing alerts on top."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import alerts_view, components, data, status
+from dashboard.components import Filters
+
+st.title("Overview")
+st.caption("Where speculation helps and where it hurts, per workload, over the range chosen in the sidebar.")
+
+COLUMNS = {
+    "Requests": st.column_config.NumberColumn(format="localized"),
+    "Acceptance": st.column_config.NumberColumn(format="percent", help="accepted / drafted tokens"),
+    "Δ acceptance (pts)": st.column_config.NumberColumn(
+        format="%+.1f", help="change in percentage points against the previous window of the same length"
+    ),
+    "Mean accept. length": st.column_config.NumberColumn(format="%.2f", help="tokens per verification step"),
+    "Speedup": st.column_config.NumberColumn(
+        format="%.2f×",
+        help="measured: holdout over speculative ms per token; estimated: Leviathan et al. at the current γ",
+    ),
+    "p95 ms/token": st.column_config.NumberColumn(format="%.2f"),
+    "Δ p95": st.column_config.NumberColumn(format="percent", help="relative change against the previous window"),
+    "γ": st.column_config.NumberColumn(help="drafts per step of the newest request"),
+}
+
+
+def body(f: Filters) -> None:
+    alerts_view.firing_banner(f.url)
+    if components.empty_state(f):
+        return
+    window = f.range
+    shown = [s for s in data.summaries(f.url, window.start, window.end) if f.shows(s.workload)]
+    reference = data.summaries(f.url, window.reference.start, window.reference.end)
+    settings = data.current_settings(f.url, window.start, window.end)
+    # The estimate needs a per-request read: only where the measured speedup is missing.
+    estimates = {
+        s.workload: data.speedup_inputs(f.url, s.workload, window.start, window.end)
+        for s in shown
+        if s.holdout_requests < status.MIN_REQUESTS
+    }
+    rows = status.overview_rows(shown, reference, settings, estimates, data.latest_drift_results(f.url))
+    columns = st.columns(len(status.STATUSES))
+    for column, name in zip(columns, status.STATUSES, strict=True):
+        column.metric(status.BADGES[name], sum(r.status == name for r in rows))
+    st.dataframe(status.table(rows), hide_index=True, column_config=COLUMNS, key="overview_table")
+    run = data.latest_drift_run(f.url)
+    st.caption(
+        f"{window.label()}; changes are against {window.reference.label()}. "
+        + (
+            f"Statuses use drift run {run.run_id[:8]} of {run.started_at:%Y-%m-%d %H:%M} UTC."
+            if run
+            else "No drift run yet: statuses use the figures only (`draftwatch drift run`)."
+        )
+    )
+
+
+components.live(body)

@@ -1,0 +1,146 @@
+"""One Overview row per workload, and its status: pure functions over query results (no Streamlit).
+
+Status, first match wins:
+
+* ``net loss``: speculation is slower than plain decoding: the measured speedup (holdout) or, with
+  too little holdout, the estimated one is below 1, or the newest drift run's net-loss test said so;
+* ``regression``: the newest drift run found a latency regression for the workload;
+* ``drift``: the newest drift run found any other drift (acceptance, acceptance length, prompt
+  length, the online detector);
+* ``insufficient data``: fewer than :data:`MIN_REQUESTS` requests in the range;
+* ``ok``.
+
+>>> row = OverviewRow("code", 100, 0.8, 0.05, 3.1, 1.4, "measured", 9.0, -0.02, 4, "speculative")
+>>> status_of(row, [])
+'ok'
+>>> status_of(row.replace(speedup=0.9), []), status_of(row.replace(requests=5), [])
+('net loss', 'insufficient data')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from monitor.dashboard_queries import CurrentSetting, SpeedupInputs
+from monitor.drift.queries import StoredResult
+from monitor.query_types import WorkloadSummary
+
+# Matches the drift tests' default minimum sample (drift.min_requests): below it nothing is concluded.
+MIN_REQUESTS: Final = 30
+STATUSES: Final = ("net loss", "regression", "drift", "insufficient data", "ok")
+BADGES: Final = {
+    "net loss": "🔴 net loss",
+    "regression": "🟠 regression",
+    "drift": "🟡 drift",
+    "insufficient data": "⚪ insufficient data",
+    "ok": "🟢 ok",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OverviewRow:
+    workload: str
+    requests: int
+    acceptance: float | None
+    acceptance_change: float | None  # points (fraction) against the reference window
+    mean_acceptance_length: float | None
+    speedup: float | None
+    speedup_source: str  # "measured" (holdout), "estimated" (Leviathan et al.) or "—"
+    p95_ms_per_token: float | None
+    p95_change: float | None  # relative change against the reference window
+    gamma: int | None
+    mode: str | None
+    status: str = "ok"
+    findings: str = ""
+
+    def replace(self, **changes: Any) -> OverviewRow:
+        return dataclasses.replace(self, **changes)
+
+
+def _diff(now: float | None, before: float | None) -> float | None:
+    return None if now is None or before is None else now - before
+
+
+def _relative(now: float | None, before: float | None) -> float | None:
+    return None if now is None or not before else now / before - 1.0
+
+
+def _finding_list(findings: Sequence[StoredResult]) -> str:
+    return ", ".join(sorted({f"{f.result.test}:{f.result.metric}" for f in findings if f.result.decision == "drift"}))
+
+
+def status_of(row: OverviewRow, findings: Sequence[StoredResult]) -> str:
+    """The row's status from its figures and the newest drift run's findings for its workload."""
+    drifted = {f.result.test for f in findings if f.result.decision == "drift"}
+    if (row.speedup is not None and row.speedup < 1.0) or "net_loss" in drifted:
+        return "net loss"
+    if "latency" in drifted:
+        return "regression"
+    if drifted:
+        return "drift"
+    if row.requests < MIN_REQUESTS:
+        return "insufficient data"
+    return "ok"
+
+
+def overview_rows(
+    current: Sequence[WorkloadSummary],
+    reference: Sequence[WorkloadSummary],
+    settings: dict[str, CurrentSetting],
+    estimates: dict[str, SpeedupInputs | None],
+    findings: Sequence[StoredResult],
+) -> list[OverviewRow]:
+    """Rows in the order of ``current``; the measured speedup wins once holdout has enough requests."""
+    before = {s.workload: s for s in reference}
+    rows = []
+    for s in current:
+        ref = before.get(s.workload)
+        setting = settings.get(s.workload)
+        speedup, source = None, "—"
+        if s.measured_speedup is not None and s.holdout_requests >= MIN_REQUESTS:
+            speedup, source = s.measured_speedup, "measured"
+        elif (est := estimates.get(s.workload)) is not None:
+            gamma = setting.gamma if setting is not None and setting.gamma > 0 else est.gamma
+            speedup, source = est.speedup(gamma), "estimated"
+        mine = [f for f in findings if f.result.workload == s.workload]
+        row = OverviewRow(
+            workload=s.workload,
+            requests=s.requests,
+            acceptance=s.acceptance_rate_tokens,
+            acceptance_change=_diff(s.acceptance_rate_tokens, ref.acceptance_rate_tokens if ref else None),
+            mean_acceptance_length=s.mean_acceptance_length,
+            speedup=speedup,
+            speedup_source=source,
+            p95_ms_per_token=s.ms_per_token_p95,
+            p95_change=_relative(s.ms_per_token_p95, ref.ms_per_token_p95 if ref else None),
+            gamma=setting.gamma if setting else None,
+            mode=setting.mode if setting else None,
+            findings=_finding_list(mine),
+        )
+        rows.append(row.replace(status=status_of(row, mine)))
+    return rows
+
+
+def table(rows: Sequence[OverviewRow]) -> list[dict[str, Any]]:
+    """The rows as the Overview's table shows them (values raw; formats are the column config's)."""
+    return [
+        {
+            "Workload": r.workload,
+            "Status": BADGES[r.status],
+            "Requests": r.requests,
+            "Acceptance": r.acceptance,
+            "Δ acceptance (pts)": None if r.acceptance_change is None else r.acceptance_change * 100,
+            "Mean accept. length": r.mean_acceptance_length,
+            "Speedup": r.speedup,
+            "Speedup is": r.speedup_source,
+            "p95 ms/token": r.p95_ms_per_token,
+            "Δ p95": r.p95_change,
+            "γ": r.gamma,
+            "Mode": r.mode or "—",
+            "Findings": r.findings or "—",
+        }
+        for r in rows
+    ]

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the headless browser used by the dashboard's browser test (tests/dashboard/test_browser.py):
+# Debian's chromium and chromium-driver. Idempotent and quiet: does nothing when both are present.
+set -euo pipefail
+
+if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+    exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "ensure-chromium: apt-get not found; install chromium and chromium-driver by hand" >&2
+    exit 0  # the browser test skips itself without a browser
+fi
+SUDO=""
+if [ "$(id -u)" != "0" ]; then
+    SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
