@@ -26,6 +26,7 @@ demo: $(STAMP)
 	$(BIN)/draftwatch generate --target qwen-coder-1.5b --draft qwen-coder-0.5b --chat --json "$(DEMO_PROMPT)"
 
 test: $(STAMP)
+	bash scripts/ensure-chromium.sh
 	$(BIN)/draftwatch models fetch smollm2-135m
 	$(BIN)/ruff check .
 	$(BIN)/mypy decoder monitor dashboard

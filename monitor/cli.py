@@ -13,7 +13,14 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 
 # Modules that contribute sub-commands, in the order `--help` lists them.
-COMMAND_MODULES: tuple[str, ...] = ("decoder.cli", "monitor.db.cli", "monitor.api.cli", "monitor.drift.cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "decoder.cli",
+    "monitor.db.cli",
+    "monitor.api.cli",
+    "monitor.drift.cli",
+    "monitor.alerts.cli",
+    "dashboard.cli",
+)
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -1,0 +1,78 @@
+"""``draftwatch dashboard``: the Streamlit app, headless, on the database from the settings.
+
+Streamlit runs its own server (tornado) and re-executes the page scripts, so the app starts as a
+child process (``python -m streamlit run dashboard/app.py``); the database URL reaches it through
+``DRAFTWATCH_DATABASE_URL``, which the app reads like every other part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from monitor.config import ConfigError, Settings, default_config_file
+
+log = logging.getLogger(__name__)
+
+APP = Path(__file__).with_name("app.py")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "dashboard",
+        help="run the Streamlit dashboard (headless; open the printed URL)",
+        description="Serve the dashboard: Overview, Workload, Drift, Alerts and Pairs pages over the store given by "
+        "DRAFTWATCH_DATABASE_URL (or --database-url). Login is optional, see docs/dashboard.md.",
+    )
+    parser.add_argument("--port", type=int, default=8501, help="port to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="address to bind (default: %(default)s; 0.0.0.0 for every interface)"
+    )
+    parser.add_argument("--config", type=Path, default=None, help="draftwatch.toml to read")
+    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL")
+    parser.set_defaults(handler=_dashboard)
+
+
+def command(port: int, address: str) -> list[str]:
+    """The streamlit command line (headless, no usage statistics, no file watcher in production)."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.port",
+        str(port),
+        "--server.address",
+        address,
+        "--server.headless",
+        "true",
+        "--server.fileWatcherType",
+        "none",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    try:
+        config_file = args.config or default_config_file(os.environ, Path.cwd())
+        settings = Settings.from_env(os.environ, config_file)
+    except ConfigError as error:
+        print(f"draftwatch dashboard: {error}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env["DRAFTWATCH_DATABASE_URL"] = args.database_url or settings.database_url
+    if config_file is not None:
+        env["DRAFTWATCH_CONFIG"] = str(config_file.resolve())
+    print(f"draftwatch dashboard: http://{args.address}:{args.port}/", file=sys.stderr, flush=True)
+    log.info("starting streamlit on %s:%d", args.address, args.port)
+    try:
+        return subprocess.call(command(args.port, args.address), env=env)
+    except KeyboardInterrupt:
+        return 130
