@@ -27,6 +27,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from monitor.alerts.rules import DEFAULT_RULES, Rule, parse_rules
+from monitor.webhooks.receivers import WebhookReceiver, parse_hosts, parse_webhooks
+
 FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
 DEFAULT_CONFIG_FILE: Final = "draftwatch.toml"
 CONFIG_FILE_ENV: Final = "DRAFTWATCH_CONFIG"
@@ -465,6 +468,241 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "per-workload floors, 'chat:acceptance=0.08,latency=0.2;code:psi=0.5' (keys: acceptance, latency, "
         "length, psi)",
     ),
+    SettingSpec(
+        "webhooks",
+        "DRAFTWATCH_WEBHOOKS",
+        "webhooks",
+        parse_webhooks,
+        _const(()),
+        "webhook receivers: [[webhooks]] tables (url, format alertmanager|slack|json, secret whsec_..., name) or a "
+        "JSON list of the same in the environment (default: none)",
+        secret=True,
+    ),
+    SettingSpec(
+        "delivery.allowed_hosts",
+        "DRAFTWATCH_DELIVERY_ALLOWED_HOSTS",
+        "delivery_allowed_hosts",
+        parse_hosts,
+        _const(()),
+        "hosts webhooks may be sent to, comma-separated; empty allows any (default: empty)",
+    ),
+    SettingSpec(
+        "delivery.timeout_s",
+        "DRAFTWATCH_DELIVERY_TIMEOUT_S",
+        "delivery_timeout_s",
+        _parse_seconds,
+        _const(10.0),
+        "timeout of one webhook request, connect and read (default: 10)",
+    ),
+    SettingSpec(
+        "delivery.max_attempts",
+        "DRAFTWATCH_DELIVERY_MAX_ATTEMPTS",
+        "delivery_max_attempts",
+        _parse_int(1),
+        _const(12),
+        "attempts before a notification becomes a dead letter (default: 12)",
+    ),
+    SettingSpec(
+        "delivery.max_age",
+        "DRAFTWATCH_DELIVERY_MAX_AGE",
+        "delivery_max_age",
+        parse_duration,
+        _const(timedelta(days=1)),
+        "age after which an undelivered notification becomes a dead letter (default: 1d)",
+    ),
+    SettingSpec(
+        "delivery.backoff_base_s",
+        "DRAFTWATCH_DELIVERY_BACKOFF_BASE_S",
+        "delivery_backoff_base_s",
+        _parse_seconds,
+        _const(5.0),
+        "first retry delay; doubles per attempt, with jitter (default: 5)",
+    ),
+    SettingSpec(
+        "delivery.backoff_max_s",
+        "DRAFTWATCH_DELIVERY_BACKOFF_MAX_S",
+        "delivery_backoff_max_s",
+        _parse_seconds,
+        _const(900.0),
+        "longest retry delay, also the cap on a receiver's Retry-After (default: 900)",
+    ),
+    SettingSpec(
+        "alerts.rules",
+        "DRAFTWATCH_ALERT_RULES",
+        "alert_rules",
+        parse_rules,
+        _const(DEFAULT_RULES),
+        "[[alerts.rules]] tables (JSON list in the environment) overriding or adding to the default rules "
+        "(see docs/alerts.md)",
+    ),
+    SettingSpec(
+        "alerts.for_runs",
+        "DRAFTWATCH_ALERTS_FOR_RUNS",
+        "alerts_for_runs",
+        _parse_int(1),
+        _const(2),
+        "consecutive active evaluations before a pending alert fires (default: 2)",
+    ),
+    SettingSpec(
+        "alerts.clear_runs",
+        "DRAFTWATCH_ALERTS_CLEAR_RUNS",
+        "alerts_clear_runs",
+        _parse_int(1),
+        _const(2),
+        "consecutive clear evaluations before a firing alert resolves (default: 2)",
+    ),
+    SettingSpec(
+        "alerts.repeat_interval",
+        "DRAFTWATCH_ALERTS_REPEAT_INTERVAL",
+        "alerts_repeat_interval",
+        parse_duration,
+        _const(timedelta(hours=4)),
+        "how often a firing, unacknowledged alert is notified again (default: 4h)",
+    ),
+    SettingSpec(
+        "alerts.group_by",
+        "DRAFTWATCH_ALERTS_GROUP_BY",
+        "alerts_group_by",
+        parse_hosts,
+        _const(("workload",)),
+        "labels whose values group alerts into one notification, comma-separated (default: workload)",
+    ),
+    SettingSpec(
+        "alerts.flap_window",
+        "DRAFTWATCH_ALERTS_FLAP_WINDOW",
+        "alerts_flap_window",
+        parse_duration,
+        _const(timedelta(hours=1)),
+        "window in which repeated firing counts as flapping (default: 1h)",
+    ),
+    SettingSpec(
+        "alerts.flap_max_fires",
+        "DRAFTWATCH_ALERTS_FLAP_MAX_FIRES",
+        "alerts_flap_max_fires",
+        _parse_int(1),
+        _const(3),
+        "firing notifications per alert within flap_window; more are held back (default: 3)",
+    ),
+    SettingSpec(
+        "scheduler.drift_interval",
+        "DRAFTWATCH_SCHEDULER_DRIFT_INTERVAL",
+        "scheduler_drift_interval",
+        parse_duration,
+        _const(timedelta(minutes=5)),
+        "how often the drift run (and alert evaluation) job runs (default: 5m)",
+    ),
+    SettingSpec(
+        "scheduler.delivery_interval",
+        "DRAFTWATCH_SCHEDULER_DELIVERY_INTERVAL",
+        "scheduler_delivery_interval",
+        parse_duration,
+        _const(timedelta(seconds=10)),
+        "how often the webhook delivery job runs (default: 10s)",
+    ),
+    SettingSpec(
+        "scheduler.health_interval",
+        "DRAFTWATCH_SCHEDULER_HEALTH_INTERVAL",
+        "scheduler_health_interval",
+        parse_duration,
+        _const(timedelta(minutes=1)),
+        "how often the health alerts (scheduler, recorder spool, dead letters) are evaluated (default: 1m)",
+    ),
+    SettingSpec(
+        "scheduler.retention_interval",
+        "DRAFTWATCH_SCHEDULER_RETENTION_INTERVAL",
+        "scheduler_retention_interval",
+        parse_duration,
+        _const(timedelta(days=1)),
+        "how often the retention job deletes old rows (default: 1d)",
+    ),
+    SettingSpec(
+        "scheduler.misfire_grace_s",
+        "DRAFTWATCH_SCHEDULER_MISFIRE_GRACE_S",
+        "scheduler_misfire_grace_s",
+        _parse_seconds,
+        _const(60.0),
+        "how late a job may still start after its time (default: 60)",
+    ),
+    SettingSpec(
+        "scheduler.coalesce",
+        "DRAFTWATCH_SCHEDULER_COALESCE",
+        "scheduler_coalesce",
+        _parse_bool,
+        _const(True),
+        "run a job once, not once per missed time, after a delay (default: true)",
+    ),
+    SettingSpec(
+        "scheduler.max_instances",
+        "DRAFTWATCH_SCHEDULER_MAX_INSTANCES",
+        "scheduler_max_instances",
+        _parse_int(1),
+        _const(1),
+        "concurrent runs of one job in one process (default: 1)",
+    ),
+    SettingSpec(
+        "scheduler.lease_ttl_s",
+        "DRAFTWATCH_SCHEDULER_LEASE_TTL_S",
+        "scheduler_lease_ttl_s",
+        _parse_seconds,
+        _const(30.0),
+        "leader lease lifetime: a replica that stops renewing loses the lease after this (default: 30)",
+    ),
+    SettingSpec(
+        "scheduler.heartbeat_s",
+        "DRAFTWATCH_SCHEDULER_HEARTBEAT_S",
+        "scheduler_heartbeat_s",
+        _parse_seconds,
+        _const(10.0),
+        "how often replicas renew or try to take the lease; keep well below lease_ttl_s (default: 10)",
+    ),
+    SettingSpec(
+        "scheduler.failure_alert_after",
+        "DRAFTWATCH_SCHEDULER_FAILURE_ALERT_AFTER",
+        "scheduler_failure_alert_after",
+        _parse_int(1),
+        _const(3),
+        "consecutive failures of a job that raise the scheduler alert (default: 3)",
+    ),
+    SettingSpec(
+        "retention.requests_days",
+        "DRAFTWATCH_RETENTION_REQUESTS_DAYS",
+        "retention_requests_days",
+        _parse_int(0),
+        _const(30),
+        "days of requests kept; 0 keeps everything (default: 30)",
+    ),
+    SettingSpec(
+        "retention.rollups_days",
+        "DRAFTWATCH_RETENTION_ROLLUPS_DAYS",
+        "retention_rollups_days",
+        _parse_int(0),
+        _const(400),
+        "days of per-minute rollups kept; 0 keeps everything (default: 400)",
+    ),
+    SettingSpec(
+        "retention.drift_days",
+        "DRAFTWATCH_RETENTION_DRIFT_DAYS",
+        "retention_drift_days",
+        _parse_int(0),
+        _const(90),
+        "days of drift runs and results kept; 0 keeps everything (default: 90)",
+    ),
+    SettingSpec(
+        "retention.alerts_days",
+        "DRAFTWATCH_RETENTION_ALERTS_DAYS",
+        "retention_alerts_days",
+        _parse_int(0),
+        _const(90),
+        "days of finished notifications, resolved alerts and expired silences kept; 0 keeps all (default: 90)",
+    ),
+    SettingSpec(
+        "retention.jobs_days",
+        "DRAFTWATCH_RETENTION_JOBS_DAYS",
+        "retention_jobs_days",
+        _parse_int(0),
+        _const(14),
+        "days of job history kept; 0 keeps everything (default: 14)",
+    ),
 )
 
 
@@ -499,6 +737,35 @@ class Settings:
     drift_acceptance_floor: float
     drift_latency_floor: float
     drift_workload_floors: tuple[tuple[str, str, float], ...]
+    webhooks: tuple[WebhookReceiver, ...]
+    delivery_allowed_hosts: tuple[str, ...]
+    delivery_timeout_s: float
+    delivery_max_attempts: int
+    delivery_max_age: timedelta
+    delivery_backoff_base_s: float
+    delivery_backoff_max_s: float
+    alert_rules: tuple[Rule, ...]
+    alerts_for_runs: int
+    alerts_clear_runs: int
+    alerts_repeat_interval: timedelta
+    alerts_group_by: tuple[str, ...]
+    alerts_flap_window: timedelta
+    alerts_flap_max_fires: int
+    scheduler_drift_interval: timedelta
+    scheduler_delivery_interval: timedelta
+    scheduler_health_interval: timedelta
+    scheduler_retention_interval: timedelta
+    scheduler_misfire_grace_s: float
+    scheduler_coalesce: bool
+    scheduler_max_instances: int
+    scheduler_lease_ttl_s: float
+    scheduler_heartbeat_s: float
+    scheduler_failure_alert_after: int
+    retention_requests_days: int
+    retention_rollups_days: int
+    retention_drift_days: int
+    retention_alerts_days: int
+    retention_jobs_days: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], config_file: Path | None = None) -> Settings:

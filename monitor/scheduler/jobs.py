@@ -1,0 +1,132 @@
+"""The scheduled jobs and their history: each run of a job is claimed per tick, fenced, recorded.
+
+A tick is the job's scheduled time on a grid shared by every replica (multiples of its interval
+since the Unix epoch). :func:`run_tick` first inserts ``job_runs(job, tick)`` (unique) in a fenced
+transaction: a tick is claimed once, so after a takeover the new leader never repeats a tick the
+old one started. A failed job is recorded and simply runs again on its next tick; repeated failures
+raise the ``scheduler`` alert (:mod:`monitor.alerts.health`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from monitor.alerts.evaluate import evaluate_alerts
+from monitor.alerts.health import evaluate_health
+from monitor.config import Settings
+from monitor.drift.run import run_drift
+from monitor.scheduler.lease import Lease, LeaseLostError
+from monitor.scheduler.models import JobRunRow
+from monitor.scheduler.retention import apply_retention
+from monitor.webhooks.delivery import deliver_pending
+
+log = logging.getLogger(__name__)
+
+Fence = Callable[[Connection], None]
+Job = Callable[[Engine, Settings, datetime, Fence], Mapping[str, Any]]
+GRID_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def tick_of(now: datetime, interval: timedelta) -> datetime:
+    """The grid point at or before ``now``.
+
+    >>> tick_of(datetime(2026, 1, 1, 12, 7, 31, tzinfo=UTC), timedelta(minutes=5)).isoformat()
+    '2026-01-01T12:05:00+00:00'
+    """
+    step = interval.total_seconds()
+    return GRID_EPOCH + timedelta(seconds=((now - GRID_EPOCH).total_seconds() // step) * step)
+
+
+def drift_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
+    """One drift run ending at now, stored only while the lease holds, then the alert rules over it."""
+    run = run_drift(engine, settings, fence=fence)
+    evaluation = evaluate_alerts(engine, settings, run.results, fence=fence)
+    return {"run_id": run.run_id, "results": len(run.results), "drift": len(run.drifts), **_eval(evaluation)}
+
+
+def delivery_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
+    # Not fenced: delivery is at least once by design and claims rows itself.
+    report = deliver_pending(engine, settings)
+    return {"attempted": report.attempted, "delivered": report.delivered, "retried": report.retried,
+            "dead": report.dead}  # fmt: skip
+
+
+def health_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
+    return _eval(evaluate_health(engine, settings, fence=fence))
+
+
+def retention_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
+    return apply_retention(engine, settings, datetime.now(UTC), fence)
+
+
+def _eval(evaluation: Any) -> dict[str, Any]:
+    return {"transitions": len(evaluation.transitions), "notified": len(evaluation.notified),
+            "outbox": evaluation.outbox_rows}  # fmt: skip
+
+
+JOBS: dict[str, Job] = {"drift": drift_job, "delivery": delivery_job, "health": health_job, "retention": retention_job}
+
+
+def intervals(settings: Settings) -> dict[str, timedelta]:
+    return {
+        "drift": settings.scheduler_drift_interval,
+        "delivery": settings.scheduler_delivery_interval,
+        "health": settings.scheduler_health_interval,
+        "retention": settings.scheduler_retention_interval,
+    }
+
+
+def run_tick(engine: Engine, settings: Settings, lease: Lease, job: str, tick: datetime, fn: Job) -> str:
+    """Claim ``(job, tick)`` and run it; returns ok, failed, fenced or skipped (already claimed / not leader)."""
+    started, t0 = datetime.now(UTC), time.perf_counter()
+    try:
+        with engine.begin() as conn:
+            run_id = conn.execute(
+                insert(JobRunRow)
+                .values(job=job, tick=tick, holder=lease.holder, epoch=lease.epoch or 0, status="running",
+                        started_at=started, detail={})
+                .returning(JobRunRow.id)
+            ).scalar_one()  # fmt: skip
+            lease.fence(conn)
+    except IntegrityError:
+        log.debug("job %s tick %s already claimed", job, tick.isoformat())
+        return "skipped"
+    except LeaseLostError:
+        return "skipped"
+    status, error, detail = "ok", None, {}
+    try:
+        detail = dict(fn(engine, settings, tick, lease.fence))
+    except LeaseLostError as lost:
+        status, error = "fenced", str(lost)
+        log.warning("job %s tick %s: results discarded, %s", job, tick.isoformat(), lost)
+    except Exception as failure:  # recorded and retried on the next tick; the traceback goes to the log
+        status, error = "failed", f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+        log.exception("job %s tick %s failed", job, tick.isoformat())
+    finished = datetime.now(UTC)
+    with engine.begin() as conn:
+        conn.execute(
+            update(JobRunRow)
+            .where(JobRunRow.id == run_id)
+            .values(status=status, finished_at=finished, duration_s=time.perf_counter() - t0, error=error,
+                    detail=detail)
+        )  # fmt: skip
+    return status
+
+
+def abandon_stale_runs(engine: Engine, holder: str) -> int:
+    """Mark runs another holder left ``running`` (it died or lost the lease) as abandoned; on takeover."""
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(JobRunRow)
+            .where(JobRunRow.status == "running", JobRunRow.holder != holder)
+            .values(status="abandoned", finished_at=datetime.now(UTC), error="the replica running it lost the lease")
+        )
+    return int(result.rowcount or 0)
