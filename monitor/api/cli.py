@@ -82,9 +82,12 @@ def _serve(args: argparse.Namespace) -> int:
         except (ModelLoadError, FetchError, ValueError) as error:
             print(f"draftwatch serve: {error}", file=sys.stderr)
             return 1
+    scheduler = None
     if not args.no_scheduler:
-        # The scheduler (drift tests, alerts) is started here once it exists; until then there is nothing to run.
-        log.debug("no embedded scheduler available in this build")
+        from monitor.scheduler.service import SchedulerService
+
+        # Any number of sidecars may run it: the lease elects one leader among them.
+        scheduler = SchedulerService(settings).start()
     app = create_app(settings, decoder=decoder)
     print(
         f"draftwatch serve: listening on http://{settings.api_host}:{settings.api_port} "
@@ -93,13 +96,17 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level=logging.getLevelName(logging.getLogger().level).lower(),
-        # Access lines carry method, path and status only: no bodies, no Authorization header.
-        access_log=logging.getLogger().level <= logging.INFO,
-        server_header=False,
-    )
+    try:
+        uvicorn.run(
+            app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_level=logging.getLevelName(logging.getLogger().level).lower(),
+            # Access lines carry method, path and status only: no bodies, no Authorization header.
+            access_log=logging.getLogger().level <= logging.INFO,
+            server_header=False,
+        )
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
     return 0

@@ -86,6 +86,10 @@ def _run(args: argparse.Namespace) -> int:
         if settings.database_upgrade_on_start:
             upgrade(engine)
         result = run_drift(engine, settings, args.now, current=args.current, reference=args.reference)
+        if not args.no_alerts:
+            from monitor.alerts.evaluate import evaluate_alerts
+
+            evaluate_alerts(engine, settings, result.results)
     except Exception as error:  # the CLI reports, the log keeps the traceback
         log.debug("drift run failed", exc_info=True)
         print(f"draftwatch drift run: {type(error).__name__}: {str(error).splitlines()[0]}", file=sys.stderr)

@@ -187,6 +187,7 @@ def run_drift(
     seed: int = 0,
     detectors: bool = True,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    fence: Callable[[Connection], None] | None = None,
 ) -> DriftRun:
     """Run every drift test once and (by default) store the results; returns the run.
 
@@ -221,6 +222,9 @@ def run_drift(
         run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.level, results)
         if store:
             _store(conn, run, config)
+        if fence is not None:
+            # The scheduler's lease check, last in the transaction: a replica that lost the lease rolls back.
+            fence(conn)
     elapsed = time.perf_counter() - t0
     log.info("drift run %s: %d results, %d drift, %.2f s", run.run_id, len(results), len(run.drifts), elapsed)
     return run

@@ -1,0 +1,117 @@
+"""Alerts, silences, notifications and job history over HTTP.
+
+``GET /v1/alerts`` and ``GET /v1/jobs`` and ``GET /v1/notifications`` need the ``read`` scope;
+``POST /v1/alerts/{id}/ack`` and everything under ``/v1/silences`` need ``admin``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, Field
+
+from monitor.alerts import queries
+from monitor.alerts.silences import create_silence, expire_silence, list_silences
+from monitor.api.auth import require
+from monitor.api.errors import ApiError, Problem, validation_error
+from monitor.api.state import api_state
+
+router = APIRouter(tags=["alerts"])
+read = [Depends(require("read"))]
+admin = [Depends(require("admin"))]
+AlertState = Literal["pending", "firing", "resolved", "inactive"]
+
+
+class AckIn(BaseModel):
+    by: str = Field("api", min_length=1, max_length=200, description="who acknowledges")
+    comment: str = Field("", max_length=2000)
+
+
+class MatcherIn(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+    value: str = Field(max_length=1000)
+    regex: bool = False
+    equal: bool = True
+
+
+class SilenceIn(BaseModel):
+    matchers: list[MatcherIn] = Field(min_length=1, max_length=50)
+    starts_at: datetime | None = Field(None, description="default: now")
+    ends_at: datetime
+    created_by: str = Field(min_length=1, max_length=200)
+    comment: str = Field(min_length=1, max_length=2000)
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@router.get("/v1/alerts", dependencies=read, summary="alerts, firing first")
+def get_alerts(
+    request: Request,
+    state: Annotated[list[AlertState] | None, Query(description="repeatable; default: all")] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> dict[str, Any]:
+    engine = api_state(request).engine
+    return {"alerts": queries.list_alerts(engine, states=tuple(state or ()), limit=limit)}
+
+
+@router.post("/v1/alerts/{alert_id}/ack", dependencies=admin, summary="acknowledge an alert: no repeats")
+def ack_alert(request: Request, alert_id: Annotated[int, Path(ge=1)], body: AckIn) -> dict[str, Any]:
+    alert = queries.acknowledge(api_state(request).engine, alert_id, body.by, body.comment, datetime.now(UTC))
+    if alert is None:
+        raise ApiError(404, "not_found", f"no alert {alert_id}")
+    if not alert["acknowledged"]:
+        raise ApiError(409, "not_active", f"alert {alert_id} is {alert['state']}: only pending or firing alerts")
+    return alert
+
+
+@router.get("/v1/silences", dependencies=admin, summary="silences (active and future; ?expired=true: also ended)")
+def get_silences(request: Request, expired: bool = False) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    found = list_silences(api_state(request).engine, now, include_expired=expired)
+    return {"silences": [s.to_json(now) for s in found]}
+
+
+@router.post("/v1/silences", dependencies=admin, status_code=201, summary="create a silence")
+def post_silence(request: Request, body: SilenceIn) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    starts = _aware(body.starts_at) if body.starts_at else now
+    try:
+        silence = create_silence(
+            api_state(request).engine,
+            [m.model_dump() for m in body.matchers],
+            starts,
+            _aware(body.ends_at),
+            body.created_by,
+            body.comment,
+            now,
+        )
+    except ValueError as error:
+        raise validation_error([Problem(loc=["body"], msg=str(error), type="value_error")]) from None
+    return silence.to_json(now)
+
+
+@router.delete("/v1/silences/{silence_id}", dependencies=admin, summary="end a silence now")
+def delete_silence(request: Request, silence_id: Annotated[int, Path(ge=1)]) -> dict[str, Any]:
+    if not expire_silence(api_state(request).engine, silence_id, datetime.now(UTC)):
+        raise ApiError(404, "not_found", f"no active or future silence {silence_id}")
+    return {"id": silence_id, "expired": True}
+
+
+@router.get("/v1/notifications", dependencies=read, summary="webhook outbox; status=dead lists dead letters")
+def get_notifications(
+    request: Request,
+    status: Literal["pending", "delivered", "dead"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 200,
+) -> dict[str, Any]:
+    return {"notifications": queries.list_notifications(api_state(request).engine, status=status, limit=limit)}
+
+
+@router.get("/v1/jobs", dependencies=read, summary="scheduler job history and the leader lease")
+def get_jobs(
+    request: Request, job: str | None = None, limit: Annotated[int, Query(ge=1, le=5000)] = 100
+) -> dict[str, Any]:
+    return queries.list_jobs(api_state(request).engine, job=job, limit=limit)
