@@ -11,7 +11,8 @@ import streamlit as st
 
 from dashboard import auth, components
 
-PAGES = Path(__file__).with_name("pages")
+# Not "pages/": Streamlit treats a folder of that name next to the entry script as a legacy page list.
+PAGES = Path(__file__).with_name("views")
 
 st.set_page_config(page_title="draftwatch", page_icon=":material/speed:", layout="wide")
 auth.require_login()

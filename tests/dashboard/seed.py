@@ -3,7 +3,7 @@
 Relative to ``now`` (the dashboard's ranges end at the current minute):
 
 * ``code``: high acceptance, speculative plus 60 holdout requests (a measured speedup), and a new
-  draft version (d0 to d1) at the start of the current day (a deployment event);
+  draft version (d1 to d2) early in the current day (a deployment event);
 * ``chat``: acceptance fell from about 0.75 (previous day) to 0.45 (current hour), no holdout
   (an estimated speedup), so the drift run finds acceptance drift;
 * ``translate``: low acceptance and expensive drafts: speculation is a net loss;
@@ -33,15 +33,16 @@ def now_minute() -> datetime:
 
 
 def _records(now: datetime) -> list[RequestRecord]:
-    day, hour = timedelta(days=1), timedelta(hours=1)
+    day, hour, minute = timedelta(days=1), timedelta(hours=1), timedelta(minutes=1)
     out: list[RequestRecord] = []
     # Previous day (the Overview's reference window when the range is the last 24 hours).
-    out += window_stream(now - 2 * day, now - day, 120, workload="code", alpha=0.85, seed=1, draft_version="d0")
+    out += window_stream(now - 2 * day, now - day, 120, workload="code", alpha=0.85, seed=1)
     out += window_stream(now - 2 * day, now - day, 120, workload="chat", alpha=0.75, seed=2)
     out += window_stream(now - 2 * day, now - day, 60, workload="translate", alpha=0.3, seed=3)
     # Current day, most of it before the last hour (the drift run's reference window).
-    out += window_stream(now - day, now - hour, 150, workload="code", alpha=0.85, seed=4)
-    out += window_stream(now - hour, now, 120, workload="code", alpha=0.85, seed=5)
+    new = {"draft_version": "d2"}
+    out += window_stream(now - day + 30 * minute, now - hour, 150, workload="code", alpha=0.85, seed=4, **new)
+    out += window_stream(now - hour, now, 120, workload="code", alpha=0.85, seed=5, **new)
     out += window_stream(now - day, now - hour, 150, workload="chat", alpha=0.75, seed=6)
     out += window_stream(now - hour, now, 120, workload="chat", alpha=0.45, seed=7)
     out += window_stream(now - day, now, 90, workload="translate", alpha=0.2, seed=8, ms_per_token=40.0)
