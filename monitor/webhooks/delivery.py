@@ -226,9 +226,7 @@ def _claim(engine: Engine, row_id: int, worker: str, until: datetime, now: datet
         )
         if claimed.rowcount != 1:
             return None
-        return conn.execute(
-            select(N.notification_id, N.body, N.attempts, N.created_at).where(N.id == row_id)
-        ).one()
+        return conn.execute(select(N.notification_id, N.body, N.attempts, N.created_at).where(N.id == row_id)).one()
 
 
 def _finish(
