@@ -56,6 +56,9 @@ def command(port: int, address: str) -> list[str]:
         "none",
         "--browser.gatherUsageStats",
         "false",
+        # No "Deploy" button or developer menu: this is an operations page, not a Streamlit workspace.
+        "--client.toolbarMode",
+        "viewer",
     ]
 
 

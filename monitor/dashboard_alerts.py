@@ -1,7 +1,7 @@
 """Read-only views of the alerting tables for the dashboard: alerts by state, webhook deliveries.
 
-Silences go through :mod:`monitor.alerts.silences`; acknowledgement is the one write here; these reads
-only list rows, newest first and capped, with the few columns a person looks at.
+Writes (acknowledgement, silences) go through :mod:`monitor.alerts`' own functions; these reads
+return typed rows (what the dashboard caches and tables want), newest first and capped.
 
 >>> from monitor.db.engine import create_engine
 >>> from monitor.db.migrate import upgrade
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from monitor.alerts.models import AlertRow, NotificationRow
@@ -137,17 +137,3 @@ def list_notifications(
             )
             for r in conn.execute(query.limit(limit))
         ]
-
-
-def acknowledge(engine: Engine, alert_id: int, by: str, comment: str, now: datetime) -> bool:
-    """Acknowledge a firing or pending alert (repeat notifications of this episode stop).
-
-    False when the alert does not exist, is resolved, or was acknowledged already.
-    """
-    with engine.begin() as conn:
-        result = conn.execute(
-            update(A)
-            .where(A.id == alert_id, A.state.in_(["firing", "pending"]), A.acked_at.is_(None))
-            .values(acked_at=now, acked_by=by, ack_comment=comment or None, updated_at=now)
-        )
-        return bool(result.rowcount)

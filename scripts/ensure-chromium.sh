@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the headless browser used by the dashboard's browser test (tests/dashboard/test_browser.py):
-# Debian's chromium and chromium-driver. Idempotent and quiet: does nothing when both are present.
+# Debian's chromium and chromium-driver, plus a colour emoji font so that the dashboard's status
+# badges show in screenshots. Idempotent and quiet: does nothing when all three are present.
 set -euo pipefail
 
-if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && [ -d /usr/share/fonts/truetype/noto ]; then
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
@@ -16,4 +17,4 @@ if [ "$(id -u)" != "0" ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq >/dev/null
-$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver fonts-noto-color-emoji >/dev/null

@@ -9,8 +9,9 @@ import streamlit as st
 
 from dashboard import auth, components, data
 from dashboard.components import Filters
+from monitor.alerts.queries import acknowledge
 from monitor.alerts.silences import create_silence, expire_silence
-from monitor.dashboard_alerts import AlertItem, acknowledge
+from monitor.dashboard_alerts import AlertItem
 
 st.title("Alerts")
 STATE_LABEL = {"firing": "🔴 firing", "pending": "🟠 pending", "resolved": "🟢 resolved"}
@@ -52,11 +53,13 @@ def _ack_form(f: Filters, alerts: list[AlertItem]) -> None:
         if st.form_submit_button("Acknowledge", key="dw_ack_submit"):
             if chosen is None or not who.strip():
                 st.error("Choose an alert and give your name.")
-            elif acknowledge(data.engine(f.url), int(chosen), who.strip(), comment.strip(), datetime.now(UTC)):
-                data.clear()
-                st.success("Acknowledged.")
             else:
-                st.warning("That alert changed meanwhile (resolved or already acknowledged).")
+                done = acknowledge(data.engine(f.url), int(chosen), who.strip(), comment.strip(), datetime.now(UTC))
+                data.clear()
+                if done is not None and done["acknowledged"]:
+                    st.success("Acknowledged.")
+                else:
+                    st.warning("That alert changed meanwhile (resolved or gone).")
 
 
 def _silences(f: Filters) -> None:
