@@ -125,8 +125,8 @@ class SpeculationController:
             raise ValueError(f"gamma_max must be in 1..32, got {gamma_max!r}")
         if not 0 < forgetting <= 1:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
-        if not 0 <= holdout_share < 1:
-            raise ValueError(f"holdout_share must be in [0, 1), got {holdout_share!r}")
+        if not 0 <= holdout_share <= 1:
+            raise ValueError(f"holdout_share must be in [0, 1], got {holdout_share!r}")
         if probe_every < 1:
             raise ValueError(f"probe_every must be >= 1, got {probe_every!r}")
         self.gamma_max = gamma_max

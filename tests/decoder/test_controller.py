@@ -101,7 +101,7 @@ def test_deterministic_under_a_seed_and_serialisable() -> None:
 
 
 def test_constructor_errors_name_the_value() -> None:
-    with pytest.raises(ValueError, match="holdout_share must be in \\[0, 1\\), got 1.5"):
+    with pytest.raises(ValueError, match="holdout_share must be in \\[0, 1\\], got 1.5"):
         SpeculationController(holdout_share=1.5)
     with pytest.raises(ValueError, match="gamma_max must be in 1..32, got 0"):
         SpeculationController(gamma_max=0)
