@@ -27,6 +27,7 @@ from decoder.speculative import SpeculativeDecoder
 from monitor.api import alerts, errors, generate, ingest, openai_chat, reads
 from monitor.api.adapters import MODELS
 from monitor.api.auth import TokenSet
+from monitor.api.controller_state import STATE_FILE
 from monitor.api.decoding import DecodeWorker
 from monitor.api.events import EventBatchIn, EventIn
 from monitor.api.limits import LimitsMiddleware
@@ -80,6 +81,7 @@ def create_app(
                 queue_size=settings.api_decode_queue_size,
                 holdout_share=settings.holdout_share,
                 seed=decode_seed,
+                state_path=settings.data_dir / STATE_FILE,
             ).start()
         metrics.add_collector(lambda: _own_figures(state))
         app.state.api = state

@@ -5,8 +5,10 @@ thread runs them in arrival order. The queue is bounded: :meth:`DecodeWorker.sub
 :class:`QueueFullError` at once when it is full (the API answers 503 with Retry-After), never
 waits. A job whose client went away is cancelled between decoding steps.
 
-The holdout share is drawn here (seeded, so a run is reproducible): that share of requests decodes
-without speculation and is recorded with ``mode="holdout"``; the rest use ``mode="speculative"``.
+Each request's mode and gamma come from the decoder's speculation controller: per workload it
+speculates as far as pays, switches speculation off where it would be a net loss (``plain``), and
+holds out a seeded share of requests as control traffic (``holdout``). Its state is saved after
+every request, so a restarted sidecar resumes where it left off.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
+from decoder.controller import SpeculationController
 from decoder.record import RequestRecord
 from decoder.speculative import Prompt, SpeculativeDecoder
+from monitor.api.controller_state import load_controller, save_controller
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +68,23 @@ class Job:
 
 
 class DecodeWorker:
-    def __init__(self, decoder: SpeculativeDecoder, *, queue_size: int, holdout_share: float, seed: int = 0) -> None:
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        *,
+        queue_size: int,
+        holdout_share: float,
+        seed: int = 0,
+        state_path: Path | None = None,
+    ) -> None:
         self.decoder = decoder
-        self.holdout_share = holdout_share
-        self._rng = random.Random(seed)
-        self._rng_lock = threading.Lock()
+        self.state_path = state_path
+        if decoder.drafter is not None and decoder.controller is None:
+            decoder.controller = (
+                load_controller(state_path, holdout_share, seed)
+                if state_path is not None
+                else SpeculationController(holdout_share=holdout_share, seed=seed)
+            )
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._run, name="draftwatch-decoder", daemon=True)
         self._mean_job_s = 1.0
@@ -99,15 +115,9 @@ class DecodeWorker:
     def depth(self) -> int:
         return self._queue.qsize()
 
-    def choose_mode(self) -> str:
-        if self.decoder.drafter is None:  # nothing to hold out from: the decoder records plain
-            return "speculative"
-        with self._rng_lock:
-            return "holdout" if self._rng.random() < self.holdout_share else "speculative"
-
     def submit(self, prompt: Prompt, options: dict[str, Any]) -> Job:
         """Queue a request (``options`` are :meth:`SpeculativeDecoder.stream`'s); raises :class:`QueueFullError`."""
-        job = Job(prompt=prompt, options={"mode": self.choose_mode(), **options}, loop=asyncio.get_running_loop())
+        job = Job(prompt=prompt, options=dict(options), loop=asyncio.get_running_loop())
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -138,6 +148,8 @@ class DecodeWorker:
                 elapsed = time.monotonic() - started
                 self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * elapsed
                 self.completed += 1
+                if self.decoder.controller is not None and self.state_path is not None:
+                    save_controller(self.decoder.controller, self.state_path)
 
 
 def stop_list(stop: str | Sequence[str] | None) -> list[str]:
