@@ -18,12 +18,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-DEMO_PROMPT ?= Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.
+# DEMO_ARGS=--quick runs the small model with the n-gram drafter; --exit stops after the summary.
+DEMO_ARGS ?=
 
 demo: $(STAMP)
-	$(BIN)/draftwatch models fetch qwen-coder-1.5b
-	$(BIN)/draftwatch models fetch qwen-coder-0.5b
-	$(BIN)/draftwatch generate --target qwen-coder-1.5b --draft qwen-coder-0.5b --chat --json "$(DEMO_PROMPT)"
+	$(BIN)/draftwatch demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	bash scripts/ensure-chromium.sh

@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "monitor.drift.cli",
     "monitor.alerts.cli",
     "dashboard.cli",
+    "monitor.demo.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -1,0 +1,1 @@
+"""``draftwatch demo``: the whole product on real models, in one command."""

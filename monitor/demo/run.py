@@ -1,0 +1,204 @@
+"""The demo, start to finish: start the parts, drive real traffic, change one workload, wait for the alert."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm.auto import tqdm
+
+from decoder.fetch import fetch_preset
+from monitor.db.engine import create_engine
+from monitor.demo.processes import ProcessGroup, free_port
+from monitor.demo.receiver import Delivery, WebhookReceiver
+from monitor.demo.scenario import Scenario
+from monitor.demo.summary import print_summary
+from monitor.drift.queries import pin_baseline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Traffic:
+    """Per-workload acceptance of the requests the demo sent, for the progress bar."""
+
+    accepted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    drafted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # (workload, mode) -> [milliseconds, output tokens], for the measured speedup
+    timing: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+
+    def add(self, workload: str, record: dict[str, Any]) -> None:
+        self.requests[workload] += 1
+        self.accepted[workload] += int(record["num_accepted_tokens"])
+        self.drafted[workload] += int(record["num_draft_tokens"])
+        spent = self.timing[(workload, record["mode"])]
+        spent[0] += float(record["latency_ms"] or 0.0)
+        spent[1] += int(record["output_tokens"])
+
+    def acceptance(self, workload: str) -> float | None:
+        return self.accepted[workload] / self.drafted[workload] if self.drafted[workload] else None
+
+    def speedup(self, workload: str) -> float | None:
+        """Mean ms per token of held-out (plain) requests over that of the others; None without holdouts."""
+        held = self.timing.get((workload, "holdout"))
+        spec = [self.timing[key] for key in self.timing if key[0] == workload and key[1] != "holdout"]
+        spent, tokens = sum(s[0] for s in spec), sum(s[1] for s in spec)
+        if not held or not held[1] or not tokens:
+            return None
+        return (held[0] / held[1]) / (spent / tokens)
+
+    def since(self, earlier: Traffic) -> Traffic:
+        """The traffic added after ``earlier`` was copied from this one."""
+        out = Traffic()
+        for name in ("accepted", "drafted", "requests"):
+            mine, theirs = getattr(self, name), getattr(earlier, name)
+            getattr(out, name).update({k: v - theirs.get(k, 0) for k, v in mine.items()})
+        for key, (ms, tokens) in self.timing.items():
+            old = earlier.timing.get(key, [0.0, 0.0])
+            out.timing[key] = [ms - old[0], tokens - old[1]]
+        return out
+
+    def copy(self) -> Traffic:
+        return self.since(Traffic())
+
+    def line(self) -> str:
+        return " ".join(
+            f"{w}={self.accepted[w] / self.drafted[w]:.2f}" if self.drafted[w] else f"{w}=n/a"
+            for w in sorted(self.requests)
+        )
+
+
+def demo_environment(scenario: Scenario, workdir: Path, api_port: int, webhook_url: str, secret: str) -> dict[str, str]:
+    """Settings for every child: a fresh SQLite file, short scheduler intervals, the local receiver."""
+    return {
+        **os.environ,
+        "DRAFTWATCH_DATA_DIR": str(workdir),
+        "DRAFTWATCH_DATABASE_URL": f"sqlite:///{workdir / 'draftwatch.db'}",
+        "DRAFTWATCH_API_PORT": str(api_port),
+        "DRAFTWATCH_HOLDOUT_SHARE": "0.1",
+        "DRAFTWATCH_SCHEDULER_DRIFT_INTERVAL": scenario.drift_interval,
+        "DRAFTWATCH_SCHEDULER_DELIVERY_INTERVAL": "2s",
+        "DRAFTWATCH_SCHEDULER_LEASE_TTL_S": "10",
+        "DRAFTWATCH_SCHEDULER_HEARTBEAT_S": "2",
+        "DRAFTWATCH_DRIFT_CURRENT_WINDOW": "2m",
+        "DRAFTWATCH_DRIFT_REFERENCE_WINDOW": "15m",
+        "DRAFTWATCH_DRIFT_MIN_REQUESTS": str(scenario.min_per_window),
+        "DRAFTWATCH_ALERTS_FOR_RUNS": "1",
+        "DRAFTWATCH_WEBHOOKS": json.dumps([{"url": webhook_url, "format": "alertmanager", "secret": secret}]),
+    }
+
+
+def is_acceptance_alert(workload: str) -> Any:
+    def matches(delivery: Delivery) -> bool:
+        return any(
+            alert.get("status") == "firing"
+            and alert.get("labels", {}).get("alertname") == "acceptance_drop"
+            and alert.get("labels", {}).get("workload") == workload
+            for alert in delivery.payload.get("alerts", [])
+        )
+
+    return matches
+
+
+def print_delivery(delivery: Delivery) -> None:
+    for alert in delivery.payload.get("alerts", []):
+        labels, notes = alert.get("labels", {}), alert.get("annotations", {})
+        tqdm.write(
+            f"\n>>> webhook received (signature verified, id {delivery.webhook_id}): [{alert.get('status')}] "
+            f"{labels.get('alertname')} workload={labels.get('workload', '-')} severity={labels.get('severity')}\n"
+            f"    {notes.get('summary', '')} {notes.get('description', '')}".rstrip()
+        )
+
+
+def drive(
+    client: httpx.Client,
+    scenario: Scenario,
+    traffic: Traffic,
+    *,
+    changed: bool,
+    until: Any,
+    desc: str,
+) -> None:
+    """Send requests round-robin over the workloads (the changed one three times as often after the change).
+
+    The progress bar shows this phase's acceptance per workload; ``traffic`` accumulates both phases.
+    """
+    order = list(scenario.workloads) + ([scenario.changed] * 2 if changed else [])
+    cursors = {w: itertools.cycle(scenario.prompts(w, changed)) for w in scenario.workloads}
+    phase = Traffic()
+    with tqdm(desc=desc, unit="req") as bar:
+        for workload in itertools.cycle(order):
+            if until():
+                return
+            body = {"prompt": next(cursors[workload]), "chat": True, "workload": workload,
+                    "max_new_tokens": scenario.max_new_tokens}  # fmt: skip
+            response = client.post("/v1/generate", json=body)
+            response.raise_for_status()
+            traffic.add(workload, response.json()["record"])
+            phase.add(workload, response.json()["record"])
+            bar.set_postfix_str(f"acceptance {phase.line()}")
+            bar.update()
+
+
+def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: bool, dashboard_port: int) -> int:
+    """Run the demo; returns the exit status (0 when the acceptance alert arrived)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for preset in scenario.models:
+        fetch_preset(preset)
+    secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+    receiver = WebhookReceiver(secret, on_delivery=print_delivery).start()
+    api_port = free_port()
+    group = ProcessGroup(demo_environment(scenario, workdir, api_port, receiver.url, secret), workdir)
+    api = f"http://127.0.0.1:{api_port}"
+    try:
+        print(f"draftwatch demo ({scenario.name}): data, logs and database in {workdir}", flush=True)
+        print(f"starting the sidecar: {scenario.target} {' '.join(scenario.drafter_arguments)} "
+              "(the first run de-quantizes the models once)", flush=True)  # fmt: skip
+        group.start("sidecar", ["serve", "--target", scenario.target, *scenario.drafter_arguments])
+        group.wait_http("sidecar", f"{api}/readyz", timeout=900)
+        dashboard_url = None
+        if dashboard:
+            group.start("dashboard", ["dashboard", "--port", str(dashboard_port)])
+            dashboard_url = f"http://127.0.0.1:{dashboard_port}"
+        engine = create_engine(f"sqlite:///{workdir / 'draftwatch.db'}")
+        traffic = Traffic()
+        started = datetime.now(UTC)
+        with httpx.Client(base_url=api, timeout=300) as client:
+            clock = time.monotonic()
+            drive(client, scenario, traffic, changed=False, desc="before the change", until=lambda: (
+                time.monotonic() - clock >= scenario.before_seconds
+                and min(traffic.requests[w] for w in scenario.workloads) >= scenario.min_per_window
+            ))  # fmt: skip
+            changed_at = datetime.now(UTC)
+            before = traffic.copy()
+            # The changed workload's reference is exactly the traffic before the change.
+            pin_baseline(engine, scenario.changed, at=changed_at, length=changed_at - started + timedelta(seconds=1))
+            print(f"\n*** the change: {scenario.change_description}\n", flush=True)
+            alert_arrived = is_acceptance_alert(scenario.changed)
+            deadline = time.monotonic() + scenario.after_timeout
+            drive(client, scenario, traffic, changed=True, desc="after the change", until=lambda: (
+                time.monotonic() > deadline or any(alert_arrived(d) for d in receiver.deliveries)
+            ))  # fmt: skip
+        alert = receiver.wait_for(alert_arrived, timeout=30)
+        print_summary(engine, scenario, before, traffic.since(before), alert, dashboard_url)
+        if exit_after or alert is None:
+            return 0 if alert is not None else 1
+        print("serving until Ctrl-C ...", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0 if exit_after is False else 130
+    finally:
+        group.stop()
+        receiver.stop()

@@ -1,0 +1,68 @@
+"""What the demo does: which models, which workloads, and the real change that hurts one of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from decoder.workloads import builtin_workloads
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One demo run's plan. Durations are seconds."""
+
+    name: str
+    target: str
+    drafter_arguments: tuple[str, ...]
+    models: tuple[str, ...]  # presets to fetch before anything starts
+    workloads: tuple[str, ...]
+    changed: str  # the workload whose prompts change midway
+    max_new_tokens: int
+    before_seconds: float  # at least this long before the change, so the reference window has data
+    min_per_window: int  # requests per workload and window before a drift test speaks
+    after_timeout: float  # how long to keep sending changed traffic while waiting for the alert
+    drift_interval: str
+
+    @property
+    def change_description(self) -> str:
+        return (
+            f"workload '{self.changed}' changes style and language: its prompts stop asking to copy sentences "
+            "out of a given text and ask for open-ended writing in German instead, so there is little "
+            "left for the drafter to predict"
+        )
+
+    def prompts(self, workload: str, changed: bool) -> list[str]:
+        """The prompts of ``workload``, before or after the change."""
+        prompts = builtin_workloads()
+        if changed and workload == self.changed:
+            return prompts["german"]
+        return prompts[workload]
+
+
+QUICK = Scenario(
+    name="quick",
+    target="smollm2-135m",
+    drafter_arguments=("--drafter", "ngram"),
+    models=("smollm2-135m",),
+    workloads=("code-edit", "extract", "prose"),
+    changed="extract",
+    max_new_tokens=32,
+    before_seconds=70.0,
+    min_per_window=10,
+    after_timeout=150.0,
+    drift_interval="10s",
+)
+
+FULL = Scenario(
+    name="full",
+    target="qwen-coder-1.5b",
+    drafter_arguments=("--draft", "qwen-coder-0.5b"),
+    models=("qwen-coder-1.5b", "qwen-coder-0.5b"),
+    workloads=("code-edit", "extract", "prose"),
+    changed="extract",
+    max_new_tokens=40,
+    before_seconds=100.0,
+    min_per_window=6,
+    after_timeout=300.0,
+    drift_interval="20s",
+)

@@ -1,0 +1,61 @@
+"""The demo's closing summary: acceptance and speedup before and after, the drift finding, the alert."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Engine
+
+from monitor.demo.receiver import Delivery
+from monitor.demo.scenario import Scenario
+from monitor.drift.queries import latest_results
+
+if TYPE_CHECKING:
+    from monitor.demo.run import Traffic
+
+
+def _rate(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value:5.2f}"
+
+
+def _speedup(value: float | None) -> str:
+    return "   n/a (no holdout yet)" if value is None else f"{value:5.2f}x (measured)"
+
+
+def print_summary(
+    engine: Engine,
+    scenario: Scenario,
+    before: Traffic,
+    after: Traffic,
+    alert: Delivery | None,
+    dashboard_url: str | None,
+) -> None:
+    print("\n==================== draftwatch demo: summary ====================")
+    print(f"change: {scenario.change_description}\n")
+    print(f"{'workload':12} {'requests':>9} {'acceptance before':>18} {'after':>7}   speedup before / after")
+    for workload in scenario.workloads:
+        print(
+            f"{workload:12} {before.requests.get(workload, 0):>4} / {after.requests.get(workload, 0):<4}"
+            f" {_rate(before.acceptance(workload)):>18} {_rate(after.acceptance(workload)):>7}"
+            f"   {_speedup(before.speedup(workload))} / {_speedup(after.speedup(workload))}"
+        )
+    findings = [r.result for r in latest_results(engine, workload=scenario.changed) if r.result.decision == "drift"]
+    print("\ndrift findings of the latest run for workload", repr(scenario.changed) + ":")
+    if not findings:
+        print("  none yet (see `draftwatch drift run --all`)")
+    for result in findings:
+        ci = f"[{result.ci[0]:+.3f}, {result.ci[1]:+.3f}]" if result.ci else "n/a"
+        print(
+            f"  {result.test}/{result.metric}: effect {result.effect:+.3f} (95% CI {ci}), "
+            f"p={result.p:.2g}, q={result.q:.2g}, n_ref={result.n_ref}, n_cur={result.n_cur}"
+            + (f" — {result.note}" if result.note else "")
+        )
+    if alert is None:
+        print("\nno acceptance alert arrived in time: check the sidecar log in the demo directory")
+    else:
+        print(f"\nalert received by the local webhook receiver (signature verified, webhook-id {alert.webhook_id}):")
+        for item in alert.payload.get("alerts", []):
+            print(f"  [{item.get('status')}] {item.get('labels')}")
+            print(f"      {item.get('annotations', {}).get('summary', '')}")
+    if dashboard_url:
+        print(f"\ndashboard: {dashboard_url}")

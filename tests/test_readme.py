@@ -1,0 +1,58 @@
+"""The README stays true: its settings table matches the code and every command it shows parses."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from monitor.cli import build_parser
+from monitor.settings_doc import settings_table
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_settings_table_lists_every_setting() -> None:
+    text = README.read_text()
+    embedded = text.split("<!-- settings:start -->\n", 1)[1].split("\n<!-- settings:end -->", 1)[0]
+    assert embedded.strip() == settings_table(), "regenerate it with: python -m monitor.settings_doc"
+
+
+def shown_commands() -> list[list[str]]:
+    """Every `draftwatch ...` command in the README's code blocks, as argument lists."""
+    commands = []
+    for block in re.findall(r"```(?:sh|bash)?\n(.*?)```", README.read_text(), re.S):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            match = re.match(r"^(?:\.venv/bin/)?draftwatch\s+(.*)$", line)
+            if match:
+                commands.append(shlex.split(match.group(1)))
+    return commands
+
+
+def mentioned_subcommands() -> set[tuple[str, ...]]:
+    """Every `draftwatch SUB [ACTION]` mentioned anywhere in the README."""
+    found = set()
+    for sub, action in re.findall(r"`draftwatch ([a-z]+)(?: ([a-z]+))?", README.read_text()):
+        found.add((sub, action) if action in {"list", "fetch", "upgrade", "current", "downgrade", "run",
+                                               "pin", "unpin", "deliver", "ack"} else (sub,))  # fmt: skip
+    return found
+
+
+def test_commands_in_code_blocks_parse() -> None:
+    commands = shown_commands()
+    assert len(commands) >= 5
+    parser = build_parser()
+    for argv in commands:
+        args = parser.parse_args(argv)
+        assert getattr(args, "handler", None) is not None, argv
+
+
+@pytest.mark.parametrize("path", sorted(mentioned_subcommands()))
+def test_help_of_every_mentioned_command(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*path, "--help"])
+    assert exited.value.code == 0
+    assert "usage: draftwatch" in capsys.readouterr().out
