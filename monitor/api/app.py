@@ -24,7 +24,7 @@ from pydantic.json_schema import models_json_schema
 from sqlalchemy.engine import Engine
 
 from decoder.speculative import SpeculativeDecoder
-from monitor.api import alerts, errors, generate, ingest, openai_chat, reads
+from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, reads
 from monitor.api.adapters import MODELS
 from monitor.api.auth import TokenSet
 from monitor.api.controller_state import STATE_FILE
@@ -106,7 +106,7 @@ def create_app(
     app.add_middleware(
         LimitsMiddleware, max_body_bytes=settings.api_max_body_bytes, timeout_s=settings.api_request_timeout_s
     )
-    for module in (ingest, generate, openai_chat, reads, alerts):
+    for module in (ingest, generate, openai_chat, reads, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)
     return app
