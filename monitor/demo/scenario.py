@@ -26,16 +26,16 @@ class Scenario:
     @property
     def change_description(self) -> str:
         return (
-            f"workload '{self.changed}' changes style and language: its prompts stop asking to copy sentences "
-            "out of a given text and ask for open-ended writing in German instead, so there is little "
-            "left for the drafter to predict"
+            f"workload '{self.changed}' changes style: its prompts stop asking to copy sentences out of a "
+            "given text and ask for open-ended stories, essays and letters instead, so the drafter has "
+            "little left to predict"
         )
 
     def prompts(self, workload: str, changed: bool) -> list[str]:
         """The prompts of ``workload``, before or after the change."""
         prompts = builtin_workloads()
         if changed and workload == self.changed:
-            return prompts["german"]
+            return prompts["prose"]
         return prompts[workload]
 
 
