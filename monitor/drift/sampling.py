@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Final
 
 import numpy as np
-from sqlalchemy import Text, case, func, select, type_coerce
+from sqlalchemy import Text, case, cast, func, select
 from sqlalchemy.engine import Connection
 
 from monitor.db.models import RequestRow, RollupMinuteRow
@@ -119,7 +119,7 @@ _COLUMNS = (
     RequestRow.draft_ms,
     RequestRow.verify_ms,
     # Raw JSON text: one json.loads over all rows beats the JSON type's per-row decoding.
-    type_coerce(RequestRow.acceptance_histogram, Text),
+    cast(RequestRow.acceptance_histogram, Text),
 )
 
 
