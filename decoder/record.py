@@ -135,8 +135,10 @@ class RequestRecord:
         for name in ("request_id", "target_model", "drafter", "draft_model", "target_version", "draft_version",
                      "error", "source", "prompt_hash"):  # fmt: skip
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or "\x00" in value):
-                raise RecordError(name, f"must be text without NUL characters, got {value!r}")
+            if value is not None and not isinstance(value, str):
+                raise RecordError(name, f"must be text, got {value!r}")
+            if value is not None and "\x00" in value:
+                raise RecordError(name, "must not contain NUL characters")
         if self.mode not in MODES:
             raise RecordError("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
         if self.finish_reason not in FINISH_REASONS:

@@ -35,6 +35,8 @@ class Traffic:
     accepted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     drafted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Speculative requests are the drift test's evidence on acceptance (holdout and plain ones draft nothing).
+    speculative: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # (workload, mode) -> [milliseconds, output tokens], for the measured speedup
     timing: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
 
@@ -42,6 +44,7 @@ class Traffic:
         self.requests[workload] += 1
         self.accepted[workload] += int(record["num_accepted_tokens"])
         self.drafted[workload] += int(record["num_draft_tokens"])
+        self.speculative[workload] += record["mode"] == "speculative"
         spent = self.timing[(workload, record["mode"])]
         spent[0] += float(record["latency_ms"] or 0.0)
         spent[1] += int(record["output_tokens"])
@@ -61,7 +64,7 @@ class Traffic:
     def since(self, earlier: Traffic) -> Traffic:
         """The traffic added after ``earlier`` was copied from this one."""
         out = Traffic()
-        for name in ("accepted", "drafted", "requests"):
+        for name in ("accepted", "drafted", "requests", "speculative"):
             mine, theirs = getattr(self, name), getattr(earlier, name)
             getattr(out, name).update({k: v - theirs.get(k, 0) for k, v in mine.items()})
         for key, (ms, tokens) in self.timing.items():
@@ -178,7 +181,7 @@ def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: 
             clock = time.monotonic()
             drive(client, scenario, traffic, changed=False, desc="before the change", until=lambda: (
                 time.monotonic() - clock >= scenario.before_seconds
-                and min(traffic.requests[w] for w in scenario.workloads) >= scenario.min_per_window
+                and min(traffic.speculative[w] for w in scenario.workloads) >= scenario.min_per_window + 2
             ))  # fmt: skip
             changed_at = datetime.now(UTC)
             before = traffic.copy()

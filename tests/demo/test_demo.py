@@ -45,7 +45,7 @@ def test_quick_demo_exits_zero_with_the_alert(tmp_path: Path) -> None:
         check=False,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    assert result.returncode == 0, result.stdout[-4000:]
     assert "alert received by the local webhook receiver (signature verified" in output
     assert "acceptance_drop" in output and "'workload': 'extract'" in output
     assert "drift findings of the latest run for workload 'extract'" in output
