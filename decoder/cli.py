@@ -65,11 +65,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default: %(default)s)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (default: 1)")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram to look up (default: 4)")
+    parser.add_argument(
+        "--quantize",
+        choices=["none", "int8", "int4"],
+        default=None,
+        help="weight-only quantization of target and draft (default: measured per device; int4 on a CPU)",
+    )
 
 
 def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool = False) -> SpeculativeDecoder:
     """Load the target and drafter that ``args`` name; raises ModelLoadError / FetchError on bad input."""
-    target = load_model(args.target, progress=progress)
+    quantize = getattr(args, "quantize", None)
+    target = load_model(args.target, progress=progress, quantize=quantize)
     drafter: Drafter
     if plain:
         return SpeculativeDecoder(target, None, gamma=args.gamma)
@@ -77,7 +84,7 @@ def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool =
         drafter = NgramDrafter(min_n=args.ngram_min, max_n=args.ngram_max)
     else:
         draft_spec = args.draft or DEFAULT_DRAFT
-        draft = target if draft_spec == args.target else load_model(draft_spec, progress=progress)
+        draft = target if draft_spec == args.target else load_model(draft_spec, progress=progress, quantize=quantize)
         check_pair(target, draft)
         drafter = ModelDrafter(draft, target_vocab_size=target.vocab_size)
     return SpeculativeDecoder(target, drafter, gamma=args.gamma)

@@ -19,12 +19,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from decoder.fetch import cache_dir, fetch_preset, get_preset
 from decoder.presets import PRESETS
+
+if TYPE_CHECKING:
+    from decoder.quantize import Quantization
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +55,26 @@ class LoadedModel:
     model: Any  # transformers.PreTrainedModel
     tokenizer: Any  # transformers.PreTrainedTokenizerBase
     device: torch.device
+    quantization: str = "none"  # "none", "int8" or "int4": the weights the model decodes with
 
     @property
     def dtype(self) -> torch.dtype:
+        """The activations' dtype (quantized layers keep theirs in buffers, not parameters)."""
         return next(self.model.parameters()).dtype  # type: ignore[no-any-return]
 
     @property
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """Weights the model computes with, counting a quantized layer's as its float shape."""
+        from decoder.quantize import QuantizedLinear
+
+        modules = self.model.modules()
+        quantized = sum(m.in_features * m.out_features for m in modules if isinstance(m, QuantizedLinear))
+        return int(quantized + sum(p.numel() for p in self.model.parameters()))
 
     @property
     def vocab_size(self) -> int:
         """Width of the logits, which may exceed the tokenizer's size (padded embeddings)."""
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(self.model.get_output_embeddings().out_features)
 
 
 def choose_device(environ: Mapping[str, str] | None = None) -> torch.device:
@@ -123,23 +133,59 @@ def load_model(
     dtype: torch.dtype | None = None,
     progress: bool = True,
     attn_implementation: str | None = None,
+    quantize: str | None = None,
 ) -> LoadedModel:
     """Load a preset name, a ``.gguf`` file, a local model directory or a Hugging Face model id.
 
-    ``attn_implementation`` defaults to ``"eager"`` on a CPU: PyTorch's fused CPU attention rounds
-    a row differently depending on how many query rows it is given, so in bfloat16 a verification
-    pass over several tokens could disagree with a one-token pass and break greedy equivalence;
-    eager attention computes each row the same way whatever the batch (and is as fast here).
+    ``quantize`` is ``"none"``, ``"int8"`` or ``"int4"`` (weight-only, see decoder/quantize.py);
+    the default is measured per device (``$DRAFTWATCH_QUANTIZE`` overrides it). A quantized model
+    carries ``+int4`` / ``+int8`` in its version, so the monitor sees a quantization change as a
+    model change. Where the kernel does not work on the device, an explicit request fails and the
+    default falls back to float weights.
+
+    ``attn_implementation`` defaults on a CPU to decoder/attention.py's row-wise eager attention:
+    PyTorch's fused CPU attention, and eager attention over a block of rows, round a row
+    differently depending on how many query rows share the pass, so in bfloat16 a verification
+    pass over several tokens could disagree with one-token passes and break greedy equivalence.
     """
     if not spec or not spec.strip():
         raise ModelLoadError("model name is empty: give a preset, a .gguf file, a directory or a hub id")
     device = device or choose_device()
     dtype = dtype or choose_dtype(device)
+    mode = _quantization(quantize, device, dtype)
     loaded = _load(spec, device, dtype, progress)
-    attention = attn_implementation or ("eager" if device.type == "cpu" else None)
+    attention = attn_implementation
+    if attention is None and device.type == "cpu":
+        from decoder.attention import register
+
+        attention = register()
     if attention:
         loaded.model.set_attn_implementation(attention)
+    if mode != "none":
+        from decoder.quantized_store import quantize_loaded
+
+        quantize_loaded(loaded.model, loaded.version, mode, device)
+        loaded.quantization = mode
+        loaded.version = f"{loaded.version or 'unversioned'}+{mode}"
     return loaded
+
+
+def _quantization(requested: str | None, device: torch.device, dtype: torch.dtype) -> Quantization:
+    from decoder.quantized_store import choose_quantization, kernel_works, parse_quantization
+
+    try:
+        mode = choose_quantization(device) if requested is None else parse_quantization(requested)
+    except ValueError as error:
+        raise ModelLoadError(str(error)) from error
+    if mode == "none":
+        return mode
+    problem = kernel_works(mode, device.type, dtype)
+    if problem is None:
+        return mode
+    if requested is not None:
+        raise ModelLoadError(f"--quantize {mode}: {problem}; use --quantize none")
+    logger.warning("%s; decoding with float weights", problem)
+    return "none"
 
 
 def _load(spec: str, device: torch.device, dtype: torch.dtype, progress: bool) -> LoadedModel:

@@ -62,7 +62,9 @@ def random_prompt(rng: torch.Generator, length: int, low: int = 1) -> str:
 
 def perturbed_copy(source: LoadedModel, noise: float, seed: int, name: str = "tiny-near-draft") -> LoadedModel:
     """A draft that agrees with ``source`` often but not always: its weights plus Gaussian noise."""
-    copy = tiny_model(seed=0, name=name, tokenizer=source.tokenizer)
+    config = source.model.config
+    copy = tiny_model(seed=0, name=name, tokenizer=source.tokenizer, hidden_size=config.hidden_size,
+                      layers=config.num_hidden_layers)  # fmt: skip
     copy.model.load_state_dict(source.model.state_dict())
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
