@@ -6,6 +6,11 @@ method are checked against plain decoding. Usage:
 
     python benchmarks/decoder_speed.py            # full: Qwen pair + smollm2/ngram, 5 prompts per workload
     python benchmarks/decoder_speed.py --quick    # under 5 minutes: fewer Qwen prompts
+    python benchmarks/decoder_speed.py --quantization   # per weight format (none, int8, int4): speed and agreement
+
+The methods above run with the default weight format of this device (int4 on a CPU, see
+docs/quantization.md); ``--quantization`` writes its own section, with llama.cpp as an anchor
+when ``$LLAMA_SERVER`` names its server binary.
 """
 
 from __future__ import annotations
@@ -194,9 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="repeats per prompt and method (median taken)")
     parser.add_argument("--skip-qwen", action="store_true", help="only the smollm2 + ngram pair")
     parser.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
+    parser.add_argument("--quantization", action="store_true", help="the per-weight-format section instead")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     workloads = builtin_workloads()
+    if args.quantization:
+        return quantization_main(args, workloads)
     sections = []
     prompts = {w: p[: args.prompts] for w, p in workloads.items()}
     target, methods = smollm_methods(args.max_new_tokens)
@@ -225,6 +236,30 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write:
         write_section("Decoder speed (benchmarks/decoder_speed.py)", body)
+    return 0
+
+
+def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]]) -> int:
+    from benchmarks.decoder_quant import quantization_section
+
+    prompts = {w: p[: args.prompts] for w, p in workloads.items()}
+    max_new = args.max_new_tokens
+    sections = [
+        quantization_section("smollm2-135m, ngram drafter", "smollm2-135m", None, prompts, max_new, args.repeats)
+    ]
+    if not args.skip_qwen:
+        qwen_prompts = {w: p[:1] for w, p in workloads.items()} if args.quick else prompts
+        sections.append(quantization_section("qwen-coder-1.5b target, qwen-coder-0.5b draft", "qwen-coder-1.5b",
+                                             "qwen-coder-0.5b", qwen_prompts, max_new, args.repeats))  # fmt: skip
+    body = (
+        f"Greedy decoding, chat template, {max_new} new tokens at most, {args.repeats} run(s) per prompt and method, "
+        f"torch threads: {torch.get_num_threads()}; every (weights, method) pair interleaved per prompt. Speculative "
+        "rows use the controller (its own per weight format). Agreement: teacher-forced next-token agreement with "
+        "the float model on its greedy continuations (32 tokens) of the same prompts.\n\n" + "\n\n".join(sections)
+    )
+    print(body)
+    if not args.no_write:
+        write_section("Decoder speed per weight format (benchmarks/decoder_speed.py --quantization)", body)
     return 0
 
 

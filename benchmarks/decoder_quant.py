@@ -1,0 +1,188 @@
+"""The quantization section of the decoder benchmark: speed and quality per weight format.
+
+Every level's models stay loaded together so that, for each prompt, every (level, method) pair
+runs back to back (interleaved), and a shared machine's drift hits all alike. Quality is the
+next-token agreement of each level with the float model, teacher-forced on the float model's own
+greedy continuations of the same prompts (decoder/quality.py), and the prompts' perplexity.
+llama.cpp is an anchor when ``$LLAMA_SERVER`` names its server binary (benchmarks/llamacpp.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from benchmarks.llamacpp import LlamaServer, server_binary
+from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
+from decoder.controller import SpeculationController
+from decoder.fetch import fetch_preset
+from decoder.loading import LoadedModel
+from decoder.quality import Agreement, agreement, chat_prompt_ids
+
+LEVELS = ("none", "int8", "int4")
+
+
+@dataclass
+class Run:
+    seconds: float
+    tokens: list[int]
+    accepted: int = 0
+    drafted: int = 0
+    gamma: int = 0
+    mode: str = "-"
+
+
+@dataclass
+class Cell:
+    runs: list[Run] = field(default_factory=list)
+    mismatches: int = 0
+
+    def tokens_per_second(self) -> float:
+        return statistics.median(len(r.tokens) / r.seconds for r in self.runs)
+
+
+Method = Callable[[str, str], Run]
+
+
+def decoder_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: str | None = None) -> Method:
+    def run(prompt: str, workload: str) -> Run:
+        started = time.perf_counter()
+        result = decoder.generate(prompt, chat=True, workload=workload, max_new_tokens=max_new_tokens, mode=mode)
+        r = result.record
+        return Run(time.perf_counter() - started, result.token_ids, r.num_accepted_tokens, r.num_draft_tokens,
+                   r.num_speculative_tokens, r.mode)  # fmt: skip
+
+    return run
+
+
+def llamacpp_method(server: LlamaServer, target: LoadedModel, max_new_tokens: int) -> Method:
+    def run(prompt: str, workload: str) -> Run:
+        text = target.tokenizer.decode(chat_prompt_ids(target, prompt))
+        tokens, seconds, drafted, accepted = server.complete(text, max_new_tokens)
+        return Run(seconds, tokens, accepted, drafted, 0, "speculative" if drafted else "plain")
+
+    return run
+
+
+def level_methods(target_spec: str, draft_spec: str | None, max_new_tokens: int) -> tuple[
+    dict[str, LoadedModel], dict[str, dict[str, Method]]
+]:  # fmt: skip
+    """Per level: the loaded target, and the methods (plain, speculative with the controller) to time."""
+    targets: dict[str, LoadedModel] = {}
+    methods: dict[str, dict[str, Method]] = {}
+    for level in LEVELS:
+        target = load_model(target_spec, quantize=level)
+        targets[level] = target
+        runs: dict[str, Method] = {"plain": decoder_method(SpeculativeDecoder(target), max_new_tokens, "plain")}
+        if draft_spec is not None:
+            draft = load_model(draft_spec, quantize=level)
+            check_pair(target, draft)
+            controlled = SpeculativeDecoder(target, ModelDrafter(draft, target.vocab_size),
+                                            controller=SpeculationController(seed=0))  # fmt: skip
+            runs["model + controller"] = decoder_method(controlled, max_new_tokens)
+        ngram = SpeculativeDecoder(target, NgramDrafter(), controller=SpeculationController(seed=0))
+        runs["ngram + controller"] = decoder_method(ngram, max_new_tokens)
+        methods[level] = runs
+    return targets, methods
+
+
+def quantization_section(
+    title: str,
+    target_spec: str,
+    draft_spec: str | None,
+    prompts: dict[str, list[str]],
+    max_new_tokens: int,
+    repeats: int,
+) -> str:
+    targets, methods = level_methods(target_spec, draft_spec, max_new_tokens)
+    anchors = llamacpp_anchors(target_spec, draft_spec, targets["none"], max_new_tokens)
+    if anchors:
+        methods["llama.cpp"] = {name: method for name, (_, method) in anchors.items()}
+    cells: dict[tuple[str, str, str], Cell] = defaultdict(Cell)
+    total = sum(len(p) for p in prompts.values()) * repeats * sum(len(m) for m in methods.values())
+    try:
+        with tqdm(total=total, desc=title, unit="run") as bar:
+            for workload, workload_prompts in prompts.items():
+                for prompt in workload_prompts:
+                    for _ in range(repeats):
+                        for level, runs in methods.items():
+                            reference: list[int] | None = None
+                            for name, method in runs.items():
+                                run = method(prompt, workload)
+                                cell = cells[(level, workload, name)]
+                                cell.runs.append(run)
+                                if reference is None:
+                                    reference = run.tokens
+                                elif run.tokens != reference:
+                                    cell.mismatches += 1
+                                bar.update()
+    finally:
+        for server, _ in anchors.values():
+            server.close()
+    quality = {
+        level: agreement(targets["none"], targets[level], [p for ps in prompts.values() for p in ps])
+        for level in LEVELS
+    }
+    note = "" if anchors else f"llama.cpp: skipped ({server_binary()[1]})."
+    return render(title, cells, quality, note)
+
+
+def llamacpp_anchors(target_spec: str, draft_spec: str | None, target: LoadedModel, max_new_tokens: int) -> dict[
+    str, tuple[LlamaServer, Method]
+]:  # fmt: skip
+    binary, _ = server_binary()
+    if binary is None:
+        return {}
+    target_gguf = fetch_preset(target_spec)
+    anchors: dict[str, tuple[LlamaServer, Method]] = {}
+    plain = LlamaServer(binary, target_gguf, None)
+    anchors["plain"] = (plain, llamacpp_method(plain, target, max_new_tokens))
+    if draft_spec is not None:
+        speculative = LlamaServer(binary, target_gguf, fetch_preset(draft_spec))
+        anchors["speculative (draft model)"] = (speculative, llamacpp_method(speculative, target, max_new_tokens))
+    return anchors
+
+
+def render(title: str, cells: dict[tuple[str, str, str], Cell], quality: dict[str, Agreement], note: str) -> str:
+    lines = [
+        f"### {title}: per weight format",
+        "",
+        "| weights | workload | method | tokens/s | × plain (same weights) | × float plain | acceptance | γ | modes"
+        " | greedy = plain |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    by_level: dict[str, list[float]] = defaultdict(list)
+    for (level, workload, name), cell in cells.items():
+        speed = cell.tokens_per_second()
+        plain = cells[(level, workload, "plain")].tokens_per_second()
+        float_plain = cells[("none", workload, "plain")].tokens_per_second()
+        by_level[f"{level} {name}"].append(speed)
+        drafted = sum(r.drafted for r in cell.runs)
+        accepted = sum(r.accepted for r in cell.runs)
+        gammas = [r.gamma for r in cell.runs if r.mode == "speculative" and r.gamma]
+        modes: dict[str, int] = defaultdict(int)
+        for r in cell.runs:
+            modes[r.mode] += 1
+        lines.append(
+            f"| {level} | {workload} | {name} | {speed:.2f} | {speed / plain:.2f} | {speed / float_plain:.2f} | "
+            f"{f'{accepted / drafted:.2f}' if drafted else ''} | "
+            f"{f'{statistics.mean(gammas):.1f}' if gammas else ''} | "
+            f"{', '.join(f'{m} {n}' for m, n in sorted(modes.items()) if m != '-')} | "
+            f"{'yes' if cell.mismatches == 0 else f'NO ({cell.mismatches})'} |"
+        )
+    lines += ["", "| weights and method | tokens/s, geometric mean over workloads |", "| --- | ---: |"]
+    lines += [f"| {name} | {statistics.geometric_mean(v):.2f} |" for name, v in by_level.items()]
+    lines += ["", "| weights | next-token agreement with float | positions | prompt perplexity (float → this) |",
+              "| --- | ---: | ---: | --- |"]  # fmt: skip
+    lines += [
+        f"| {level} | {q.rate:.3f} | {q.positions} | {q.reference_perplexity:.2f} → {q.candidate_perplexity:.2f} |"
+        for level, q in quality.items()
+    ]
+    if note:
+        lines += ["", note]
+    return "\n".join(lines)
