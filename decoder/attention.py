@@ -29,19 +29,25 @@ def _eager(
     attention_mask: torch.Tensor | None,  # (B, 1, q, kv) additive, or None
     scaling: float,
 ) -> torch.Tensor:
-    """transformers' eager attention (llama/qwen2), output (B, q, H, d)."""
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    batch, heads_kv, length, dim = key.shape
-    if groups > 1:  # (B, H_kv, kv, d) -> (B, H, kv, d), as transformers' repeat_kv does
-        key = key[:, :, None].expand(batch, heads_kv, groups, length, dim).reshape(batch, -1, length, dim)
-        value = value[:, :, None].expand(batch, heads_kv, groups, length, dim).reshape(batch, -1, length, dim)
-    # Contiguous either way, so that a sliced cache and a whole one reach the kernels in the same layout.
-    key, value = key.contiguous(), value.contiguous()
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, q, kv)
+    """Eager attention in float32 with grouped queries; output (B, q, H, d) in the query's dtype.
+
+    Why not transformers' eager function: it copies every key and value head ``H / H_kv`` times
+    per layer and step (repeat_kv) and multiplies in bfloat16, which this CPU has no native
+    arithmetic for; together that was a quarter of a Qwen decode step. Here the query heads that
+    share a key head are stacked as rows against that one key head, in float32.
+    """
+    batch, heads, rows, dim = query.shape
+    heads_kv, length = key.shape[1], key.shape[2]
+    groups = heads // heads_kv  # query heads h * groups .. (h + 1) * groups - 1 read key head h
+    q = query.float().reshape(batch, heads_kv, groups * rows, dim)
+    weights = torch.matmul(q, key.float().transpose(2, 3)) * scaling  # (B, H_kv, groups * q, kv)
     if attention_mask is not None:
-        weights = weights + attention_mask
-    weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, d)
+        weights = (weights.view(batch, heads_kv, groups, rows, length) + attention_mask[:, :, None]).view(
+            batch, heads_kv, groups * rows, length
+        )
+    weights = nn.functional.softmax(weights, dim=-1)
+    out = torch.matmul(weights, value.float())  # (B, H_kv, groups * q, d)
+    return out.view(batch, heads, rows, dim).to(query.dtype).transpose(1, 2).contiguous()  # (B, q, H, d)
 
 
 def rowwise_attention(
