@@ -247,8 +247,10 @@ def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]])
     sections = [
         quantization_section("smollm2-135m, ngram drafter", "smollm2-135m", None, prompts, max_new, args.repeats)
     ]
+    print(sections[-1], flush=True)  # a long run keeps what it measured even if a later part fails
     if not args.skip_qwen:
-        qwen_prompts = {w: p[:1] for w, p in workloads.items()} if args.quick else prompts
+        quick = ("code", "code-edit", "prose")
+        qwen_prompts = {w: p[:1] for w, p in workloads.items() if w in quick} if args.quick else prompts
         sections.append(quantization_section("qwen-coder-1.5b target, qwen-coder-0.5b draft", "qwen-coder-1.5b",
                                              "qwen-coder-0.5b", qwen_prompts, max_new, args.repeats))  # fmt: skip
     body = (
