@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from monitor.config import ConfigError, Settings, default_config_file
+from monitor.cli_common import add_settings_arguments, config_file, settings_from_args
+from monitor.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--address", default="127.0.0.1", help="address to bind (default: %(default)s; 0.0.0.0 for every interface)"
     )
-    parser.add_argument("--config", type=Path, default=None, help="draftwatch.toml to read")
-    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL")
+    add_settings_arguments(parser)
     parser.set_defaults(handler=_dashboard)
 
 
@@ -64,15 +64,15 @@ def command(port: int, address: str) -> list[str]:
 
 def _dashboard(args: argparse.Namespace) -> int:
     try:
-        config_file = args.config or default_config_file(os.environ, Path.cwd())
-        settings = Settings.from_env(os.environ, config_file)
+        settings = settings_from_args(args)
     except ConfigError as error:
         print(f"draftwatch dashboard: {error}", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    env["DRAFTWATCH_DATABASE_URL"] = args.database_url or settings.database_url
-    if config_file is not None:
-        env["DRAFTWATCH_CONFIG"] = str(config_file.resolve())
+    env["DRAFTWATCH_DATABASE_URL"] = settings.database_url
+    chosen = config_file(args)
+    if chosen is not None:
+        env["DRAFTWATCH_CONFIG"] = str(chosen.resolve())
     print(f"draftwatch dashboard: http://{args.address}:{args.port}/", file=sys.stderr, flush=True)
     log.info("starting streamlit on %s:%d", args.address, args.port)
     try:

@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
 import threading
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from monitor.config import ConfigError, Settings, default_config_file
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
-
-log = logging.getLogger(__name__)
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="draftwatch.toml (default: $DRAFTWATCH_CONFIG or ./)")
-    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL and the config file")
+from monitor.cli_common import add_settings_arguments, run_with_engine
+from monitor.config import Settings
 
 
 def register(subparsers: Any) -> None:
@@ -31,16 +21,16 @@ def register(subparsers: Any) -> None:
     alerts.set_defaults(handler=lambda _args: (alerts.print_help(), 2)[1])
     commands = alerts.add_subparsers(dest="alerts_command", metavar="ALERTS_COMMAND")
     listing = commands.add_parser("list", help="alerts, firing first")
-    _common(listing)
+    add_settings_arguments(listing)
     listing.add_argument("--json", action="store_true", help="print a JSON list")
     listing.add_argument("--state", action="append", choices=["pending", "firing", "resolved", "inactive"],
                          help="only these states (repeatable; default: all)")  # fmt: skip
     listing.set_defaults(handler=_list)
     deliver = commands.add_parser("deliver", help="run one webhook delivery pass now")
-    _common(deliver)
+    add_settings_arguments(deliver)
     deliver.set_defaults(handler=_deliver)
     ack = commands.add_parser("ack", help="acknowledge an alert: no repeated notifications this episode")
-    _common(ack)
+    add_settings_arguments(ack)
     ack.add_argument("id", type=int, help="alert id (see `draftwatch alerts list`)")
     ack.add_argument("--by", default=os.environ.get("USER", "cli"), help="who acknowledges (default: $USER)")
     ack.add_argument("--comment", default="", help="why")
@@ -52,33 +42,9 @@ def register(subparsers: Any) -> None:
         description="Run the scheduled jobs. Any number of replicas may run against one database: a lease "
         "row elects one leader, the others stand by and take over within scheduler.lease_ttl_s.",
     )
-    _common(scheduler)
+    add_settings_arguments(scheduler)
     scheduler.add_argument("--jobs", default=None, help="comma-separated subset of drift,delivery,health,retention")
     scheduler.set_defaults(handler=_scheduler)
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings.from_env(os.environ, args.config or default_config_file(os.environ, Path.cwd()))
-    return settings.replace(database_url=args.database_url) if args.database_url else settings
-
-
-def _with_engine(args: argparse.Namespace, action: Any) -> int:
-    try:
-        settings = _settings(args)
-    except ConfigError as error:
-        print(f"draftwatch: {error}", file=sys.stderr)
-        return 2
-    engine = create_engine(settings.database_url)
-    try:
-        if settings.database_upgrade_on_start:
-            upgrade(engine)
-        return int(action(engine, settings))
-    except Exception as error:  # the CLI reports, the log keeps the traceback
-        log.debug("alerts command failed", exc_info=True)
-        print(f"draftwatch alerts: {type(error).__name__}: {str(error).splitlines()[0]}", file=sys.stderr)
-        return 1
-    finally:
-        engine.dispose()
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -99,7 +65,7 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{len(alerts)} alert(s)")
         return 0
 
-    return _with_engine(args, action)
+    return run_with_engine(args, "alerts list", action)
 
 
 def _deliver(args: argparse.Namespace) -> int:
@@ -111,7 +77,7 @@ def _deliver(args: argparse.Namespace) -> int:
               f"waiting {r.waiting}")  # fmt: skip
         return 0
 
-    return _with_engine(args, action)
+    return run_with_engine(args, "alerts deliver", action)
 
 
 def _ack(args: argparse.Namespace) -> int:
@@ -125,7 +91,7 @@ def _ack(args: argparse.Namespace) -> int:
         print(f"alert {args.id} ({alert['rule']}, {alert['state']}): acknowledged={alert['acknowledged']}")
         return 0
 
-    return _with_engine(args, action)
+    return run_with_engine(args, "alerts ack", action)
 
 
 def _scheduler(args: argparse.Namespace) -> int:
@@ -145,4 +111,4 @@ def _scheduler(args: argparse.Namespace) -> int:
             service.stop()
         return 0
 
-    return _with_engine(args, action)
+    return run_with_engine(args, "scheduler", action)

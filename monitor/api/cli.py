@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from decoder.cli import add_model_arguments, build_decoder
@@ -19,7 +17,8 @@ from decoder.loading import ModelLoadError
 from decoder.speculative import SpeculativeDecoder
 from monitor.api.app import create_app
 from monitor.api.auth import check_bind
-from monitor.config import ConfigError, Settings, default_config_file
+from monitor.cli_common import add_settings_arguments, settings_from_args
+from monitor.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--host", default=None, help="address to bind (default: api.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port to bind (default: api.port, 8321)")
-    parser.add_argument("--config", type=Path, default=None, help="draftwatch.toml to read")
-    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL")
+    add_settings_arguments(parser)
     parser.add_argument(
         "--no-scheduler",
         action="store_true",
@@ -47,24 +45,11 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=_serve, target=None)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    config_file = args.config or default_config_file(os.environ, Path.cwd())
-    settings = Settings.from_env(os.environ, config_file)
-    changes: dict[str, Any] = {}
-    if args.database_url:
-        changes["database_url"] = args.database_url
-    if args.host:
-        changes["api_host"] = args.host
-    if args.port is not None:
-        changes["api_port"] = args.port
-    return settings.replace(**changes) if changes else settings
-
-
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     try:
-        settings = _settings(args)
+        settings = settings_from_args(args, api_host=args.host, api_port=args.port)
     except ConfigError as error:
         print(f"draftwatch serve: {error}", file=sys.stderr)
         return 2

@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import sys
-from pathlib import Path
 from typing import Any
 
-from monitor.config import ConfigError, Settings, default_config_file
-from monitor.db import migrate
-from monitor.db.engine import create_engine
+from sqlalchemy.engine import Engine
 
-log = logging.getLogger(__name__)
+from monitor.cli_common import add_settings_arguments, run_with_engine
+from monitor.config import Settings
+from monitor.db import migrate
 
 
 def register(subparsers: Any) -> None:
     """Add the ``db`` command group to the top-level parser's subparsers."""
     parser = subparsers.add_parser("db", help="database schema: upgrade, current, downgrade")
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="draftwatch.toml to read (default: $DRAFTWATCH_CONFIG or ./draftwatch.toml)",
-    )
-    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL and the config file")
+    add_settings_arguments(parser)
     parser.set_defaults(handler=lambda _args: (parser.print_help(), 2)[1])
     commands = parser.add_subparsers(dest="db_command", metavar="DB_COMMAND")
 
@@ -41,40 +31,20 @@ def register(subparsers: Any) -> None:
     downgrade.set_defaults(handler=_downgrade)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    config_file = args.config or default_config_file(os.environ, Path.cwd())
-    settings = Settings.from_env(os.environ, config_file)
-    if args.database_url:
-        settings = settings.replace(database_url=args.database_url)
-    return settings
-
-
 def _run(args: argparse.Namespace, action: str) -> int:
-    try:
-        settings = _settings(args)
-    except ConfigError as error:
-        print(f"draftwatch: {error}", file=sys.stderr)
-        return 2
-    engine = create_engine(settings.database_url)
-    try:
+    def act(engine: Engine, _settings: Settings) -> int:
         if action == "upgrade":
-            revision = migrate.upgrade(engine, args.revision)
-            print(f"database at revision {revision}")
+            print(f"database at revision {migrate.upgrade(engine, args.revision)}")
         elif action == "downgrade":
-            revision = migrate.downgrade(engine, args.revision)
-            print(f"database at revision {revision or 'base'}")
+            print(f"database at revision {migrate.downgrade(engine, args.revision) or 'base'}")
         else:
-            current = migrate.current_revision(engine)
-            head = migrate.head_revision()
+            current, head = migrate.current_revision(engine), migrate.head_revision()
             state = "up to date" if current == head else f"newest is {head}"
             print(f"{current or 'base (empty)'} ({state})")
-    except Exception as error:  # the CLI reports, the log keeps the traceback
-        log.debug("db %s failed", action, exc_info=True)
-        print(f"draftwatch db {action}: {type(error).__name__}: {str(error).splitlines()[0]}", file=sys.stderr)
-        return 1
-    finally:
-        engine.dispose()
-    return 0
+        return 0
+
+    # The db commands manage the schema themselves: no automatic upgrade first.
+    return run_with_engine(args, f"db {action}", act, upgrade=False)
 
 
 def _upgrade(args: argparse.Namespace) -> int:

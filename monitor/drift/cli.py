@@ -4,25 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from monitor.config import ConfigError, Settings, default_config_file, parse_duration
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
+from sqlalchemy.engine import Engine
+
+from monitor.cli_common import add_settings_arguments, run_with_engine
+from monitor.config import Settings, parse_duration
 from monitor.drift.queries import pin_baseline, unpin_baseline
 from monitor.drift.run import DriftRun, run_drift
-
-log = logging.getLogger(__name__)
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="draftwatch.toml (default: $DRAFTWATCH_CONFIG or ./)")
-    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL and the config file")
 
 
 def _duration(text: str) -> Any:
@@ -46,7 +36,7 @@ def register(subparsers: Any) -> None:
     drift.set_defaults(handler=lambda _args: (drift.print_help(), 2)[1])
     drift_commands = drift.add_subparsers(dest="drift_command", metavar="DRIFT_COMMAND")
     run = drift_commands.add_parser("run", help="run every test once now, store and print the results")
-    _common(run)
+    add_settings_arguments(run)
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     run.add_argument("--current", type=_duration, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
     run.add_argument("--reference", type=_duration, default=None, help="reference window before it (default: 1d)")
@@ -59,48 +49,28 @@ def register(subparsers: Any) -> None:
     baseline.set_defaults(handler=lambda _args: (baseline.print_help(), 2)[1])
     baseline_commands = baseline.add_subparsers(dest="baseline_command", metavar="BASELINE_COMMAND")
     pin = baseline_commands.add_parser("pin", help="use the reference window ending at TIME (default: now)")
-    _common(pin)
+    add_settings_arguments(pin)
     pin.add_argument("--workload", required=True, help="workload tag")
     pin.add_argument("--at", type=_time, default=None, help="end of the pinned window, ISO time (default: now)")
     pin.add_argument("--reference", type=_duration, default=None, help="its length (default: drift.reference_window)")
     pin.set_defaults(handler=_pin)
     unpin = baseline_commands.add_parser("unpin", help="back to the rolling reference window")
-    _common(unpin)
+    add_settings_arguments(unpin)
     unpin.add_argument("--workload", required=True, help="workload tag")
     unpin.set_defaults(handler=_unpin)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings.from_env(os.environ, args.config or default_config_file(os.environ, Path.cwd()))
-    return settings.replace(database_url=args.database_url) if args.database_url else settings
-
-
 def _run(args: argparse.Namespace) -> int:
-    try:
-        settings = _settings(args)
-    except ConfigError as error:
-        print(f"draftwatch: {error}", file=sys.stderr)
-        return 2
-    engine = create_engine(settings.database_url)
-    try:
-        if settings.database_upgrade_on_start:
-            upgrade(engine)
+    def action(engine: Engine, settings: Settings) -> int:
         result = run_drift(engine, settings, args.now, current=args.current, reference=args.reference)
         if not args.no_alerts:
             from monitor.alerts.evaluate import evaluate_alerts
 
             evaluate_alerts(engine, settings, result.results)
-    except Exception as error:  # the CLI reports, the log keeps the traceback
-        log.debug("drift run failed", exc_info=True)
-        print(f"draftwatch drift run: {type(error).__name__}: {str(error).splitlines()[0]}", file=sys.stderr)
-        return 1
-    finally:
-        engine.dispose()
-    if args.json:
-        print(json.dumps(result.to_json(), indent=1))
-    else:
-        print(format_table(result, everything=args.all))
-    return 0
+        print(json.dumps(result.to_json(), indent=1) if args.json else format_table(result, everything=args.all))
+        return 0
+
+    return run_with_engine(args, "drift run", action)
 
 
 def format_table(run: DriftRun, *, everything: bool = False) -> str:
@@ -128,34 +98,19 @@ def format_table(run: DriftRun, *, everything: bool = False) -> str:
 
 
 def _pin(args: argparse.Namespace) -> int:
-    try:
-        settings = _settings(args)
-    except ConfigError as error:
-        print(f"draftwatch: {error}", file=sys.stderr)
-        return 2
-    engine = create_engine(settings.database_url)
-    try:
-        if settings.database_upgrade_on_start:
-            upgrade(engine)
-        start, end = pin_baseline(
-            engine, args.workload, at=args.at, length=args.reference or settings.drift_reference_window
-        )
-    finally:
-        engine.dispose()
-    print(f"workload {args.workload}: reference pinned to {start.isoformat()} .. {end.isoformat()}")
-    return 0
+    def action(engine: Engine, settings: Settings) -> int:
+        length = args.reference or settings.drift_reference_window
+        start, end = pin_baseline(engine, args.workload, at=args.at, length=length)
+        print(f"workload {args.workload}: reference pinned to {start.isoformat()} .. {end.isoformat()}")
+        return 0
+
+    return run_with_engine(args, "baseline pin", action)
 
 
 def _unpin(args: argparse.Namespace) -> int:
-    try:
-        settings = _settings(args)
-    except ConfigError as error:
-        print(f"draftwatch: {error}", file=sys.stderr)
-        return 2
-    engine = create_engine(settings.database_url)
-    try:
+    def action(engine: Engine, _settings: Settings) -> int:
         cleared = unpin_baseline(engine, args.workload)
-    finally:
-        engine.dispose()
-    print(f"workload {args.workload}: {cleared} pin(s) cleared, rolling reference")
-    return 0
+        print(f"workload {args.workload}: {cleared} pin(s) cleared, rolling reference")
+        return 0
+
+    return run_with_engine(args, "baseline unpin", action)
