@@ -15,48 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.engine import Engine
 
 from monitor.config import Settings
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
 from monitor.drift.result import DriftResult
-from tests.monitor.conftest import PG_URL, create_pg_database, drop_pg_database
 
 SECRET = "whsec_" + base64.b64encode(b"draftwatch-test-secret-key-0123").decode()
 # Evaluations use times from here on; two hours back, so the outbox rows are due and young when delivered.
 T0 = (datetime.now(UTC) - timedelta(hours=2)).replace(second=0, microsecond=0)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'alerts.db'}"
-        return
-    name = create_pg_database()
-    try:
-        yield PG_URL.format(name=name)
-    finally:
-        drop_pg_database(name)
 
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    name = create_pg_database()
-    try:
-        yield PG_URL.format(name=name)
-    finally:
-        drop_pg_database(name)
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    eng = create_engine(db_url)
-    upgrade(eng)
-    try:
-        yield eng
-    finally:
-        eng.dispose()
 
 
 def make_settings(tmp_path: Path, db_url: str, webhooks: list[dict[str, Any]] | None = None, **env: str) -> Settings:

@@ -1,6 +1,6 @@
 """Fixtures for the API tests: the real app on a real database (SQLite file and PostgreSQL), in process.
 
-PostgreSQL databases come from tests.monitor.conftest (fresh per test, dropped afterwards; a failure
+PostgreSQL databases come from tests/conftest.py (fresh per test, dropped afterwards; a failure
 under CI=true when the server is unreachable).
 """
 
@@ -21,7 +21,6 @@ from monitor.config import Settings
 from monitor.db.engine import create_engine
 from monitor.db.models import RequestRow
 from monitor.synthetic import synthetic_record
-from tests.monitor.conftest import PG_URL, create_pg_database, drop_pg_database
 
 INGEST = "ingest-token-0123456789"
 READ = "read-token-0123456789ab"
@@ -57,17 +56,6 @@ def records(count: int, prefix: str = "r", start: datetime | None = None, **kwar
 def bodies(recs: list[RequestRecord]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in recs]
 
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'draftwatch.db'}"
-        return
-    name = create_pg_database()
-    try:
-        yield PG_URL.format(name=name)
-    finally:
-        drop_pg_database(name)
 
 
 @pytest.fixture

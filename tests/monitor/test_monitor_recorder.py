@@ -15,8 +15,8 @@ from monitor.db.engine import create_engine
 from monitor.db.migrate import upgrade
 from monitor.db.models import RequestRow, RollupMinuteRow
 from monitor.recorder import Recorder, RecorderClosedError, RecorderFullError
-from tests.monitor.conftest import PG_URL, drop_pg_database
 from tests.monitor.records import stream
+from tests.pg import PG_URL, drop_pg_database
 
 
 def stored_count(engine: Engine) -> tuple[int, int]:
@@ -136,7 +136,7 @@ def test_database_down_at_start_spools_then_replays(db_url: str, tmp_path: Path)
 def create_pg_database_named(name: str) -> None:
     import psycopg
 
-    from tests.monitor.conftest import PG_ADMIN
+    from tests.pg import PG_ADMIN
 
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -1,0 +1,45 @@
+"""Fixtures every test package shares: each storage test runs on a SQLite file and on PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from monitor.db.engine import create_engine
+from monitor.db.migrate import upgrade
+from tests.pg import PG_URL, create_pg_database, drop_pg_database
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    name = create_pg_database()
+    try:
+        yield PG_URL.format(name=name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An empty database, SQLite file or PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'draftwatch.db'}"
+        return
+    name = create_pg_database()
+    try:
+        yield PG_URL.format(name=name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An engine on a migrated database."""
+    eng = create_engine(db_url)
+    upgrade(eng)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
