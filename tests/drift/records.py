@@ -22,7 +22,8 @@ def record(
     seed: int = 0,
 ) -> RequestRecord:
     """A valid embedded record: per-request alpha jittered (Beta), geometric runs per step, lognormal time."""
-    rng = random.Random(f"{seed}-{workload}-{index}-{ts.isoformat()}")
+    # Seeded by position in the stream, not by the wall clock, so a stream is the same on every run.
+    rng = random.Random(f"{seed}-{workload}-{index}")
     a = rng.betavariate(alpha * 30, (1 - alpha) * 30)
     steps = rng.randint(6, 20)
     spec = mode == "speculative"
