@@ -224,9 +224,8 @@ def _load(spec: str, device: torch.device, dtype: torch.dtype, progress: bool) -
 
 
 def _looks_like_path(spec: str) -> bool:
-    return (
-        spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", os.sep, 1)
-    )
+    """A file name or a path, as opposed to a hub id, which is exactly ``owner/name``."""
+    return spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") > 1
 
 
 def _file_key(path: Path) -> str:

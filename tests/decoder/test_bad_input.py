@@ -83,3 +83,14 @@ def test_draft_larger_than_target_warns(
     with caplog.at_level(logging.WARNING, logger="decoder.loading"):
         check_pair(tiny_target, tiny_draft)
     assert caplog.text == ""
+
+
+def test_hub_id_goes_to_the_hub_not_to_the_file_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``owner/name`` that is not a local path is a hub id: with no hub reachable, say so and what to do."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError) as caught:
+        load_model("HuggingFaceTB/not-a-real-model-for-draftwatch")
+    assert "does not exist" not in str(caught.value)
+    assert "Without access to a model hub use a preset" in str(caught.value)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model("models/nested/missing")
