@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,7 +74,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         env["DRAFTWATCH_CONFIG"] = str(chosen.resolve())
     print(f"draftwatch dashboard: http://{args.address}:{args.port}/", file=sys.stderr, flush=True)
     log.info("starting streamlit on %s:%d", args.address, args.port)
-    try:
-        return subprocess.call(command(args.port, args.address), env=env)
-    except KeyboardInterrupt:
-        return 130
+    # Become the Streamlit server rather than wait for it as a child: a signal sent to this process
+    # (Ctrl-C, a supervisor's SIGTERM) then reaches the server itself and leaves no orphan behind.
+    argv = command(args.port, args.address)
+    os.execve(argv[0], argv, env)
