@@ -10,61 +10,38 @@ llama.cpp is an anchor when ``$LLAMA_SERVER`` names its server binary (benchmark
 from __future__ import annotations
 
 import statistics
-import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
 from benchmarks.llamacpp import LlamaServer, server_binary
+from benchmarks.runs import Cell, Outcome, decode_once
 from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
 from decoder.controller import SpeculationController
 from decoder.fetch import fetch_preset
 from decoder.loading import LoadedModel
 from decoder.quality import Agreement, agreement, chat_prompt_ids
+from decoder.record import Mode
 
 LEVELS = ("none", "int8", "int4")
 
 
-@dataclass
-class Run:
-    seconds: float
-    tokens: list[int]
-    accepted: int = 0
-    drafted: int = 0
-    gamma: int = 0
-    mode: str = "-"
+Method = Callable[[str, str], Outcome]
 
 
-@dataclass
-class Cell:
-    runs: list[Run] = field(default_factory=list)
-    mismatches: int = 0
-
-    def tokens_per_second(self) -> float:
-        return statistics.median(len(r.tokens) / r.seconds for r in self.runs)
-
-
-Method = Callable[[str, str], Run]
-
-
-def decoder_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: str | None = None) -> Method:
-    def run(prompt: str, workload: str) -> Run:
-        started = time.perf_counter()
-        result = decoder.generate(prompt, chat=True, workload=workload, max_new_tokens=max_new_tokens, mode=mode)
-        r = result.record
-        return Run(time.perf_counter() - started, result.token_ids, r.num_accepted_tokens, r.num_draft_tokens,
-                   r.num_speculative_tokens, r.mode)  # fmt: skip
+def decoder_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: Mode | None = None) -> Method:
+    def run(prompt: str, workload: str) -> Outcome:
+        return decode_once(decoder, prompt, workload, max_new_tokens, mode)
 
     return run
 
 
 def llamacpp_method(server: LlamaServer, target: LoadedModel, max_new_tokens: int) -> Method:
-    def run(prompt: str, workload: str) -> Run:
+    def run(prompt: str, workload: str) -> Outcome:
         text = target.tokenizer.decode(chat_prompt_ids(target, prompt))
         tokens, seconds, drafted, accepted = server.complete(text, max_new_tokens)
-        return Run(seconds, tokens, accepted, drafted, 0, "speculative" if drafted else "plain")
+        return Outcome(seconds, tokens, accepted, drafted, 0, 0, "speculative" if drafted else "plain")
 
     return run
 
@@ -115,7 +92,7 @@ def quantization_section(
                             for name, method in runs.items():
                                 run = method(prompt, workload)
                                 cell = cells[(level, workload, name)]
-                                cell.runs.append(run)
+                                cell.outcomes.append(run)
                                 if reference is None:
                                     reference = run.tokens
                                 elif run.tokens != reference:
@@ -162,11 +139,11 @@ def render(title: str, cells: dict[tuple[str, str, str], Cell], quality: dict[st
         plain = cells[(level, workload, "plain")].tokens_per_second()
         float_plain = cells[("none", workload, "plain")].tokens_per_second()
         by_level[f"{level} {name}"].append(speed)
-        drafted = sum(r.drafted for r in cell.runs)
-        accepted = sum(r.accepted for r in cell.runs)
-        gammas = [r.gamma for r in cell.runs if r.mode == "speculative" and r.gamma]
+        drafted = sum(r.drafted for r in cell.outcomes)
+        accepted = sum(r.accepted for r in cell.outcomes)
+        gammas = [r.gamma for r in cell.outcomes if r.mode == "speculative" and r.gamma]
         modes: dict[str, int] = defaultdict(int)
-        for r in cell.runs:
+        for r in cell.outcomes:
             modes[r.mode] += 1
         lines.append(
             f"| {level} | {workload} | {name} | {speed:.2f} | {speed / plain:.2f} | {speed / float_plain:.2f} | "

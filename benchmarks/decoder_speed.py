@@ -22,7 +22,6 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,44 +31,18 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import write_section
+from benchmarks.runs import Cell, Outcome, decode_once
 from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
 from decoder.controller import SpeculationController
 from decoder.loading import LoadedModel
+from decoder.quality import chat_prompt_ids
+from decoder.record import Mode
 from decoder.workloads import builtin_workloads, copy_heavy_workloads
 
 logger = logging.getLogger("decoder_speed")
 
 
-@dataclass
-class Outcome:
-    seconds: float
-    tokens: list[int]
-    accepted: int = 0
-    drafted: int = 0
-    steps: int = 0
-    gamma: int = 0
-    mode: str = "-"
-
-
-@dataclass
-class Cell:
-    """Every outcome of one method on one workload."""
-
-    outcomes: list[Outcome] = field(default_factory=list)
-    mismatches: int = 0
-
-    def tokens_per_second(self) -> float:
-        return statistics.median(len(o.tokens) / o.seconds for o in self.outcomes)
-
-
 Method = Callable[[list[int], str, str], Outcome]
-
-
-def chat_ids(model: LoadedModel, prompt: str) -> list[int]:
-    text = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
-    return list(model.tokenizer.encode(text, add_special_tokens=False))
 
 
 def hf_method(target: LoadedModel, max_new_tokens: int, **generate_kwargs: Any) -> Method:
@@ -83,15 +56,9 @@ def hf_method(target: LoadedModel, max_new_tokens: int, **generate_kwargs: Any) 
     return run
 
 
-def draftwatch_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: str | None = None) -> Method:
+def draftwatch_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: Mode | None = None) -> Method:
     def run(prompt_ids: list[int], prompt: str, workload: str) -> Outcome:
-        started = time.perf_counter()
-        result = decoder.generate(prompt, chat=True, workload=workload, max_new_tokens=max_new_tokens, mode=mode)
-        record = result.record
-        return Outcome(
-            time.perf_counter() - started, result.token_ids, record.num_accepted_tokens, record.num_draft_tokens,
-            record.num_spec_steps, record.num_speculative_tokens, record.mode,
-        )  # fmt: skip
+        return decode_once(decoder, prompt, workload, max_new_tokens, mode)
 
     return run
 
@@ -108,7 +75,7 @@ def run_pair(
     with tqdm(total=total, desc=label, unit="run") as bar:
         for workload, workload_prompts in prompts.items():
             for prompt in workload_prompts:
-                prompt_ids = chat_ids(target, prompt)
+                prompt_ids = chat_prompt_ids(target, prompt)
                 for _ in range(repeats):
                     reference: list[int] | None = None
                     for name, method in methods.items():  # interleaved: every method on this prompt, in turn
@@ -143,7 +110,7 @@ def table(label: str, cells: dict[str, dict[str, Cell]], plain: str, assisted: s
             accepted = sum(o.accepted for o in cell.outcomes)
             steps = sum(o.steps for o in cell.outcomes)
             gammas = [o.gamma for o in cell.outcomes if o.mode == "speculative"]
-            modes = defaultdict(int)
+            modes: dict[str, int] = defaultdict(int)
             for o in cell.outcomes:
                 modes[o.mode] += 1
             lines.append(

@@ -1,0 +1,47 @@
+"""What the decoder benchmarks share: one timed request, and the runs of one method on one workload."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from decoder.record import Mode
+from decoder.speculative import SpeculativeDecoder
+
+
+@dataclass
+class Outcome:
+    """One timed request: wall seconds, the tokens it produced and what speculation did."""
+
+    seconds: float
+    tokens: list[int]
+    accepted: int = 0
+    drafted: int = 0
+    steps: int = 0
+    gamma: int = 0
+    mode: str = "-"
+
+
+@dataclass
+class Cell:
+    """Every outcome of one method on one workload (and weight format)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    mismatches: int = 0
+
+    def tokens_per_second(self) -> float:
+        return statistics.median(len(o.tokens) / o.seconds for o in self.outcomes)
+
+
+def decode_once(
+    decoder: SpeculativeDecoder, prompt: str, workload: str, max_new_tokens: int, mode: Mode | None = None
+) -> Outcome:
+    """Decode ``prompt`` as a chat message through draftwatch and time it end to end."""
+    started = time.perf_counter()
+    result = decoder.generate(prompt, chat=True, workload=workload, max_new_tokens=max_new_tokens, mode=mode)
+    record = result.record
+    return Outcome(
+        time.perf_counter() - started, result.token_ids, record.num_accepted_tokens, record.num_draft_tokens,
+        record.num_spec_steps, record.num_speculative_tokens, record.mode,
+    )  # fmt: skip
