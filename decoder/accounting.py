@@ -38,6 +38,8 @@ class RequestStats:
     verify_pass_seconds: float = 0.0
     single_passes: int = 0
     single_pass_seconds: float = 0.0
+    sized_passes: dict[int, int] = field(default_factory=dict)  # verification passes by drafts carried
+    sized_ms: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         width = self.gamma if self.mode == "speculative" else 0
@@ -69,6 +71,8 @@ class RequestStats:
             self.verify_drafts += drafts
             self.verify_pass_seconds += seconds
             self.judged += min(drafts, accepted + 1)
+            self.sized_passes[drafts] = self.sized_passes.get(drafts, 0) + 1
+            self.sized_ms[drafts] = self.sized_ms.get(drafts, 0.0) + seconds * 1000
         else:
             self.single_passes += 1
             self.single_pass_seconds += seconds
@@ -85,6 +89,8 @@ class RequestStats:
             verify_ms=self.verify_pass_seconds * 1000,
             single_passes=self.single_passes,
             single_ms=self.single_pass_seconds * 1000,
+            sized_passes=dict(self.sized_passes),
+            sized_ms=dict(self.sized_ms),
         )
 
     def to_record(self, **identity: object) -> RequestRecord:

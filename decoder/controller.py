@@ -9,9 +9,13 @@ into the expected speedup of Leviathan et al. (2023), extended with the verifica
   drafts the target actually judged (a step stops judging at its first rejection, so dividing by
   all drafted tokens would understate it);
 * ``c``: the time of one draft token over the time of a one-token target pass ``t1``;
-* ``v(gamma) = 1 + gamma * b / t1``: a verification pass over gamma drafts relative to ``t1``,
-  where ``b`` is the measured extra target time per verified draft (near zero on a GPU with spare
-  compute, not negligible on a CPU with small quantized weights).
+* ``v(gamma)``: a verification pass over gamma drafts relative to ``t1``, measured per pass size
+  where passes of that size were seen, else ``1 + gamma * b / t1`` with ``b`` the measured extra
+  target time per verified draft. Near 1 on a GPU with spare compute; on a CPU with 4-bit weights
+  it is neither small nor linear (PyTorch's int4 kernel works in blocks of 4 rows: a pass over 5
+  tokens cost 2.8 one-token passes where 4 tokens cost 1.5), which is why sizes are kept apart.
+* ``t1`` is measured on one-token passes. A model drafter drafts on every step, so a request the
+  controller marks ``calibrate`` runs its first step without drafts to measure it.
 
 The numerator is the expected tokens per step, the denominator its cost in one-token target
 passes; ``S < 1`` means speculation would be slower than plain decoding, and it is switched off
@@ -22,10 +26,12 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 PlanMode = Literal["speculative", "plain", "holdout"]
+MIN_WEIGHT = 0.5  # forgotten sums below this many passes count as not measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +41,7 @@ class Plan:
     mode: PlanMode
     gamma: int
     expected_speedup: float
+    calibrate: bool = False  # run the first step without drafts: t1 has not been measured lately
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,8 @@ class Observation:
     verify_ms: float = 0.0
     single_passes: int = 0  # one-token target passes (plain decoding, or steps without drafts)
     single_ms: float = 0.0
+    sized_passes: Mapping[int, int] = field(default_factory=dict)  # verification passes by drafts carried
+    sized_ms: Mapping[int, float] = field(default_factory=dict)  # their time by drafts carried
 
 
 @dataclass(slots=True)
@@ -65,6 +74,8 @@ class WorkloadState:
     verify_ms: float = 0.0
     single_passes: float = 0.0
     single_ms: float = 0.0
+    sized_passes: dict[str, float] = field(default_factory=dict)  # keys: drafts carried, as text (JSON keys)
+    sized_ms: dict[str, float] = field(default_factory=dict)
     requests: int = 0
     plain_streak: int = 0  # plain requests since the last speculative one
     gamma: int = 0
@@ -145,7 +156,7 @@ class SpeculationController:
         state = self._state(workload)
         prior = self.priors
         alpha = (state.accepted + prior.alpha * prior.weight) / (state.judged + prior.weight)
-        t1 = state.single_ms / state.single_passes if state.single_passes else math.nan
+        t1 = self._single_pass_ms(state)
         if math.isnan(t1) and state.verify_passes:
             # No one-token pass seen yet: read t1 off the verification passes with the prior slope.
             per_pass = state.verify_ms / state.verify_passes
@@ -154,23 +165,42 @@ class SpeculationController:
         if not math.isnan(t1) and t1 > 0:
             if state.draft_tokens:
                 c = (state.draft_ms / state.draft_tokens) / t1
-            if state.verify_passes and state.single_passes:
+            if state.verify_passes and not math.isnan(self._single_pass_ms(state)):
                 extra_per_draft = (state.verify_ms / state.verify_passes - t1) / (
                     state.verify_drafts / state.verify_passes
                 )
                 b_over_t1 = max(0.0, extra_per_draft / t1)
         return {"alpha": min(alpha, 1.0), "c": c, "b_over_t1": b_over_t1, "t1_ms": t1}
 
+    def verification_cost(self, workload: str, gamma: int, estimates: Mapping[str, float] | None = None) -> float:
+        """v(gamma): a pass over gamma drafts in one-token passes, measured at that size where seen."""
+        state = self._state(workload)
+        e = self.estimates(workload) if estimates is None else estimates
+        passes = state.sized_passes.get(str(gamma), 0.0)
+        if passes >= MIN_WEIGHT and e["t1_ms"] > 0:
+            return max(1.0, state.sized_ms[str(gamma)] / passes / e["t1_ms"])
+        return 1.0 + gamma * e["b_over_t1"]
+
     def expected_speedup(self, workload: str, gamma: int) -> float:
         """S(gamma) for ``workload`` from the current estimates."""
         e = self.estimates(workload)
-        return expected_speedup(e["alpha"], e["c"], e["b_over_t1"], gamma)
+        return expected_speedup(e["alpha"], e["c"], e["b_over_t1"], gamma, self.verification_cost(workload, gamma, e))
 
     def best_gamma(self, workload: str) -> tuple[int, float]:
         e = self.estimates(workload)
-        speedups = {g: expected_speedup(e["alpha"], e["c"], e["b_over_t1"], g) for g in range(1, self.gamma_max + 1)}
+        speedups = {
+            g: expected_speedup(e["alpha"], e["c"], e["b_over_t1"], g, self.verification_cost(workload, g, e))
+            for g in range(1, self.gamma_max + 1)
+        }
         gamma = max(speedups, key=lambda g: (speedups[g], -g))
         return gamma, speedups[gamma]
+
+    def _single_pass_ms(self, state: WorkloadState) -> float:
+        """t1: this workload's one-token passes, else every workload's (t1 belongs to the target), else NaN."""
+        if state.single_passes >= MIN_WEIGHT:
+            return state.single_ms / state.single_passes
+        passes = sum(s.single_passes for s in self._workloads.values())
+        return sum(s.single_ms for s in self._workloads.values()) / passes if passes > 0 else math.nan
 
     # Decisions
 
@@ -182,7 +212,7 @@ class SpeculationController:
             return Plan("holdout", gamma, speedup)
         if speedup >= 1.0:
             state.mode, state.gamma = "speculative", gamma
-            return Plan("speculative", gamma, speedup)
+            return Plan("speculative", gamma, speedup, calibrate=state.single_passes < MIN_WEIGHT)
         state.mode, state.gamma = "plain", gamma
         if state.plain_streak + 1 >= self.probe_every:
             return Plan("speculative", gamma, speedup)  # a probe: has the drafter recovered?
@@ -197,6 +227,11 @@ class SpeculationController:
             "verify_drafts", "verify_ms", "single_passes", "single_ms",
         ):  # fmt: skip
             setattr(state, name, keep * getattr(state, name) + getattr(observation, name))
+        for sums, new in ((state.sized_passes, observation.sized_passes), (state.sized_ms, observation.sized_ms)):
+            for key in sums:
+                sums[key] *= keep
+            for drafts, value in new.items():
+                sums[str(drafts)] = sums.get(str(drafts), 0.0) + value
         state.requests += 1
         state.plain_streak = state.plain_streak + 1 if mode != "speculative" else 0
 
@@ -242,16 +277,20 @@ class SpeculationController:
         return self._workloads.setdefault(workload, WorkloadState())
 
 
-def expected_speedup(alpha: float, c: float, b_over_t1: float, gamma: int) -> float:
+def expected_speedup(alpha: float, c: float, b_over_t1: float, gamma: int, v: float | None = None) -> float:
     """Expected tokens per step over the step's cost in one-token target passes.
+
+    ``v`` is the verification pass's measured cost; without it, ``1 + gamma * b_over_t1``.
 
     >>> round(expected_speedup(0.8, 0.05, 0.0, 4), 3)   # Leviathan et al.'s formula when v = 1
     2.801
     >>> expected_speedup(0.0, 0.5, 0.1, 3) < 1   # useless, costly drafts: a net loss
     True
+    >>> expected_speedup(0.7, 0.0, 0.1, 4, v=2.8) < 1 < expected_speedup(0.7, 0.0, 0.1, 3, v=1.5)
+    True
     """
     tokens_per_step = gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-    cost = gamma * c + 1.0 + gamma * b_over_t1
+    cost = gamma * c + (1.0 + gamma * b_over_t1 if v is None else v)
     return tokens_per_step / cost
 
 

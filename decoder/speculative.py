@@ -189,10 +189,12 @@ class SpeculativeDecoder:
         if mode is not None and mode not in ("speculative", "plain", "holdout"):
             raise ValueError(f"mode must be speculative, plain or holdout, got {mode!r}")
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        calibrate = False
         if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
             plan = self.controller.plan(workload)
             mode = plan.mode if mode is None else mode
             gamma = plan.gamma if gamma is None else gamma
+            calibrate = plan.calibrate
         mode = "speculative" if mode is None else mode
         gamma = self.gamma if gamma is None else gamma
         if not 1 <= gamma <= MAX_GAMMA:
@@ -226,7 +228,8 @@ class SpeculativeDecoder:
         shown = 0  # characters of text already yielded
         try:
             with torch.inference_mode():
-                for finished in self._decode(prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids):
+                steps = self._decode(prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, calibrate)
+                for finished in steps:
                     text = stopper.visible_text(token_ids, final=finished is not None)
                     if len(text) > shown:
                         yield text[shown:]
@@ -252,8 +255,12 @@ class SpeculativeDecoder:
         stats: RequestStats,
         stopper: Stopper,
         output: list[int],
+        calibrate: bool = False,
     ) -> Iterator[str | None]:
-        """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end."""
+        """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end.
+
+        ``calibrate``: the first step carries no drafts, so the controller sees a one-token pass.
+        """
         from transformers import DynamicCache
 
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -271,7 +278,8 @@ class SpeculativeDecoder:
         yield None
         while len(output) < max_new_tokens:
             # Never draft past max_new_tokens: the step's own token needs one slot.
-            gamma = min(stats.gamma, max_new_tokens - len(output) - 1)
+            gamma = 0 if calibrate else min(stats.gamma, max_new_tokens - len(output) - 1)
+            calibrate = False
             emitted, drafted = speculative_step(self.target, drafter, seq, gamma, params, generator, stats)
             accepted = len(emitted) - 1
             output.extend(emitted)

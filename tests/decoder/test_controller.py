@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from scipy.stats import binom
 
 from decoder import LoadedModel, ModelDrafter, SpeculativeDecoder
 from decoder.controller import Observation, SpeculationController, expected_speedup
+from decoder.drafters.base import Proposal
+from decoder.sampling import SamplingParams
 
 
 def measured(alpha: float, c: float, b_over_t1: float = 0.05, steps: int = 20, gamma: int = 4) -> Observation:
@@ -36,6 +41,62 @@ def test_estimates_recover_the_measured_terms() -> None:
     assert e["c"] == pytest.approx(0.2, rel=0.01)
     assert e["b_over_t1"] == pytest.approx(0.1, rel=0.01)
     assert e["t1_ms"] == pytest.approx(100)
+
+
+def sized(alpha: float, c: float, gamma: int, cost_of_pass: float, steps: int = 20) -> Observation:
+    """A request at a fixed gamma whose verification passes cost ``cost_of_pass`` one-token passes (t1 = 100 ms)."""
+    judged = steps * gamma
+    return Observation(
+        accepted=round(alpha * judged),
+        judged=judged,
+        draft_tokens=judged,
+        draft_ms=judged * c * 100,
+        verify_passes=steps,
+        verify_drafts=judged,
+        verify_ms=steps * 100 * cost_of_pass,
+        single_passes=1,
+        single_ms=100,
+        sized_passes={gamma: steps},
+        sized_ms={gamma: steps * 100 * cost_of_pass},
+    )
+
+
+def test_verification_cost_is_measured_per_pass_size() -> None:
+    """PyTorch's CPU int4 kernel: passes of up to 4 rows are cheap, 5 rows cost a step more.
+
+    A controller that assumed v linear in gamma would extrapolate from the cheap sizes and pick a
+    large gamma; measured per size, it keeps gamma = 3 (4 rows), the true optimum.
+    """
+
+    def step_cost(gamma: int) -> float:
+        return 1 + 0.15 * gamma if gamma <= 3 else 2.8
+
+    controller = SpeculationController(gamma_max=8)
+    for gamma in (3, 4, 5, 6, 7, 8):
+        for _ in range(3):
+            controller.observe("code", sized(alpha=0.8, c=0.05, gamma=gamma, cost_of_pass=step_cost(gamma)))
+    assert controller.verification_cost("code", 3) == pytest.approx(1.45)
+    assert controller.verification_cost("code", 6) == pytest.approx(2.8)
+    truth = {g: expected_speedup(0.8, 0.05, 0.0, g, step_cost(g)) for g in range(1, 9)}
+    assert max(truth, key=truth.__getitem__) == 3
+    assert controller.plan("code").gamma == 3
+
+
+def test_calibration_measures_t1_then_pauses_and_t1_is_shared() -> None:
+    controller = SpeculationController(forgetting=0.1)
+    assert controller.plan("code").calibrate  # nothing measured yet
+    controller.observe("code", sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4))
+    assert not controller.plan("code").calibrate
+    no_single = replace(sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4), single_passes=0, single_ms=0)
+    calibrations = []
+    for _ in range(20):
+        plan = controller.plan("code")
+        calibrations.append(plan.calibrate)
+        controller.observe("code", sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4) if plan.calibrate else no_single)
+    assert 2 <= sum(calibrations) <= 4  # a one-token pass weighs 0.5 after 7 requests at forgetting 0.1
+    # Another workload whose requests never ran a one-token pass reads t1 off the target's others.
+    controller.observe("prose", no_single)
+    assert controller.estimates("prose")["t1_ms"] == pytest.approx(100)
 
 
 def test_gamma_rises_with_alpha_and_falls_with_cost() -> None:
@@ -123,3 +184,35 @@ def test_decoder_with_controller_stays_lossless_and_switches_off_a_bad_drafter(
     assert modes[0] == "speculative"
     assert modes[-8:].count("plain") >= 5  # off, but for the probes
     assert controller.summary()["prose"]["expected_speedup"] < 1
+
+
+class RecordingDrafter(ModelDrafter):
+    """A model drafter that notes how long the sequence was at each proposal."""
+
+    def __init__(self, draft: LoadedModel, vocab_size: int) -> None:
+        super().__init__(draft, vocab_size)
+        self.lengths: list[int] = []
+
+    def propose(self, tokens: Sequence[int], gamma: int, params: SamplingParams, generator: Any) -> Proposal:
+        self.lengths.append(len(tokens))
+        return super().propose(tokens, gamma, params, generator)
+
+
+def test_decoder_runs_a_calibration_step_when_asked(tiny_target: LoadedModel, tiny_draft: LoadedModel) -> None:
+    """A model drafter drafts on every step; a calibrating request's first step carries none, so t1 is measured."""
+    controller = SpeculationController(seed=0)
+    drafter = RecordingDrafter(tiny_draft, tiny_target.vocab_size)
+    decoder = SpeculativeDecoder(tiny_target, drafter, controller=controller)
+    plain = SpeculativeDecoder(tiny_target, None)
+    prompt_length = len(tiny_target.tokenizer.encode("a b c d e f"))
+    expected = plain.generate("a b c d e f", max_new_tokens=12).token_ids
+
+    assert controller.plan("code").calibrate
+    assert decoder.generate("a b c d e f", max_new_tokens=12, workload="code", mode="speculative").token_ids == expected
+    assert drafter.lengths[0] == prompt_length + 2  # prefill's token, then the undrafted step's token
+    assert controller.state()["workloads"]["code"]["single_passes"] >= 1
+
+    assert not controller.plan("code").calibrate
+    drafter.lengths.clear()
+    assert decoder.generate("a b c d e f", max_new_tokens=12, workload="code", mode="speculative").token_ids == expected
+    assert drafter.lengths[0] == prompt_length + 1  # drafting right after prefill
