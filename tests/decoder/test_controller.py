@@ -146,7 +146,7 @@ def test_holdout_share_within_binomial_bounds() -> None:
 
 def test_deterministic_under_a_seed_and_serialisable() -> None:
     def run(controller: SpeculationController, count: int) -> list[tuple[str, int]]:
-        out = []
+        out: list[tuple[str, int]] = []
         for i in range(count):
             plan = controller.plan("w")
             out.append((plan.mode, plan.gamma))
