@@ -40,8 +40,8 @@ def decoder_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: Mode 
 def llamacpp_method(server: LlamaServer, target: LoadedModel, max_new_tokens: int) -> Method:
     def run(prompt: str, workload: str) -> Outcome:
         text = target.tokenizer.decode(chat_prompt_ids(target, prompt))
-        tokens, seconds, drafted, accepted = server.complete(text, max_new_tokens)
-        return Outcome(seconds, tokens, accepted, drafted, 0, 0, "speculative" if drafted else "plain")
+        tokens, seconds, prompt_seconds, drafted, accepted = server.complete(text, max_new_tokens)
+        return Outcome(seconds, tokens, accepted, drafted, 0, 0, "speculative" if drafted else "plain", prompt_seconds)
 
     return run
 
@@ -129,9 +129,9 @@ def render(title: str, cells: dict[tuple[str, str, str], Cell], quality: dict[st
     lines = [
         f"### {title}: per weight format",
         "",
-        "| weights | workload | method | tokens/s | × plain (same weights) | × float plain | acceptance | γ | modes"
-        " | greedy = plain |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| weights | workload | method | tokens/s | decode tokens/s | × plain (same weights) | × float plain"
+        " | acceptance | γ | modes | greedy = plain |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     by_level: dict[str, list[float]] = defaultdict(list)
     for (level, workload, name), cell in cells.items():
@@ -146,7 +146,8 @@ def render(title: str, cells: dict[tuple[str, str, str], Cell], quality: dict[st
         for r in cell.outcomes:
             modes[r.mode] += 1
         lines.append(
-            f"| {level} | {workload} | {name} | {speed:.2f} | {speed / plain:.2f} | {speed / float_plain:.2f} | "
+            f"| {level} | {workload} | {name} | {speed:.2f} | {cell.decode_tokens_per_second():.2f} | "
+            f"{speed / plain:.2f} | {speed / float_plain:.2f} | "
             f"{f'{accepted / drafted:.2f}' if drafted else ''} | "
             f"{f'{statistics.mean(gammas):.1f}' if gammas else ''} | "
             f"{', '.join(f'{m} {n}' for m, n in sorted(modes.items()) if m != '-')} | "

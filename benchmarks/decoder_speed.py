@@ -223,7 +223,9 @@ def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]])
     body = (
         f"Greedy decoding, chat template, {max_new} new tokens at most, {args.repeats} run(s) per prompt and method, "
         f"torch threads: {torch.get_num_threads()}; every (weights, method) pair interleaved per prompt. Speculative "
-        "rows use the controller (its own per weight format). Agreement: teacher-forced next-token agreement with "
+        "rows use the controller (its own per weight format). tokens/s counts the whole request; decode tokens/s "
+        "leaves out the time to the first token (the prompt's prefill), as llama.cpp's own rate does. Agreement: "
+        "teacher-forced next-token agreement with "
         "the float model on its greedy continuations (32 tokens) of the same prompts.\n\n" + "\n\n".join(sections)
     )
     print(body)

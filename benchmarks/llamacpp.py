@@ -54,8 +54,8 @@ class LlamaServer:
         self.close()
         raise RuntimeError("llama-server did not become healthy within 300 s")
 
-    def complete(self, prompt: str, max_new_tokens: int) -> tuple[list[int], float, int, int]:
-        """Greedy completion: (token ids, wall seconds, drafted, accepted)."""
+    def complete(self, prompt: str, max_new_tokens: int) -> tuple[list[int], float, float, int, int]:
+        """Greedy completion: (token ids, wall seconds, prompt seconds, drafted, accepted)."""
         body: dict[str, Any] = {"prompt": prompt, "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
                                 "cache_prompt": False, "return_tokens": True}  # fmt: skip
         started = time.perf_counter()
@@ -65,7 +65,8 @@ class LlamaServer:
         data = response.json()
         timings = data.get("timings", {})
         tokens = list(data.get("tokens") or range(int(timings.get("predicted_n", 0))))
-        return tokens, seconds, int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+        prompt_seconds = float(timings.get("prompt_ms", 0.0)) / 1000
+        return tokens, seconds, prompt_seconds, int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
 
     def close(self) -> None:
         self.client.close()
