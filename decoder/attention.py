@@ -1,8 +1,9 @@
 """Row-invariant eager attention for the CPU: a verification pass computes each row as a one-token pass would.
 
 Greedy speculative decoding is lossless only if the target's logits for a token do not depend on
-how many tokens shared its forward pass. Linear layers keep that on a CPU (the quantized kernels
-too: tests/decoder/test_quantize.py), but attention does not: in a pass over k + 1 new tokens,
+how many tokens shared its forward pass. The quantized linear kernels keep that on a CPU
+(tests/decoder/test_quantize.py), float ones do once padded (decoder/row_stable.py), but
+attention does not: in a pass over k + 1 new tokens,
 row i multiplies against all past + k + 1 keys (the later ones masked), where the one-token pass
 multiplies against exactly past + i + 1; the BLAS kernels and the softmax reduce those different
 lengths in different orders, and in bfloat16 a near-tie then flips (seen on smollm2-135m at a few

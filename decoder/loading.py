@@ -147,6 +147,7 @@ def load_model(
     PyTorch's fused CPU attention, and eager attention over a block of rows, round a row
     differently depending on how many query rows share the pass, so in bfloat16 a verification
     pass over several tokens could disagree with one-token passes and break greedy equivalence.
+    Float weights on a CPU get decoder/row_stable.py's padded linear layers for the same reason.
     """
     if not spec or not spec.strip():
         raise ModelLoadError("model name is empty: give a preset, a .gguf file, a directory or a hub id")
@@ -167,6 +168,10 @@ def load_model(
         quantize_loaded(loaded.model, loaded.version, mode, device)
         loaded.quantization = mode
         loaded.version = f"{loaded.version or 'unversioned'}+{mode}"
+    elif device.type == "cpu":
+        from decoder.row_stable import make_row_stable
+
+        make_row_stable(loaded.model)  # float GEMMs on a CPU round a row by how many share the pass
     return loaded
 
 

@@ -28,6 +28,7 @@ from decoder.controller import SpeculationController
 from decoder.drafters.base import Drafter
 from decoder.loading import LoadedModel
 from decoder.record import Mode, RequestRecord, validate_workload
+from decoder.row_stable import row_stable_passes
 from decoder.sampling import SamplingParams, choose
 from decoder.stopping import Stopper, eos_token_ids
 from decoder.verify import Verdict, verify_greedy, verify_sampled
@@ -93,7 +94,8 @@ def speculative_step(
 
     k = int(drafts.shape[0])
     block = torch.cat([torch.tensor([seq.tokens[-1]]), drafts]).to(target.device)[None]  # (1, k + 1)
-    logits = target_logits(target.model, block, seq.cache, keep=k + 1)  # (k + 1, V)
+    with row_stable_passes():  # this row's logits must not depend on how many rows share the pass
+        logits = target_logits(target.model, block, seq.cache, keep=k + 1)  # (k + 1, V)
     verdict: Verdict = (
         verify_greedy(drafts, logits)
         if params.greedy
