@@ -28,28 +28,22 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
-from monitor.drift.result import DriftResult, insufficient
+from monitor.drift.result import DriftResult
 from monitor.drift.stats import FloatArray, mean_difference
+from monitor.drift.windowed import WindowedTest
 
 
-class AcceptanceDrift:
+class AcceptanceDrift(WindowedTest):
     """Two-sided Mann–Whitney U on per-request acceptance; effect = mean difference with bootstrap CI."""
 
     test = "acceptance"
     metric = "acceptance_rate"
-
-    def __init__(
-        self, *, floor: float = 0.05, min_requests: int = 30, n_boot: int = 500, ci_level: float = 0.95
-    ) -> None:
-        self.floor = floor
-        self.min_requests = min_requests
-        self.n_boot = n_boot
-        self.ci_level = ci_level
+    default_floor = 0.05
 
     def compare(self, ref: FloatArray, cur: FloatArray) -> DriftResult:
         ref, cur = np.asarray(ref, dtype=float), np.asarray(cur, dtype=float)
-        if min(len(ref), len(cur)) < self.min_requests:
-            return insufficient(self.test, self.metric, len(ref), len(cur), self.min_requests)
+        if (too_few := self.too_few(len(ref), len(cur))) is not None:
+            return too_few
         if np.ptp(np.concatenate([ref, cur])) == 0:
             # All values equal (e.g. every request accepted everything): no evidence of a change.
             statistic, p = float(len(ref) * len(cur) / 2), 1.0

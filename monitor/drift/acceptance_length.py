@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
-from monitor.drift.result import DriftResult, insufficient
+from monitor.drift.result import DriftResult
 from monitor.drift.stats import FloatArray, bootstrap_means, distance_interval
+from monitor.drift.windowed import WindowedTest
 
 MIN_EXPECTED = 5.0
 
@@ -59,24 +60,17 @@ def _merge_sparse(table: FloatArray) -> FloatArray:
     return np.stack(merged, axis=1)
 
 
-class AcceptanceLengthDrift:
+class AcceptanceLengthDrift(WindowedTest):
     """Chi-square on request-weighted acceptance-length histograms; effect = TVD with bootstrap CI."""
 
     test = "acceptance_length"
     metric = "acceptance_length_histogram"
-
-    def __init__(
-        self, *, floor: float = 0.05, min_requests: int = 30, n_boot: int = 500, ci_level: float = 0.95
-    ) -> None:
-        self.floor = floor
-        self.min_requests = min_requests
-        self.n_boot = n_boot
-        self.ci_level = ci_level
+    default_floor = 0.05
 
     def compare(self, ref_histograms: FloatArray, cur_histograms: FloatArray) -> DriftResult:
         ref, cur = request_shares(ref_histograms), request_shares(cur_histograms)
-        if min(len(ref), len(cur)) < self.min_requests:
-            return insufficient(self.test, self.metric, len(ref), len(cur), self.min_requests)
+        if (too_few := self.too_few(len(ref), len(cur))) is not None:
+            return too_few
         width = max(ref.shape[1], cur.shape[1])
         ref = np.pad(ref, ((0, 0), (0, width - ref.shape[1])))
         cur = np.pad(cur, ((0, 0), (0, width - cur.shape[1])))

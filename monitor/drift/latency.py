@@ -22,38 +22,37 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
-from monitor.drift.result import DriftResult, insufficient
+from monitor.drift.result import DriftResult
 from monitor.drift.stats import FloatArray, quantile_ratio
+from monitor.drift.windowed import WindowedTest
 
 METRICS = ("ms_per_token", "ttft_ms", "latency_ms")
 
 
-class LatencyRegression:
+class LatencyRegression(WindowedTest):
     """One-sided Mann–Whitney U on a latency metric; effect = p95 ratio (p50 ratio in detail) with CIs."""
 
     test = "latency"
+    default_floor = 0.1
 
     def __init__(
         self,
         metric: str = "ms_per_token",
         *,
-        floor: float = 0.10,
+        floor: float | None = None,
         min_requests: int = 30,
         n_boot: int = 500,
         ci_level: float = 0.95,
         seed: int = 0,
     ) -> None:
+        super().__init__(floor=floor, min_requests=min_requests, n_boot=n_boot, ci_level=ci_level)
         self.metric = metric
-        self.floor = floor
-        self.min_requests = min_requests
-        self.n_boot = n_boot
-        self.ci_level = ci_level
         self.seed = seed
 
     def compare(self, ref: FloatArray, cur: FloatArray) -> DriftResult:
         ref, cur = np.asarray(ref, dtype=float), np.asarray(cur, dtype=float)
-        if min(len(ref), len(cur)) < self.min_requests:
-            return insufficient(self.test, self.metric, len(ref), len(cur), self.min_requests)
+        if (too_few := self.too_few(len(ref), len(cur))) is not None:
+            return too_few
         u = st.mannwhitneyu(cur, ref, alternative="greater", method="asymptotic")
         rng = np.random.default_rng(self.seed)
         p95, ci95 = quantile_ratio(ref, cur, 0.95, self.n_boot, self.ci_level, rng)

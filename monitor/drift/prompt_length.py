@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
-from monitor.drift.result import DriftResult, insufficient
+from monitor.drift.result import DriftResult
 from monitor.drift.stats import (
     FloatArray,
     bin_index,
@@ -33,26 +33,20 @@ from monitor.drift.stats import (
     psi,
     psi_bins,
 )
+from monitor.drift.windowed import WindowedTest
 
 
-class PromptLengthShift:
+class PromptLengthShift(WindowedTest):
     """KS two-sample test on prompt tokens; effect = PSI on reference deciles, bootstrap CI."""
 
     test = "prompt_length"
     metric = "prompt_tokens"
-
-    def __init__(
-        self, *, floor: float = 0.25, min_requests: int = 30, n_boot: int = 500, ci_level: float = 0.95
-    ) -> None:
-        self.floor = floor
-        self.min_requests = min_requests
-        self.n_boot = n_boot
-        self.ci_level = ci_level
+    default_floor = 0.25
 
     def compare(self, ref: FloatArray, cur: FloatArray) -> DriftResult:
         ref, cur = np.asarray(ref, dtype=float), np.asarray(cur, dtype=float)
-        if min(len(ref), len(cur)) < self.min_requests:
-            return insufficient(self.test, self.metric, len(ref), len(cur), self.min_requests)
+        if (too_few := self.too_few(len(ref), len(cur))) is not None:
+            return too_few
         ks = st.ks_2samp(ref, cur, method="asymp")
         edges = psi_bins(ref)
         effect = float(psi(binned_counts(ref, edges), binned_counts(cur, edges)))

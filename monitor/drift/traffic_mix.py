@@ -24,33 +24,38 @@ from collections.abc import Mapping
 import numpy as np
 from scipy import stats as st
 
-from monitor.drift.result import DriftResult, insufficient
+from monitor.drift.result import DriftResult
 from monitor.drift.stats import distance_interval
+from monitor.drift.windowed import WindowedTest
 
 MIN_EXPECTED = 5.0
 
 
-class TrafficMixDrift:
+class TrafficMixDrift(WindowedTest):
     """Chi-square on workload shares; effect = total variation distance with bootstrap CI."""
 
     test = "traffic_mix"
     metric = "workload_share"
+    default_floor = 0.1
 
     def __init__(
-        self, *, floor: float = 0.10, min_requests: int = 30, n_boot: int = 500, ci_level: float = 0.95, seed: int = 0
+        self,
+        *,
+        floor: float | None = None,
+        min_requests: int = 30,
+        n_boot: int = 500,
+        ci_level: float = 0.95,
+        seed: int = 0,
     ) -> None:
-        self.floor = floor
-        self.min_requests = min_requests
-        self.n_boot = n_boot
-        self.ci_level = ci_level
+        super().__init__(floor=floor, min_requests=min_requests, n_boot=n_boot, ci_level=ci_level)
         self.seed = seed
 
     def compare(self, ref: Mapping[str, int], cur: Mapping[str, int]) -> DriftResult:
         names = sorted(set(ref) | set(cur))
         table = np.array([[ref.get(w, 0) for w in names], [cur.get(w, 0) for w in names]], dtype=float)
         n_ref, n_cur = int(table[0].sum()), int(table[1].sum())
-        if min(n_ref, n_cur) < self.min_requests:
-            return insufficient(self.test, self.metric, n_ref, n_cur, self.min_requests)
+        if (too_few := self.too_few(n_ref, n_cur)) is not None:
+            return too_few
         expected = table.sum(axis=1)[:, None] * table.sum(axis=0)[None, :] / table.sum()
         rare = expected.min(axis=0) < MIN_EXPECTED
         if rare.any():
