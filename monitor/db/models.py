@@ -117,7 +117,8 @@ class RequestRow(Base):
     ingested_at: Mapped[datetime]
 
     __table_args__ = (
-        Index("ix_requests_workload_ts", "workload", "ts_start"),
+        # Covering on PostgreSQL (migration 0002): drift sampling reads ids per workload and window from the index.
+        Index("ix_requests_workload_ts", "workload", "ts_start", postgresql_include=["id"]),
         Index("ix_requests_pair_ts", "target_model", "drafter", "draft_model", "ts_start"),
         # BRIN on PostgreSQL: time-only scans (retention) at almost no cost per insert.
         Index("ix_requests_ts", "ts_start", postgresql_using="brin"),
