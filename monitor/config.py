@@ -465,8 +465,7 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "drift_workload_floors",
         _parse_workload_floors,
         _const(()),
-        "per-workload floors, 'chat:acceptance=0.08,latency=0.2;code:psi=0.5' (keys: acceptance, latency, "
-        "length, psi)",
+        "per-workload floors, 'chat:acceptance=0.08,latency=0.2;code:psi=0.5' (keys: acceptance, latency, length, psi)",
     ),
     SettingSpec(
         "webhooks",

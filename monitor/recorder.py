@@ -47,7 +47,8 @@ from monitor.spool import Spool
 log = logging.getLogger(__name__)
 
 # Called on the writer thread (or store_batch's caller) after records became durable: "written"
-# (committed, including duplicates), "replayed" (committed from the spool) or "spooled" (fsync'd).
+# (newly committed; records already stored under their request_id are left out), "replayed"
+# (newly committed from the spool) or "spooled" (fsync'd; duplicates are not known yet there).
 DurableHook = Callable[[Sequence[RequestRecord], str], None]
 
 

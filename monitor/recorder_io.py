@@ -95,7 +95,7 @@ class BatchSink:
             self.counts.written += outcome.stored
             self.counts.duplicates += outcome.duplicates
             self.counts.database_available = True
-        self._durable(batch, "written")
+        self._durable(outcome.new, "written")
         return outcome
 
     def spool(self, batch: Sequence[RequestRecord], batch_id: str) -> None:
@@ -142,9 +142,8 @@ class BatchSink:
             self.counts.replayed += sum(o.stored for o in outcomes)
             self.counts.duplicates += sum(o.duplicates for o in outcomes)
             self.counts.database_available = True
-        for spooled, outcome in zip(group, outcomes, strict=True):
-            if outcome.applied:
-                self._durable(spooled.records, "replayed")
+        for outcome in outcomes:
+            self._durable(outcome.new, "replayed")
         return True
 
     def dispose(self) -> None:
@@ -155,7 +154,8 @@ class BatchSink:
             return write_batch(conn, batch, batch_id, origin)
 
     def _isolate(self, batch: Sequence[RequestRecord], batch_id: str, origin: str) -> BatchOutcome | None:
-        stored = duplicates = 0
+        duplicates = 0
+        new: list[RequestRecord] = []
         for index, rec in enumerate(batch):
             try:
                 outcome = self._commit([rec], f"{batch_id}.{index}", origin)
@@ -170,12 +170,12 @@ class BatchSink:
                 with self._lock:
                     self.counts.failed += 1
                 continue
-            stored += outcome.stored
+            new += outcome.new
             duplicates += outcome.duplicates
         with self._lock:
-            self.counts.written += stored
+            self.counts.written += len(new)
             self.counts.duplicates += duplicates
-        return BatchOutcome(applied=True, stored=stored, duplicates=duplicates)
+        return BatchOutcome(applied=True, stored=len(new), duplicates=duplicates, new=tuple(new))
 
     def _unavailable(self, error: BaseException) -> None:
         with self._lock:
@@ -185,7 +185,7 @@ class BatchSink:
             log.warning("database unreachable, spooling: %s", str(error).splitlines()[0])
 
     def _durable(self, batch: Sequence[RequestRecord], where: str) -> None:
-        if self._on_durable is not None:
+        if self._on_durable is not None and batch:
             try:
                 self._on_durable(batch, where)
             except Exception:

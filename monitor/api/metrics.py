@@ -2,7 +2,8 @@
 
 Counters are per process and count records when this process made them durable (committed or
 fsync'd to the spool), ingested or decoded alike; Prometheus sums replicas. A record re-sent with a
-known ``request_id`` is stored once but counted again here. Labels are bounded: after
+known ``request_id`` is stored once and counted once; only one that arrives while the database is
+down, and is therefore spooled before the store can tell, is counted again. Labels are bounded: after
 :data:`MAX_WORKLOADS` distinct workloads, further ones are counted under ``workload="_other"`` (a
 name no real tag can take), so a hostile client cannot blow up the series count.
 

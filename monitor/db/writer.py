@@ -45,11 +45,16 @@ BINS: Final[Table] = RollupBinRow.__table__  # type: ignore[assignment]
 
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
-    """What one batch did: ``applied`` is False when the batch had been committed before."""
+    """What one batch did: ``applied`` is False when the batch had been committed before.
+
+    ``new`` holds the records this batch stored (its duplicates left out), for counters that must
+    count a re-sent record once.
+    """
 
     applied: bool
     stored: int
     duplicates: int
+    new: tuple[RequestRecord, ...] = ()
 
 
 def _insert(conn: Connection, table: Table) -> Any:
@@ -112,12 +117,12 @@ def write_batches(
         if batch_id not in applied:
             outcomes.append(BatchOutcome(applied=False, stored=0, duplicates=0))
             continue
-        count = 0
+        new = []
         for rec in records:
             if rec.request_id in stored_ids and unique.get(rec.request_id) is rec:
                 stored_ids.discard(rec.request_id)  # credit each stored id to one batch only
-                count += 1
-        outcomes.append(BatchOutcome(applied=True, stored=count, duplicates=len(records) - count))
+                new.append(rec)
+        outcomes.append(BatchOutcome(applied=True, stored=len(new), duplicates=len(records) - len(new), new=tuple(new)))
     return outcomes
 
 

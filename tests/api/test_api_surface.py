@@ -97,6 +97,11 @@ def test_reads_workloads_series_and_metrics(client: TestClient) -> None:
     assert 'draftwatch_spec_decode_num_accepted_tokens_per_pos_total{workload="code",position="0"}' in text
     assert 'draftwatch_time_per_output_token_seconds_bucket{workload="chat",le="+Inf"} 12' in text
     assert "draftwatch_recorder_written_total 24" in text
+    # Re-sending the same records stores nothing and counts nothing again.
+    assert client.post("/v1/events", json={"events": batch}, headers=auth(INGEST)).json()["duplicates"] == 24
+    again = client.get("/metrics", headers=auth(READ)).text
+    assert 'draftwatch_requests_total{workload="code",mode="holdout"} 2' in again
+    assert "draftwatch_recorder_duplicates_total 24" in again
     assert client.get("/readyz").json()["status"] == "ready"
 
 

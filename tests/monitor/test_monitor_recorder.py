@@ -37,6 +37,12 @@ def test_records_arrive_in_batches_and_hooks_see_them(engine: Engine, tmp_path: 
     assert stored_count(engine) == (1000, 1000)
     assert sum(n for n, _ in seen) == 1000 and {w for _, w in seen} == {"written"}
     assert max(n for n, _ in seen) <= 100
+    with Recorder(engine, tmp_path / "spool", on_durable=lambda b, w: seen.append((len(b), w))) as again:
+        for rec in stream(10):  # already stored: durable, but nothing new for the hook
+            again.record(rec)
+        assert again.flush(20)
+        assert again.stats().duplicates == 10
+    assert sum(n for n, _ in seen) == 1000
     with pytest.raises(RecorderClosedError):
         recorder.record(stream(1)[0])
 
