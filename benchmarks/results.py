@@ -18,16 +18,18 @@ HEADER = (
 
 
 def machine() -> str:
-    """A short description of this machine: CPU count, architecture, Python and torch versions."""
+    """A short description of this machine: CPU count, architecture, Python and torch versions, load."""
     try:
         import torch
 
         torch_version = str(torch.__version__)
     except ImportError:
         torch_version = "not installed"
+    # The load when the figures were written: a shared machine's absolute speeds mean little without it.
+    load = ", load average (1/5/15 min) " + " / ".join(f"{x:.1f}" for x in os.getloadavg())
     return (
         f"{os.cpu_count()} CPU cores ({platform.machine()}, {platform.processor() or 'unknown CPU'}), "
-        f"Python {platform.python_version()}, torch {torch_version}"
+        f"Python {platform.python_version()}, torch {torch_version}{load}"
     )
 
 
