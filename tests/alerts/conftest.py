@@ -24,9 +24,6 @@ SECRET = "whsec_" + base64.b64encode(b"draftwatch-test-secret-key-0123").decode(
 T0 = (datetime.now(UTC) - timedelta(hours=2)).replace(second=0, microsecond=0)
 
 
-
-
-
 def make_settings(tmp_path: Path, db_url: str, webhooks: list[dict[str, Any]] | None = None, **env: str) -> Settings:
     environ = {
         "HOME": str(tmp_path),

@@ -57,7 +57,6 @@ def bodies(recs: list[RequestRecord]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in recs]
 
 
-
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'draftwatch.db'}"
