@@ -139,19 +139,11 @@ def render(title: str, cells: dict[tuple[str, str, str], Cell], quality: dict[st
         plain = cells[(level, workload, "plain")].tokens_per_second()
         float_plain = cells[("none", workload, "plain")].tokens_per_second()
         by_level[f"{level} {name}"].append(speed)
-        drafted = sum(r.drafted for r in cell.outcomes)
-        accepted = sum(r.accepted for r in cell.outcomes)
-        gammas = [r.gamma for r in cell.outcomes if r.mode == "speculative" and r.gamma]
-        modes: dict[str, int] = defaultdict(int)
-        for r in cell.outcomes:
-            modes[r.mode] += 1
+        columns = cell.speculation_columns()
         lines.append(
             f"| {level} | {workload} | {name} | {speed:.2f} | {cell.decode_tokens_per_second():.2f} | "
-            f"{speed / plain:.2f} | {speed / float_plain:.2f} | "
-            f"{f'{accepted / drafted:.2f}' if drafted else ''} | "
-            f"{f'{statistics.mean(gammas):.1f}' if gammas else ''} | "
-            f"{', '.join(f'{m} {n}' for m, n in sorted(modes.items()) if m != '-')} | "
-            f"{'yes' if cell.mismatches == 0 else f'NO ({cell.mismatches})'} |"
+            f"{speed / plain:.2f} | {speed / float_plain:.2f} | {columns.acceptance} | {columns.gamma} | "
+            f"{columns.modes} | {columns.greedy_equals_plain} |"
         )
     lines += ["", "| weights and method | tokens/s, geometric mean over workloads |", "| --- | ---: |"]
     lines += [f"| {name} | {statistics.geometric_mean(v):.2f} |" for name, v in by_level.items()]

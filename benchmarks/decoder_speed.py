@@ -106,21 +106,10 @@ def table(label: str, cells: dict[str, dict[str, Cell]], plain: str, assisted: s
         for name, cell in methods.items():
             speed = cell.tokens_per_second()
             ratios[name].append(speed / base)
-            drafted = sum(o.drafted for o in cell.outcomes)
-            accepted = sum(o.accepted for o in cell.outcomes)
-            steps = sum(o.steps for o in cell.outcomes)
-            gammas = [o.gamma for o in cell.outcomes if o.mode == "speculative"]
-            modes: dict[str, int] = defaultdict(int)
-            for o in cell.outcomes:
-                modes[o.mode] += 1
+            columns = cell.speculation_columns()
             lines.append(
                 f"| {workload} | {name} | {speed:.2f} | {speed / base:.2f} | "
-                f"{'' if anchor is None else f'{speed / anchor:.2f}'} | "
-                f"{'' if not drafted else f'{accepted / drafted:.2f}'} | "
-                f"{'' if not steps else f'{1 + accepted / steps:.2f}'} | "
-                f"{'' if not gammas else f'{statistics.mean(gammas):.1f}'} | "
-                f"{', '.join(f'{m} {n}' for m, n in sorted(modes.items()) if m != '-')} | "
-                f"{'yes' if cell.mismatches == 0 else f'NO ({cell.mismatches})'} |"
+                f"{'' if anchor is None else f'{speed / anchor:.2f}'} | {' | '.join(columns)} |"
             )
     lines += ["", "Geometric mean over workloads, × plain: " + ", ".join(
         f"{name} {statistics.geometric_mean(values):.2f}" for name, values in ratios.items()

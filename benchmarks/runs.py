@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from decoder.record import Mode
 from decoder.speculative import SpeculativeDecoder
@@ -24,6 +26,16 @@ class Outcome:
     first_token_seconds: float = 0.0  # prefill: what the decode-only speed leaves out
 
 
+class SpeculationColumns(NamedTuple):
+    """A cell's speculation figures, formatted for the markdown tables ('' where they do not apply)."""
+
+    acceptance: str
+    mean_acceptance_length: str
+    gamma: str
+    modes: str
+    greedy_equals_plain: str
+
+
 @dataclass
 class Cell:
     """Every outcome of one method on one workload (and weight format)."""
@@ -41,6 +53,21 @@ class Cell:
             (len(o.tokens) - 1) / (o.seconds - o.first_token_seconds)
             for o in self.outcomes
             if len(o.tokens) > 1 and o.seconds > o.first_token_seconds
+        )
+
+    def speculation_columns(self) -> SpeculationColumns:
+        """Acceptance, mean acceptance length, mean γ, requests per mode and the greedy check, as table text."""
+        drafted = sum(o.drafted for o in self.outcomes)
+        accepted = sum(o.accepted for o in self.outcomes)
+        steps = sum(o.steps for o in self.outcomes)
+        gammas = [o.gamma for o in self.outcomes if o.mode == "speculative" and o.gamma]
+        modes = Counter(o.mode for o in self.outcomes if o.mode != "-")
+        return SpeculationColumns(
+            f"{accepted / drafted:.2f}" if drafted else "",
+            f"{1 + accepted / steps:.2f}" if steps else "",
+            f"{statistics.mean(gammas):.1f}" if gammas else "",
+            ", ".join(f"{mode} {count}" for mode, count in sorted(modes.items())),
+            "yes" if self.mismatches == 0 else f"NO ({self.mismatches})",
         )
 
 
