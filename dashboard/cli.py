@@ -1,8 +1,8 @@
 """``draftwatch dashboard``: the Streamlit app, headless, on the database from the settings.
 
-Streamlit runs its own server (tornado) and re-executes the page scripts, so the app starts as a
-child process (``python -m streamlit run dashboard/app.py``); the database URL reaches it through
-``DRAFTWATCH_DATABASE_URL``, which the app reads like every other part.
+Streamlit runs its own server (tornado) and re-executes the page scripts, so this command becomes
+that server (it execs ``python -m streamlit run dashboard/app.py``); the database URL reaches it
+through ``DRAFTWATCH_DATABASE_URL``, which the app reads like every other part.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from monitor.cli_common import add_settings_arguments, config_file, settings_from_args
-from monitor.config import ConfigError
+from monitor.cli_common import add_settings_arguments, config_file, settings_or_report
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +61,8 @@ def command(port: int, address: str) -> list[str]:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as error:
-        print(f"draftwatch dashboard: {error}", file=sys.stderr)
+    settings = settings_or_report(args, "dashboard")
+    if settings is None:
         return 2
     env = dict(os.environ)
     env["DRAFTWATCH_DATABASE_URL"] = settings.database_url

@@ -48,15 +48,22 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
     return settings.replace(**changes) if changes else settings
 
 
+def settings_or_report(args: argparse.Namespace, command: str, **overrides: Any) -> Settings | None:
+    """:func:`settings_from_args`, or None after telling the user on stderr what is wrong (exit status 2)."""
+    try:
+        return settings_from_args(args, **overrides)
+    except ConfigError as error:
+        print(f"draftwatch {command}: {error}", file=sys.stderr)
+        return None
+
+
 def run_with_engine(args: argparse.Namespace, command: str, action: Action, *, upgrade: bool = True) -> int:
     """Build settings and an engine, bring the schema up to date (``upgrade``), run ``action``.
 
     Exit status: ``action``'s, 2 for bad settings, 1 when ``action`` raised.
     """
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as error:
-        print(f"draftwatch: {error}", file=sys.stderr)
+    settings = settings_or_report(args, command)
+    if settings is None:
         return 2
     engine = create_engine(settings.database_url)
     try:

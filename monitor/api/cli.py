@@ -17,8 +17,7 @@ from decoder.loading import ModelLoadError
 from decoder.speculative import SpeculativeDecoder
 from monitor.api.app import create_app
 from monitor.api.auth import check_bind
-from monitor.cli_common import add_settings_arguments, settings_from_args
-from monitor.config import ConfigError
+from monitor.cli_common import add_settings_arguments, settings_or_report
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +47,8 @@ def register(subparsers: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    try:
-        settings = settings_from_args(args, api_host=args.host, api_port=args.port)
-    except ConfigError as error:
-        print(f"draftwatch serve: {error}", file=sys.stderr)
+    settings = settings_or_report(args, "serve", api_host=args.host, api_port=args.port)
+    if settings is None:
         return 2
     refusal = check_bind(settings.api_host, bool(settings.api_tokens))
     if refusal is not None:
