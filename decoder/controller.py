@@ -156,7 +156,7 @@ class SpeculationController:
         state = self._state(workload)
         prior = self.priors
         alpha = (state.accepted + prior.alpha * prior.weight) / (state.judged + prior.weight)
-        t1 = self._single_pass_ms(state)
+        t1 = measured_t1 = self._single_pass_ms(state)
         if math.isnan(t1) and state.verify_passes:
             # No one-token pass seen yet: read t1 off the verification passes with the prior slope.
             per_pass = state.verify_ms / state.verify_passes
@@ -165,7 +165,7 @@ class SpeculationController:
         if not math.isnan(t1) and t1 > 0:
             if state.draft_tokens:
                 c = (state.draft_ms / state.draft_tokens) / t1
-            if state.verify_passes and not math.isnan(self._single_pass_ms(state)):
+            if state.verify_passes and not math.isnan(measured_t1):
                 extra_per_draft = (state.verify_ms / state.verify_passes - t1) / (
                     state.verify_drafts / state.verify_passes
                 )
