@@ -175,7 +175,7 @@ class BatchSink:
         with self._lock:
             self.counts.written += len(new)
             self.counts.duplicates += duplicates
-        return BatchOutcome(applied=True, stored=len(new), duplicates=duplicates, new=tuple(new))
+        return BatchOutcome(applied=True, duplicates=duplicates, new=tuple(new))
 
     def _unavailable(self, error: BaseException) -> None:
         with self._lock:

@@ -52,9 +52,12 @@ class BatchOutcome:
     """
 
     applied: bool
-    stored: int
     duplicates: int
     new: tuple[RequestRecord, ...] = ()
+
+    @property
+    def stored(self) -> int:
+        return len(self.new)
 
 
 def _insert(conn: Connection, table: Table) -> Any:
@@ -115,14 +118,14 @@ def write_batches(
     outcomes = []
     for batch_id, records in batches:
         if batch_id not in applied:
-            outcomes.append(BatchOutcome(applied=False, stored=0, duplicates=0))
+            outcomes.append(BatchOutcome(applied=False, duplicates=0))
             continue
         new = []
         for rec in records:
             if rec.request_id in stored_ids and unique.get(rec.request_id) is rec:
                 stored_ids.discard(rec.request_id)  # credit each stored id to one batch only
                 new.append(rec)
-        outcomes.append(BatchOutcome(applied=True, stored=len(new), duplicates=len(records) - len(new), new=tuple(new)))
+        outcomes.append(BatchOutcome(applied=True, duplicates=len(records) - len(new), new=tuple(new)))
     return outcomes
 
 
