@@ -132,7 +132,8 @@ def _load_packed(model: Any, path: Path, device: torch.device) -> None:
 
     with safe_open(str(path), framework="pt", device="cpu") as handle:
         layout: dict[str, dict[str, Any]] = json.loads(handle.metadata()["layout"])
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
+        # Copies that own their memory: the kernels must not read a view of the file once it is closed.
+        tensors = {name: handle.get_tensor(name).clone() for name in handle.keys()}  # noqa: SIM118 (not a dict)
     modules: dict[str, QuantizedLinear] = {}
     for name, info in layout.items():
         model.get_submodule(name)  # the layer must exist (AttributeError otherwise)

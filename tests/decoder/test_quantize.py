@@ -107,13 +107,15 @@ def test_agreement_of_a_model_with_itself_is_complete() -> None:
 
 
 @pytest.mark.models
-def test_quantized_smollm_is_lossless_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quantized_smollm_is_lossless_and_cached(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding from the cached copy as well: int8 layers read straight from the file crashed the kernel."""
     import decoder.quantized_store as store
     from decoder.loading import load_model
 
     monkeypatch.setattr(store, "cache_dir", lambda: tmp_path)  # a fresh quantized cache; converted models stay shared
-    first = load_model("smollm2-135m", progress=False, quantize="int4")
-    assert first.quantization == "int4" and first.version is not None and first.version.endswith("+int4")
+    first = load_model("smollm2-135m", progress=False, quantize=mode)
+    assert first.quantization == mode and first.version is not None and first.version.endswith(f"+{mode}")
     assert len(list((tmp_path / "quantized").glob("*.safetensors"))) == 1
     prompts = ["Rename x to total:\ndef f(x):\n    x = x + 1\n    return x\n", "Write a short poem about the sea."]
     for drafter in (NgramDrafter(), ModelDrafter(first, first.vocab_size)):
@@ -126,8 +128,12 @@ def test_quantized_smollm_is_lossless_and_cached(tmp_path: Path, monkeypatch: py
         raise AssertionError("the second load must read the cache, not quantize again")
 
     monkeypatch.setattr(store, "quantize_model", no_requantizing)
-    second = load_model("smollm2-135m", progress=False, quantize="int4")
+    second = load_model("smollm2-135m", progress=False, quantize=mode)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.inference_mode():
         assert torch.equal(first.model(ids).logits, second.model(ids).logits)
+    cached = SpeculativeDecoder(second, NgramDrafter(), gamma=4).generate(prompts[0], chat=True, max_new_tokens=32)
+    assert (
+        cached.token_ids == SpeculativeDecoder(first, None).generate(prompts[0], chat=True, max_new_tokens=32).token_ids
+    )
     assert first.num_parameters == second.num_parameters > 100_000_000
