@@ -35,7 +35,11 @@ def machine() -> str:
 
 def write_section(title: str, body: str, argv: list[str] | None = None) -> None:
     """Replace (or append) the ``## title`` section of RESULTS.md with ``body`` plus command, date and machine."""
-    command = "python " + shlex.join(argv if argv is not None else sys.argv)
+    args = list(argv if argv is not None else sys.argv)
+    script = Path(args[0]) if args else None
+    if script is not None and script.is_absolute() and script.is_relative_to(RESULTS.parent.parent):
+        args[0] = str(script.relative_to(RESULTS.parent.parent))  # `python -m` gives the full path
+    command = "python " + shlex.join(args)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = f"## {title}\n\nCommand: `{command}`  \nDate: {stamp}  \nMachine: {machine()}\n\n{body.strip()}\n"
     text = RESULTS.read_text() if RESULTS.exists() else HEADER

@@ -1,4 +1,4 @@
-"""Row-invariant eager attention for the CPU: a verification pass computes each row as a one-token pass would.
+"""Row-invariant eager attention: a verification pass computes each row as a one-token pass would.
 
 Greedy speculative decoding is lossless only if the target's logits for a token do not depend on
 how many tokens shared its forward pass. The quantized linear kernels keep that on a CPU
@@ -7,7 +7,8 @@ attention does not: in a pass over k + 1 new tokens,
 row i multiplies against all past + k + 1 keys (the later ones masked), where the one-token pass
 multiplies against exactly past + i + 1; the BLAS kernels and the softmax reduce those different
 lengths in different orders, and in bfloat16 a near-tie then flips (seen on smollm2-135m at a few
-cache lengths, with and without quantization). So when a pass carries several new tokens on top
+cache lengths, with and without quantization; on CUDA, SDPA changed 2 to 3 of 6 random-model
+continuations in benchmarks/gpu_decoding.py, this attention none). So when a pass carries several new tokens on top
 of a cache, each row is computed separately over exactly its own keys, by the same code a
 one-token pass runs. A prompt's prefill (no cache) is one call: both decoding modes share it.
 """

@@ -143,11 +143,13 @@ def load_model(
     model change. Where the kernel does not work on the device, an explicit request fails and the
     default falls back to float weights.
 
-    ``attn_implementation`` defaults on a CPU to decoder/attention.py's row-wise eager attention:
-    PyTorch's fused CPU attention, and eager attention over a block of rows, round a row
-    differently depending on how many query rows share the pass, so in bfloat16 a verification
-    pass over several tokens could disagree with one-token passes and break greedy equivalence.
-    Float weights on a CPU get decoder/row_stable.py's padded linear layers for the same reason.
+    ``attn_implementation`` defaults to decoder/attention.py's row-wise eager attention on every
+    device: fused attention (PyTorch's CPU kernel, SDPA on CUDA) and eager attention over a block
+    of rows round a row differently depending on how many query rows share the pass, so in
+    bfloat16 a verification pass over several tokens could disagree with one-token passes and
+    break greedy equivalence (measured on CUDA too: benchmarks/gpu_decoding.py). Float weights on
+    a CPU also get decoder/row_stable.py's padded linear layers for the same reason; cuBLAS gave
+    identical rows for passes of 1 to 9 rows, so CUDA needs no padding.
     """
     if not spec or not spec.strip():
         raise ModelLoadError("model name is empty: give a preset, a .gguf file, a directory or a hub id")
@@ -155,13 +157,11 @@ def load_model(
     dtype = dtype or choose_dtype(device)
     mode = _quantization(quantize, device, dtype)
     loaded = _load(spec, device, dtype, progress)
-    attention = attn_implementation
-    if attention is None and device.type == "cpu":
+    if attn_implementation is None:
         from decoder.attention import register
 
-        attention = register()
-    if attention:
-        loaded.model.set_attn_implementation(attention)
+        attn_implementation = register()
+    loaded.model.set_attn_implementation(attn_implementation)
     if mode != "none":
         from decoder.quantized_store import quantize_loaded
 

@@ -38,8 +38,9 @@ from decoder.quantize import (
 logger = logging.getLogger(__name__)
 
 # What measurement picked per device type (docs/quantization.md has the figures): on a CPU int4 is
-# the fastest and keeps next-token agreement above 97 %; on CUDA a model of this size is bound by
-# kernel launches, not by reading weights, and the int4 path is unmeasured there, so weights stay float.
+# the fastest and keeps next-token agreement above 97 %; on CUDA (an H200, benchmarks/gpu_decoding.py)
+# a model of this size is bound by kernel launches, not by reading weights: int4 was no faster than
+# float beyond the run's scatter and int8 slower, so weights stay float.
 DEFAULT_QUANTIZATION: dict[str, Quantization] = {"cpu": "int4", "cuda": "none"}
 FORMAT_VERSION = 2
 

@@ -64,7 +64,7 @@ def perturbed_copy(source: LoadedModel, noise: float, seed: int, name: str = "ti
     """A draft that agrees with ``source`` often but not always: its weights plus Gaussian noise."""
     config = source.model.config
     copy = tiny_model(seed=0, name=name, tokenizer=source.tokenizer, hidden_size=config.hidden_size,
-                      layers=config.num_hidden_layers)  # fmt: skip
+                      layers=config.num_hidden_layers, vocab_size=config.vocab_size)  # fmt: skip
     copy.model.load_state_dict(source.model.state_dict())
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
