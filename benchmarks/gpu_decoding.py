@@ -106,7 +106,7 @@ def row_differences(device: torch.device, dtype: torch.dtype, small: bool) -> st
         ("int8", lambda: Int8Linear.from_float(linear)),
         ("int4", lambda: Int4Linear.from_float(linear, 32)),
     ):
-        problem = kernel_works(mode, device.type, dtype)  # type: ignore[arg-type]
+        problem = kernel_works(mode, device.type, dtype)
         if problem is None:
             layers[mode] = make()
     lines = ["| format | largest difference, k rows against 1 (k = 2..9) | padded to 8 rows |", "|---|---|---|"]
@@ -114,7 +114,7 @@ def row_differences(device: torch.device, dtype: torch.dtype, small: bool) -> st
         for mode, layer in layers.items():
             worst = {False: 0.0, True: 0.0}
             for padded in (False, True):
-                run = RowStableLinear(layer) if padded and isinstance(layer, torch.nn.Linear) else layer  # type: ignore[arg-type]
+                run = RowStableLinear(layer) if padded and isinstance(layer, torch.nn.Linear) else layer
                 with row_stable_passes():
                     alone = torch.cat([run(x[i : i + 1]) for i in range(9)]).float()  # (9, out)
                     for k in range(2, 10):

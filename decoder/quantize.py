@@ -9,8 +9,9 @@ PyTorch's own kernels multiply by them without materialising a float copy:
   (scale, zero) pair per group, the layout of gpt-fast / torchao's tinygemm:
   ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. CPU: ``_weight_int4pack_mm_for_cpu``;
   CUDA: ``_weight_int4pack_mm`` (tinygemm), where the build has it.
-* ``int8``: symmetric per-output-channel ``w = q * scale`` with ``q`` in -127..127, through
-  ``_weight_int8pack_mm``.
+* ``int8``: symmetric per-output-channel ``w = q * scale`` with ``q`` in -127..127. CPU:
+  draftwatch's own AVX2 kernel (decoder/kernels/, about twice as fast at decode time), else
+  ``_weight_int8pack_mm``; CUDA: ``_weight_int8pack_mm``.
 
 Both kernels compute every output row the same way whatever the number of rows, which keeps a
 verification pass over several tokens bit-identical to one-token passes (greedy speculative
@@ -21,7 +22,7 @@ Layers whose shapes a kernel cannot take (tiny test models) stay in floating poi
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -58,6 +59,8 @@ class Int8Linear(QuantizedLinear):
     """y = x @ (q * scale)^T + b with q (out, in) int8 and scale (out,) in the activation dtype."""
 
     kind = "int8"
+    weight_q: torch.Tensor
+    scales: torch.Tensor
 
     def __init__(self, weight_q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -65,6 +68,7 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("weight_q", weight_q)  # (out, in) int8
         self.register_buffer("scales", scales)  # (out,) activation dtype
         self.register_buffer("bias", bias)  # (out,) or None
+        self._scales_f32: torch.Tensor | None = None  # the CPU kernel's copy of scales, made on first use
 
     @classmethod
     def from_float(cls, linear: nn.Linear) -> Int8Linear:
@@ -75,17 +79,35 @@ class Int8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
         flat = x.reshape(-1, self.in_features)
-        return self._finish(torch.ops.aten._weight_int8pack_mm(flat, self.weight_q, self.scales), x.shape)
+        kernels = _own_kernels(flat)
+        if kernels is not None and self.in_features % 16 == 0:
+            if self._scales_f32 is None or self._scales_f32.device != self.scales.device:
+                self._scales_f32 = self.scales.float()
+            out = kernels.int8_linear(flat, self.weight_q, self._scales_f32).to(x.dtype)
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_q, self.scales)
+        return self._finish(out, x.shape)
+
+
+Int4Packing = Literal["draftwatch", "tinygemm"]
 
 
 class Int4Linear(QuantizedLinear):
-    """y = x @ W^T + b with W stored as packed 4-bit groups (tinygemm layout) and (scale, zero) per group.
+    """y = x @ W^T + b with W stored as packed 4-bit groups and (scale, zero) per group.
 
-    ``packed``: the kernel's own packing of q (out, in) — (out, in / 2) uint8 on a CPU, an int32
-    tile layout on CUDA; ``scales_and_zeros``: (in / group_size, out, 2) in the activation dtype.
+    Two packings, chosen by :func:`int4_packing` for the device:
+
+    * ``draftwatch`` (a CPU with AVX2, decoder/kernels/): ``packed`` (out, in / 2) uint8,
+      ``scales_and_zeros`` (out, in / g, 2) float32 holding (scale, offset) with
+      ``w = q * scale + offset``, the scale and zero rounded to the activation dtype first;
+    * ``tinygemm`` (PyTorch's kernels, CUDA or a CPU without the above): the kernel's own packing
+      of q, (out, in / 2) uint8 on a CPU or an int32 tile layout on CUDA, and
+      ``scales_and_zeros`` (in / g, out, 2) in the activation dtype.
     """
 
     kind = "int4"
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
 
     def __init__(
         self,
@@ -95,12 +117,17 @@ class Int4Linear(QuantizedLinear):
         in_features: int,
         out_features: int,
         group_size: int,
+        packing: Int4Packing = "tinygemm",
     ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.packing = packing
         self.register_buffer("packed", packed)
-        self.register_buffer("scales_and_zeros", scales_and_zeros)  # (in / g, out, 2)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, group_size={self.group_size}, packing={self.packing}"
 
     @staticmethod
     def fits(linear: nn.Linear, group_size: int) -> bool:
@@ -112,23 +139,53 @@ class Int4Linear(QuantizedLinear):
         out_features, in_features = linear.out_features, linear.in_features
         q, scales, zeros = int4_qparams(linear.weight.detach(), group_size)
         dtype, device = linear.weight.dtype, linear.weight.device
+        bias = linear.bias.detach().clone() if linear.bias is not None else None
+        scales, zeros = scales.to(dtype), zeros.to(dtype)  # the precision the kernels keep them in
+        packing = int4_packing(device)
+        if packing == "draftwatch":
+            from decoder.kernels import pack_int4
+
+            scales_f, offsets = scales.float(), zeros.float() - 8.0 * scales.float()  # w = q * scale + offset
+            scales_offsets = torch.stack([scales_f, offsets], dim=2).contiguous()  # (out, in / g, 2)
+            return cls(pack_int4(q), scales_offsets, bias, in_features, out_features, group_size, packing)
         scales_and_zeros = (
             torch.cat([scales.reshape(out_features, -1, 1), zeros.reshape(out_features, -1, 1)], dim=2)
             .transpose(0, 1)
             .contiguous()
-            .to(dtype)
         )  # (in / g, out, 2)
-        packed = _pack_int4(q.to(device))
-        bias = linear.bias.detach().clone() if linear.bias is not None else None
-        return cls(packed, scales_and_zeros, bias, in_features, out_features, group_size)
+        return cls(_pack_int4(q.to(device)), scales_and_zeros, bias, in_features, out_features, group_size, packing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
         flat = x.reshape(-1, self.in_features)
-        if flat.is_cuda:
+        if self.packing == "draftwatch":
+            kernels = _own_kernels(flat)
+            if kernels is None:
+                raise QuantizationError(f"int4 layer packed for draftwatch's CPU kernel got input on {flat.device}")
+            out = kernels.int4_linear(flat, self.packed, self.scales_and_zeros, self.group_size).to(x.dtype)
+        elif flat.is_cuda:
             out = torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group_size, self.scales_and_zeros)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
         return self._finish(out, x.shape)
+
+
+def int4_packing(device: torch.device) -> Int4Packing:
+    """draftwatch's packing on a CPU that runs decoder/kernels, else PyTorch's tinygemm packing."""
+    if device.type == "cpu":
+        from decoder.kernels import cpu_kernels
+
+        if cpu_kernels() is not None:
+            return "draftwatch"
+    return "tinygemm"
+
+
+def _own_kernels(x: torch.Tensor) -> Any | None:
+    """decoder/kernels' compiled module when ``x`` is on a CPU that can run it, else None."""
+    if x.device.type != "cpu":
+        return None
+    from decoder.kernels import cpu_kernels
+
+    return cpu_kernels()
 
 
 def int4_qparams(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

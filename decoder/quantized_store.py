@@ -31,6 +31,7 @@ from decoder.quantize import (
     QuantizationError,
     QuantizedLinear,
     check_kernel,
+    int4_packing,
     quantize_model,
     set_submodule,
 )
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 # a model of this size is bound by kernel launches, not by reading weights: int4 was no faster than
 # float beyond the run's scatter and int8 slower, so weights stay float.
 DEFAULT_QUANTIZATION: dict[str, Quantization] = {"cpu": "int4", "cuda": "none"}
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: int4 layers record their packing (draftwatch's CPU kernel)
 
 
 def choose_quantization(device: torch.device, environ: dict[str, str] | None = None) -> Quantization:
@@ -73,8 +74,8 @@ def kernel_works(mode: Quantization, device_type: str, dtype: torch.dtype) -> st
 
 def store_key(version: str, dtype: torch.dtype, mode: Quantization, group_size: int, head_mode: Quantization,
               device: torch.device) -> str:  # fmt: skip
-    parts = [version, str(dtype), mode, str(group_size), head_mode, device.type, torch.__version__,
-             str(FORMAT_VERSION)]  # fmt: skip
+    parts = [version, str(dtype), mode, str(group_size), head_mode, device.type, int4_packing(device),
+             torch.__version__, str(FORMAT_VERSION)]  # fmt: skip
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
@@ -110,7 +111,8 @@ def _save_packed(modules: dict[str, QuantizedLinear], path: Path) -> None:
     layout: dict[str, dict[str, Any]] = {}
     for name, module in modules.items():
         layout[name] = {"kind": module.kind, "in": module.in_features, "out": module.out_features,
-                        "group": getattr(module, "group_size", 0)}  # fmt: skip
+                        "group": getattr(module, "group_size", 0),
+                        "packing": getattr(module, "packing", "")}  # fmt: skip
         for buffer_name, buffer in module.named_buffers(recurse=False):
             tensors[f"{name}.{buffer_name}"] = buffer.detach().contiguous().cpu()
     from safetensors.torch import save_file
@@ -146,7 +148,7 @@ def _load_packed(model: Any, path: Path, device: torch.device) -> None:
         elif info["kind"] == "int4":
             modules[name] = Int4Linear(
                 tensors[f"{name}.packed"].to(device), tensors[f"{name}.scales_and_zeros"].to(device), bias,
-                int(info["in"]), int(info["out"]), int(info["group"]),
+                int(info["in"]), int(info["out"]), int(info["group"]), info["packing"],
             )  # fmt: skip
         else:
             raise ValueError(f"unknown quantized layer kind {info['kind']!r}")

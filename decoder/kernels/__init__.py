@@ -1,0 +1,79 @@
+"""draftwatch's own CPU kernels for the int8 and int4 linear layers (cpu_linear.cpp), built on first use.
+
+The kernels are compiled once per machine and torch version with PyTorch's C++ extension builder
+(g++ and ninja) into the draftwatch cache, which takes about a minute; later processes load the
+built library in milliseconds. They need an x86-64 CPU with AVX2 and FMA. Where that, or the
+compiler, is missing, :func:`cpu_kernels` returns None, says why once in the log, and the
+quantized layers use PyTorch's own kernels instead (``_weight_int8pack_mm``,
+``_weight_int4pack_mm_for_cpu``): slower, equally row-stable. The int4 packing follows the
+choice (decoder/quantize.py: ``int4_packing``), and the quantized cache is keyed by it.
+``DRAFTWATCH_CPU_KERNELS=0`` turns them off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_linear.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]  # no fast-math: rows must not depend on M
+
+
+def _cpu_has_avx2_fma() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return "avx2" in flags and "fma" in flags
+
+
+@cache
+def cpu_kernels() -> Any | None:
+    """The compiled kernel module (``int8_linear``, ``int4_linear``), or None where it cannot run here."""
+    if os.environ.get("DRAFTWATCH_CPU_KERNELS", "1") == "0":
+        logger.info("DRAFTWATCH_CPU_KERNELS=0: quantized layers use PyTorch's kernels")
+        return None
+    if not _cpu_has_avx2_fma():
+        logger.info("this CPU lacks AVX2/FMA: quantized layers use PyTorch's kernels")
+        return None
+    from torch.utils.cpp_extension import load
+
+    from decoder.fetch import cache_dir
+
+    build = cache_dir() / "kernels" / f"torch-{torch.__version__}"
+    build.mkdir(parents=True, exist_ok=True)
+    if not any(build.glob("*.so")):
+        logger.info("compiling %s into %s (once per machine and torch version, about a minute)", SOURCE.name, build)
+    try:
+        return load(
+            name="draftwatch_cpu_linear",
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError) as error:  # no compiler, no ninja, a failed build
+        logger.warning("draftwatch's CPU kernels could not be built (%s); using PyTorch's kernels", error)
+        return None
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q (N, K) integers in 0..15 -> (N, K / 2) uint8, the layout of cpu_linear.cpp.
+
+    Each 32 weights become 16 bytes: byte i holds weight i in its low nibble and weight 16 + i in
+    its high nibble, so the kernel turns 16 bytes into two runs of 16 consecutive weights.
+    """
+    n, k = q.shape
+    chunks = q.to(torch.uint8).reshape(n, k // 32, 2, 16)  # (N, K / 32, halves, 16)
+    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
