@@ -98,8 +98,8 @@ class Int4Linear(QuantizedLinear):
     Two packings, chosen by :func:`int4_packing` for the device:
 
     * ``draftwatch`` (a CPU with AVX2, decoder/kernels/): ``packed`` (out, in / 2) uint8,
-      ``scales_and_zeros`` (out, in / g, 2) float32 holding (scale, offset) with
-      ``w = q * scale + offset``, the scale and zero rounded to the activation dtype first;
+      ``scales_and_zeros`` (out, 2, in / g) float32 holding each row's scales, then its offsets,
+      with ``w = q * scale + offset``, the scale and zero rounded to the activation dtype first;
     * ``tinygemm`` (PyTorch's kernels, CUDA or a CPU without the above): the kernel's own packing
       of q, (out, in / 2) uint8 on a CPU or an int32 tile layout on CUDA, and
       ``scales_and_zeros`` (in / g, out, 2) in the activation dtype.
@@ -141,12 +141,12 @@ class Int4Linear(QuantizedLinear):
         dtype, device = linear.weight.dtype, linear.weight.device
         bias = linear.bias.detach().clone() if linear.bias is not None else None
         scales, zeros = scales.to(dtype), zeros.to(dtype)  # the precision the kernels keep them in
-        packing = int4_packing(device)
+        packing = int4_packing(device, in_features)
         if packing == "draftwatch":
             from decoder.kernels import pack_int4
 
             scales_f, offsets = scales.float(), zeros.float() - 8.0 * scales.float()  # w = q * scale + offset
-            scales_offsets = torch.stack([scales_f, offsets], dim=2).contiguous()  # (out, in / g, 2)
+            scales_offsets = torch.stack([scales_f, offsets], dim=1).contiguous()  # (out, 2, in / g)
             return cls(pack_int4(q), scales_offsets, bias, in_features, out_features, group_size, packing)
         scales_and_zeros = (
             torch.cat([scales.reshape(out_features, -1, 1), zeros.reshape(out_features, -1, 1)], dim=2)
@@ -169,9 +169,9 @@ class Int4Linear(QuantizedLinear):
         return self._finish(out, x.shape)
 
 
-def int4_packing(device: torch.device) -> Int4Packing:
-    """draftwatch's packing on a CPU that runs decoder/kernels, else PyTorch's tinygemm packing."""
-    if device.type == "cpu":
+def int4_packing(device: torch.device, in_features: int = 64) -> Int4Packing:
+    """draftwatch's packing on a CPU that runs decoder/kernels (inputs a multiple of 64), else tinygemm's."""
+    if device.type == "cpu" and in_features % 64 == 0:
         from decoder.kernels import cpu_kernels
 
         if cpu_kernels() is not None:

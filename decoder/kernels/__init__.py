@@ -69,11 +69,14 @@ def cpu_kernels() -> Any | None:
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """q (N, K) integers in 0..15 -> (N, K / 2) uint8, the layout of cpu_linear.cpp.
+    """q (N, K) integers in 0..15, K a multiple of 64 -> (N, K / 2) uint8, the layout of cpu_linear.cpp.
 
-    Each 32 weights become 16 bytes: byte i holds weight i in its low nibble and weight 16 + i in
-    its high nibble, so the kernel turns 16 bytes into two runs of 16 consecutive weights.
+    Each 64 weights become 16 little-endian uint16 words; word j holds weights j, 16 + j, 32 + j
+    and 48 + j in its four nibbles, so the kernel gets four runs of 16 consecutive weights from
+    one load with masks and shifts alone.
     """
     n, k = q.shape
-    chunks = q.to(torch.uint8).reshape(n, k // 32, 2, 16)  # (N, K / 32, halves, 16)
-    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    runs = q.to(torch.int32).reshape(n, k // 64, 4, 16)  # (N, blocks, run, j)
+    words = runs[:, :, 0] | (runs[:, :, 1] << 4) | (runs[:, :, 2] << 8) | (runs[:, :, 3] << 12)  # (N, blocks, 16)
+    low, high = (words & 0xFF).to(torch.uint8), (words >> 8).to(torch.uint8)
+    return torch.stack([low, high], dim=3).reshape(n, k // 2).contiguous()

@@ -7,9 +7,9 @@
 //
 // int8: each weight is converted to float once per block of 4 rows, with 8 FMA chains in flight.
 // int4: activations are turned into int16 with one scale per row (max |x| -> 32767: finer than
-// the bfloat16 they arrive in), the nibbles into int16 lanes, and vpmaddwd multiplies and adds
-// pairs exactly in int32; each group's integer sum is then scaled in float32. The zero term uses
-// each row's exact integer group sums.
+// the bfloat16 they arrive in), the nibbles into int16 lanes by masks and shifts, and vpmaddwd
+// multiplies and adds pairs exactly in int32; each group's integer sum is then scaled in float32.
+// The zero term uses each row's exact integer group sums. Weight rows are prefetched ahead.
 //
 // Row stability: every output y[m, n] is computed by the same sequence of operations whatever
 // the number of rows M, the block a row falls in, and the thread split: work is split over output
@@ -21,9 +21,10 @@
 // Layouts (decoder/kernels/__init__.py and decoder/quantize.py make them):
 //   int8: q (N, K) int8 row-major (the same as `_weight_int8pack_mm`'s), scales (N,) float32;
 //         w[n, k] = q[n, k] * scales[n].
-//   int4: q (N, K / 2) uint8, 16 bytes per 32 weights: byte i holds weight i in its low nibble
-//         and weight 16 + i in its high nibble; so (N, K / G, 2) float32 (scale, offset) per
-//         group of G weights: w = q * scale + offset, q in 0..15.
+//   int4: q (N, K / 2) uint8, 32 bytes per 64 weights read as 16 little-endian uint16 words:
+//         word j holds weights j, 16 + j, 32 + j and 48 + j in its four nibbles, low to high;
+//         so (N, 2, K / G) float32: each row's group scales, then its group offsets, with
+//         w = q * scale + offset, q in 0..15.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -72,43 +73,79 @@ inline void int8_column(const float* x, const int8_t* q, float scale, float* y, 
   for (int r = 0; r < R; ++r) y[r * N] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * scale;
 }
 
-// Rows [m0, m0 + R) of column n, int4 weights in groups of G (a multiple of 32), activations as
-// int16 (xq, one scale per row applied by the caller). Per 32 weights: the nibbles become two runs
-// of 16 int16 lanes, vpmaddwd multiplies them with the activations and adds pairs (exact in
-// int32: |q| <= 15, |xq| <= 32767, 32 terms), then each group's sum is scaled in float32.
-template <int R>
-inline void int4_column(const int16_t* xq, const int32_t* xqsum, const uint8_t* q, const float* so, float* y,
+// Rows [m0, m0 + R) of column n, int4 weights in groups of G (32 or a multiple of 64),
+// activations as int16 (xq, one scale per row applied by the caller). Per 64 weights: one 32-byte
+// load gives four runs of 16 weights as int16 lanes (mask and shift, no shuffles), vpmaddwd
+// multiplies them with the activations and adds pairs exactly in int32 (|q| <= 15,
+// |xq| <= 32767), and each group's integer sum is scaled in float32. The zero term is a dot
+// product of the group offsets with each row's exact group sums of xq, after the loop.
+template <int R, bool kGroup32>
+inline void int4_column(const int16_t* xq, const float* xqsum, const uint8_t* q, const float* so, float* y,
                         int64_t K, int64_t G, int64_t N) {
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  const __m256i nibble = _mm256_set1_epi16(0x000F);
   const int64_t groups = K / G;
+  const float* scales = so;            // (groups,)
+  const float* offsets = so + groups;  // (groups,)
   __m256 total[R];
-  float zero_term[R];
+  __m256i dot[R];
   for (int r = 0; r < R; ++r) {
     total[r] = _mm256_setzero_ps();
-    zero_term[r] = 0.0f;
+    dot[r] = _mm256_setzero_si256();
   }
-  for (int64_t g = 0; g < groups; ++g) {
-    __m256i dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
-    for (int64_t k = g * G; k < (g + 1) * G; k += 32) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k / 2));
-      const __m256i w_lo = _mm256_cvtepu8_epi16(_mm_and_si128(bytes, low_nibbles));                      // weights k .. k+15
-      const __m256i w_hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles));  // k+16 .. k+31
-      for (int r = 0; r < R; ++r) {
-        const int16_t* xr = xq + r * K + k;
-        const __m256i lo = _mm256_madd_epi16(w_lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr)));
-        const __m256i hi = _mm256_madd_epi16(w_hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 16)));
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_add_epi32(lo, hi));
+  const int64_t blocks_per_group = kGroup32 ? 1 : G / 64;
+  for (int64_t b = 0; b < K / 64; ++b) {
+    const int64_t k = b * 64;
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k / 2));
+    const __m256i w0 = _mm256_and_si256(v, nibble);                         // weights k .. k+15
+    const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);   // k+16 .. k+31
+    const __m256i w2 = _mm256_and_si256(_mm256_srli_epi16(v, 8), nibble);   // k+32 .. k+47
+    const __m256i w3 = _mm256_srli_epi16(v, 12);                            // k+48 .. k+63
+    for (int r = 0; r < R; ++r) {
+      const __m256i* xr = reinterpret_cast<const __m256i*>(xq + r * K + k);
+      const __m256i first = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xr)),
+                                             _mm256_madd_epi16(w1, _mm256_loadu_si256(xr + 1)));
+      const __m256i second = _mm256_add_epi32(_mm256_madd_epi16(w2, _mm256_loadu_si256(xr + 2)),
+                                              _mm256_madd_epi16(w3, _mm256_loadu_si256(xr + 3)));
+      if (kGroup32) {  // G == 32: k .. k+31 is group 2b, k+32 .. k+63 group 2b + 1
+        total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first), _mm256_broadcast_ss(scales + 2 * b), total[r]);
+        total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second), _mm256_broadcast_ss(scales + 2 * b + 1), total[r]);
+      } else {
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_add_epi32(first, second));
       }
     }
-    const float offset = so[2 * g + 1];  // w = q * scale + offset
-    const __m256 scale_v = _mm256_set1_ps(so[2 * g]);
-    for (int r = 0; r < R; ++r) {
-      total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale_v, total[r]);
-      zero_term[r] += offset * static_cast<float>(xqsum[r * groups + g]);
+    if (!kGroup32 && (b + 1) % blocks_per_group == 0) {
+      const __m256 scale = _mm256_broadcast_ss(scales + (b + 1) / blocks_per_group - 1);
+      for (int r = 0; r < R; ++r) {
+        total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, total[r]);
+        dot[r] = _mm256_setzero_si256();
+      }
     }
   }
-  for (int r = 0; r < R; ++r) y[r * N] = hsum(total[r]) + zero_term[r];
+  for (int r = 0; r < R; ++r) {
+    __m256 zero_term = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8)
+      zero_term = _mm256_fmadd_ps(_mm256_loadu_ps(offsets + g), _mm256_loadu_ps(xqsum + r * groups + g), zero_term);
+    float tail = 0.0f;
+    for (; g < groups; ++g) tail += offsets[g] * xqsum[r * groups + g];
+    y[r * N] = hsum(total[r]) + (hsum(zero_term) + tail);
+  }
+}
+
+// All M rows of column n: blocks of kRowBlock rows, then the last 1 to 3 rows as one block.
+template <bool kGroup32>
+inline void int4_rows(const int16_t* xq, const float* xqsum, const uint8_t* q, const float* so, float* y,
+                      int64_t M, int64_t K, int64_t G, int64_t N) {
+  const int64_t groups = K / G;
+  int64_t m = 0;
+  for (; m + kRowBlock <= M; m += kRowBlock)
+    int4_column<kRowBlock, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N);
+  switch (M - m) {
+    case 3: int4_column<3, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N); break;
+    case 2: int4_column<2, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N); break;
+    case 1: int4_column<1, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N); break;
+    default: break;
+  }
 }
 
 torch::Tensor as_float_rows(const torch::Tensor& x) {
@@ -149,19 +186,20 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& so, int64_t G) {
   const torch::Tensor xf = as_float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1), N = q.size(0);
-  TORCH_CHECK(G % 32 == 0 && K % G == 0, "group size must be a multiple of 32 that divides in_features, got ", G);
+  TORCH_CHECK((G == 32 || G % 64 == 0) && K % G == 0 && K % 64 == 0,
+              "group size must be 32 or a multiple of 64, dividing in_features (a multiple of 64); got ", G, ", ", K);
   TORCH_CHECK(q.scalar_type() == torch::kByte && q.is_contiguous() && q.size(1) == K / 2, "q must be (N, K/2) uint8");
-  TORCH_CHECK(so.scalar_type() == torch::kFloat && so.is_contiguous() && so.numel() == N * (K / G) * 2,
-              "so must be (N, K/G, 2) float32 (scale, offset)");
+  TORCH_CHECK(so.scalar_type() == torch::kFloat && so.is_contiguous() && so.numel() == N * 2 * (K / G),
+              "so must be (N, 2, K/G) float32 (scales, then offsets)");
   const int64_t groups = K / G;
   // Each row's activations as int16 with one scale per row (max |x| -> 32767), and their group
   // sums (exact integers): computed per row in a fixed order, so they do not depend on M either.
   torch::Tensor xq = torch::empty({M, K}, xf.options().dtype(torch::kShort));
-  torch::Tensor xqsum = torch::empty({M, groups}, xf.options().dtype(torch::kInt));
+  torch::Tensor xqsum = torch::empty({M, groups}, xf.options());  // exact: |sum| <= 32767 * 256 < 2^24
   std::vector<float> row_scale(M);
   const float* X = xf.data_ptr<float>();
   int16_t* XQ = xq.data_ptr<int16_t>();
-  int32_t* XS = xqsum.data_ptr<int32_t>();
+  float* XS = xqsum.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) {
     float largest = 0.0f;
     for (int64_t k = 0; k < K; ++k) largest = std::fmax(largest, std::fabs(X[m * K + k]));
@@ -174,7 +212,7 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const 
         XQ[m * K + i] = v;
         sum += v;
       }
-      XS[m * groups + g] = sum;
+      XS[m * groups + g] = static_cast<float>(sum);
     }
   }
   torch::Tensor y = torch::empty({M, N}, xf.options());
@@ -184,19 +222,15 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* qn = Q + n * (K / 2);
-      const float* son = SO + n * groups * 2;
+      const float* son = SO + n * 2 * groups;
       if (n + kPrefetchRows < n1) {  // the hardware prefetcher alone left DRAM half idle (8.8 of about 30 GB/s)
         prefetch_bytes(qn + kPrefetchRows * (K / 2), K / 2);
-        prefetch_bytes(son + kPrefetchRows * groups * 2, groups * 2 * sizeof(float));
+        prefetch_bytes(son + kPrefetchRows * 2 * groups, 2 * groups * sizeof(float));
       }
-      int64_t m = 0;
-      for (; m + kRowBlock <= M; m += kRowBlock)
-        int4_column<kRowBlock>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N);
-      switch (M - m) {
-        case 3: int4_column<3>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N); break;
-        case 2: int4_column<2>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N); break;
-        case 1: int4_column<1>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N); break;
-        default: break;
+      if (G == 32) {
+        int4_rows<true>(XQ, XS, qn, son, Y + n, M, K, G, N);
+      } else {
+        int4_rows<false>(XQ, XS, qn, son, Y + n, M, K, G, N);
       }
     }
   });

@@ -71,7 +71,7 @@ def test_int8_kernel_refuses_bad_shapes_with_a_message() -> None:
 
 @needs_kernel
 @pytest.mark.parametrize(
-    ("out_features", "in_features", "group_size"), [(37, 32, 32), (130, 256, 64), (1000, 1536, 32)]
+    ("out_features", "in_features", "group_size"), [(37, 64, 32), (130, 256, 64), (130, 256, 128), (1000, 1536, 32)]
 )
 def test_int4_kernel_against_reference_and_row_independent(
     out_features: int, in_features: int, group_size: int
@@ -98,17 +98,18 @@ def test_int4_kernel_against_reference_and_row_independent(
 
 
 @needs_kernel
-def test_int4_packing_follows_the_device() -> None:
-    assert int4_packing(torch.device("cpu")) == "draftwatch"
-    assert int4_packing(torch.device("cuda")) == "tinygemm"  # PyTorch's tinygemm there (not run here)
+def test_int4_packing_follows_the_device_and_shape() -> None:
+    assert int4_packing(torch.device("cpu"), 1536) == "draftwatch"
+    assert int4_packing(torch.device("cpu"), 32) == "tinygemm"  # the kernel reads 64 weights at a time
+    assert int4_packing(torch.device("cuda"), 1536) == "tinygemm"  # PyTorch's tinygemm there (not run here)
 
 
 @needs_kernel
 def test_int4_kernel_refuses_bad_shapes_with_a_message() -> None:
     kernels = cpu_kernels()
     assert kernels is not None
-    packed, offsets = torch.zeros(8, 32, dtype=torch.uint8), torch.zeros(8, 2, 2)
-    with pytest.raises(RuntimeError, match="multiple of 32"):
+    packed, offsets = torch.zeros(8, 32, dtype=torch.uint8), torch.zeros(8, 2, 2)  # (N, K / 2), (N, 2, K / G)
+    with pytest.raises(RuntimeError, match="group size must be 32 or a multiple of 64"):
         kernels.int4_linear(torch.randn(1, 64), packed, offsets, 48)
     with pytest.raises(RuntimeError, match="so must be"):
         kernels.int4_linear(torch.randn(1, 64), packed, offsets.to(torch.bfloat16), 32)
