@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import shutil
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,17 @@ def _cpu_has_avx2_fma() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
+def _put_ninja_on_path() -> None:
+    """PyTorch's builder runs ``ninja`` from PATH; the pip package's copy sits beside the interpreter."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return  # the build then fails with PyTorch's own message, which says to install ninja
+    os.environ["PATH"] = os.pathsep.join([str(ninja.BIN_DIR), os.environ.get("PATH", "")])
+
+
 @cache
 def cpu_kernels() -> Any | None:
     """The compiled kernel module (``int8_linear``, ``int4_linear``), or None where it cannot run here."""
@@ -50,6 +62,7 @@ def cpu_kernels() -> Any | None:
 
     from decoder.fetch import cache_dir
 
+    _put_ninja_on_path()
     build = cache_dir() / "kernels" / f"torch-{torch.__version__}"
     build.mkdir(parents=True, exist_ok=True)
     if not any(build.glob("*.so")):
