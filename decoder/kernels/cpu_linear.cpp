@@ -32,6 +32,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -132,18 +133,17 @@ inline void int4_column(const int16_t* xq, const float* xqsum, const uint8_t* q,
   }
 }
 
-// All M rows of column n: blocks of kRowBlock rows, then the last 1 to 3 rows as one block.
-template <bool kGroup32>
-inline void int4_rows(const int16_t* xq, const float* xqsum, const uint8_t* q, const float* so, float* y,
-                      int64_t M, int64_t K, int64_t G, int64_t N) {
-  const int64_t groups = K / G;
+// Calls column(rows, m) for blocks of kRowBlock rows, then once for the last 1 to 3 rows, with rows
+// a compile-time row count: each weight is converted once per block, and a row's arithmetic is
+// the same in whichever block it falls.
+template <typename Column>
+inline void in_row_blocks(int64_t M, Column&& column) {
   int64_t m = 0;
-  for (; m + kRowBlock <= M; m += kRowBlock)
-    int4_column<kRowBlock, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N);
+  for (; m + kRowBlock <= M; m += kRowBlock) column(std::integral_constant<int, kRowBlock>{}, m);
   switch (M - m) {
-    case 3: int4_column<3, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N); break;
-    case 2: int4_column<2, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N); break;
-    case 1: int4_column<1, kGroup32>(xq + m * K, xqsum + m * groups, q, so, y + m * N, K, G, N); break;
+    case 3: column(std::integral_constant<int, 3>{}, m); break;
+    case 2: column(std::integral_constant<int, 2>{}, m); break;
+    case 1: column(std::integral_constant<int, 1>{}, m); break;
     default: break;
   }
 }
@@ -170,14 +170,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t* qn = Q + n * K;
       if (n + kPrefetchRows < n1) prefetch_bytes(qn + kPrefetchRows * K, K);
-      int64_t m = 0;
-      for (; m + kRowBlock <= M; m += kRowBlock) int8_column<kRowBlock>(X + m * K, qn, S[n], Y + m * N + n, K, N);
-      switch (M - m) {  // the last 1 to 3 rows in one block: each weight is still converted once
-        case 3: int8_column<3>(X + m * K, qn, S[n], Y + m * N + n, K, N); break;
-        case 2: int8_column<2>(X + m * K, qn, S[n], Y + m * N + n, K, N); break;
-        case 1: int8_column<1>(X + m * K, qn, S[n], Y + m * N + n, K, N); break;
-        default: break;
-      }
+      in_row_blocks(M, [&](auto rows, int64_t m) {
+        int8_column<decltype(rows)::value>(X + m * K, qn, S[n], Y + m * N + n, K, N);
+      });
     }
   });
   return y;
@@ -227,11 +222,14 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const 
         prefetch_bytes(qn + kPrefetchRows * (K / 2), K / 2);
         prefetch_bytes(son + kPrefetchRows * 2 * groups, 2 * groups * sizeof(float));
       }
-      if (G == 32) {
-        int4_rows<true>(XQ, XS, qn, son, Y + n, M, K, G, N);
-      } else {
-        int4_rows<false>(XQ, XS, qn, son, Y + n, M, K, G, N);
-      }
+      in_row_blocks(M, [&](auto rows, int64_t m) {
+        constexpr int R = decltype(rows)::value;
+        if (G == 32) {
+          int4_column<R, true>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N);
+        } else {
+          int4_column<R, false>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N);
+        }
+      });
     }
   });
   return y.mul_(torch::from_blob(row_scale.data(), {M, 1}, xf.options()));
