@@ -68,7 +68,9 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("weight_q", weight_q)  # (out, in) int8
         self.register_buffer("scales", scales)  # (out,) activation dtype
         self.register_buffer("bias", bias)  # (out,) or None
-        self._scales_f32: torch.Tensor | None = None  # the CPU kernel's copy of scales, made on first use
+        # decoder/kernels' int8 kernel, decided once: it takes float32 scales (a copy of 4 bytes per row).
+        self._kernels = _own_kernels(weight_q.device) if self.in_features % 16 == 0 else None
+        self._kernel_scales = scales.float() if self._kernels is not None else None
 
     @classmethod
     def from_float(cls, linear: nn.Linear) -> Int8Linear:
@@ -79,11 +81,8 @@ class Int8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
         flat = x.reshape(-1, self.in_features)
-        kernels = _own_kernels(flat)
-        if kernels is not None and self.in_features % 16 == 0:
-            if self._scales_f32 is None or self._scales_f32.device != self.scales.device:
-                self._scales_f32 = self.scales.float()
-            out = kernels.int8_linear(flat, self.weight_q, self._scales_f32).to(x.dtype)
+        if self._kernels is not None:
+            out = self._kernels.int8_linear(flat, self.weight_q, self._kernel_scales).to(x.dtype)
         else:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_q, self.scales)
         return self._finish(out, x.shape)
@@ -122,6 +121,9 @@ class Int4Linear(QuantizedLinear):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.packing = packing
+        self._kernels = _own_kernels(packed.device) if packing == "draftwatch" else None
+        if packing == "draftwatch" and self._kernels is None:
+            raise QuantizationError(f"int4 weights packed for draftwatch's CPU kernel cannot run on {packed.device}")
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.register_buffer("bias", bias)
@@ -157,11 +159,8 @@ class Int4Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
         flat = x.reshape(-1, self.in_features)
-        if self.packing == "draftwatch":
-            kernels = _own_kernels(flat)
-            if kernels is None:
-                raise QuantizationError(f"int4 layer packed for draftwatch's CPU kernel got input on {flat.device}")
-            out = kernels.int4_linear(flat, self.packed, self.scales_and_zeros, self.group_size).to(x.dtype)
+        if self._kernels is not None:
+            out = self._kernels.int4_linear(flat, self.packed, self.scales_and_zeros, self.group_size).to(x.dtype)
         elif flat.is_cuda:
             out = torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group_size, self.scales_and_zeros)
         else:
@@ -169,19 +168,14 @@ class Int4Linear(QuantizedLinear):
         return self._finish(out, x.shape)
 
 
-def int4_packing(device: torch.device, in_features: int = 64) -> Int4Packing:
+def int4_packing(device: torch.device, in_features: int) -> Int4Packing:
     """draftwatch's packing on a CPU that runs decoder/kernels (inputs a multiple of 64), else tinygemm's."""
-    if device.type == "cpu" and in_features % 64 == 0:
-        from decoder.kernels import cpu_kernels
-
-        if cpu_kernels() is not None:
-            return "draftwatch"
-    return "tinygemm"
+    return "draftwatch" if in_features % 64 == 0 and _own_kernels(device) is not None else "tinygemm"
 
 
-def _own_kernels(x: torch.Tensor) -> Any | None:
-    """decoder/kernels' compiled module when ``x`` is on a CPU that can run it, else None."""
-    if x.device.type != "cpu":
+def _own_kernels(device: torch.device) -> Any | None:
+    """decoder/kernels' compiled module when ``device`` is a CPU that can run it, else None."""
+    if device.type != "cpu":
         return None
     from decoder.kernels import cpu_kernels
 

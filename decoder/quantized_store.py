@@ -74,8 +74,10 @@ def kernel_works(mode: Quantization, device_type: str, dtype: torch.dtype) -> st
 
 def store_key(version: str, dtype: torch.dtype, mode: Quantization, group_size: int, head_mode: Quantization,
               device: torch.device) -> str:  # fmt: skip
-    parts = [version, str(dtype), mode, str(group_size), head_mode, device.type, int4_packing(device),
-             torch.__version__, str(FORMAT_VERSION)]  # fmt: skip
+    # Whether draftwatch's kernels pack int4 here (the packing of any input width a multiple of 64).
+    packing = int4_packing(device, 64)
+    parts = [version, str(dtype), mode, str(group_size), head_mode, device.type, packing, torch.__version__,
+             str(FORMAT_VERSION)]  # fmt: skip
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
