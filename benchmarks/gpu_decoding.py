@@ -118,8 +118,8 @@ def row_differences(device: torch.device, dtype: torch.dtype, small: bool) -> st
     with torch.no_grad():
         for mode, layer in layers.items():
             worst = {False: 0.0, True: 0.0}
-            for padded in (False, True):
-                run = RowStableLinear(layer) if padded and isinstance(layer, torch.nn.Linear) else layer
+            for padded in (False, True) if isinstance(layer, torch.nn.Linear) else (False,):
+                run = RowStableLinear(layer) if padded else layer
                 with row_stable_passes():
                     alone = torch.cat([run(x[i : i + 1]) for i in range(9)]).float()  # (9, out)
                     for k in range(2, 10):
