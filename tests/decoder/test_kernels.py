@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from decoder.kernels import _cpu_has_avx2_fma, cpu_kernels
-from decoder.quantize import Int4Linear, Int8Linear, int4_packing, int4_qparams, int8_qparams
+from decoder.quantize import Int4Linear, Int8Linear, int4_dequantized, int4_packing, int8_dequantized, int8_qparams
 
 needs_kernel = pytest.mark.skipif(not _cpu_has_avx2_fma(), reason="the kernel needs an x86-64 CPU with AVX2 and FMA")
 
@@ -33,7 +33,7 @@ def test_int8_kernel_against_reference_and_row_independent(out_features: int, in
     q, scales = int8_qparams(weight)
     x = torch.randn(11, in_features, generator=generator).to(torch.bfloat16)  # (11 rows, in)
     got = kernels.int8_linear(x, q, scales)  # (11, out) float32
-    want = x.float() @ (q.float() * scales[:, None]).T
+    want = x.float() @ int8_dequantized(weight).T
     assert float((got - want).norm() / want.norm()) <= 1e-5
     # Rows fall into blocks of 4 plus a remainder; whatever block a row lands in, it is bit-identical
     # to the same row computed alone or in any other pass (what keeps verification lossless).
@@ -81,11 +81,9 @@ def test_int4_kernel_against_reference_and_row_independent(
     linear.weight.copy_(weight)
     layer = Int4Linear.from_float(linear, group_size)  # float32 activations: the kernel's own error shows
     assert layer.packing == "draftwatch"
-    q, scales, zeros = int4_qparams(weight, group_size)
-    dequantized = (q.float() - 8).reshape(out_features, -1, group_size) * scales[..., None] + zeros[..., None]
     x = torch.randn(11, in_features, generator=generator)  # (11 rows, in)
     got = layer(x)
-    want = x @ dequantized.reshape(out_features, in_features).T
+    want = x @ int4_dequantized(weight, group_size).T
     assert float((got - want).norm() / want.norm()) <= 2e-4
     alone = torch.cat([layer(x[i : i + 1]) for i in range(11)])
     assert torch.equal(alone, got)
