@@ -6,9 +6,10 @@ Activations stay in the model's dtype (bfloat16 here); only the stored weights s
 PyTorch's own kernels multiply by them without materialising a float copy:
 
 * ``int4``: asymmetric 4-bit groups of ``group_size`` weights along the input dimension, one
-  (scale, zero) pair per group, the layout of gpt-fast / torchao's tinygemm:
-  ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. CPU: ``_weight_int4pack_mm_for_cpu``;
-  CUDA: ``_weight_int4pack_mm`` (tinygemm), where the build has it.
+  (scale, zero) pair per group, the form of gpt-fast / torchao's tinygemm:
+  ``w = (q - 8) * scale + zero`` with ``q`` in 0..15. CPU: draftwatch's own AVX2 kernel
+  (decoder/kernels/), else ``_weight_int4pack_mm_for_cpu``; CUDA: ``_weight_int4pack_mm``
+  (tinygemm), where the build has it.
 * ``int8``: symmetric per-output-channel ``w = q * scale`` with ``q`` in -127..127. CPU:
   draftwatch's own AVX2 kernel (decoder/kernels/, about twice as fast at decode time), else
   ``_weight_int8pack_mm``; CUDA: ``_weight_int8pack_mm``.
@@ -97,8 +98,9 @@ class Int4Linear(QuantizedLinear):
     Two packings, chosen by :func:`int4_packing` for the device:
 
     * ``draftwatch`` (a CPU with AVX2, decoder/kernels/): ``packed`` (out, in / 2) uint8,
-      ``scales_and_zeros`` (out, 2, in / g) float32 holding each row's scales, then its offsets,
-      with ``w = q * scale + offset``, the scale and zero rounded to the activation dtype first;
+      ``scales_and_zeros`` (out, 2, in / g) holding each row's scales, then its zeros, in
+      bfloat16 when the activations are bfloat16 (else float32, which holds any other dtype's
+      values exactly);
     * ``tinygemm`` (PyTorch's kernels, CUDA or a CPU without the above): the kernel's own packing
       of q, (out, in / 2) uint8 on a CPU or an int32 tile layout on CUDA, and
       ``scales_and_zeros`` (in / g, out, 2) in the activation dtype.
@@ -147,9 +149,10 @@ class Int4Linear(QuantizedLinear):
         if packing == "draftwatch":
             from decoder.kernels import pack_int4
 
-            scales_f, offsets = scales.float(), zeros.float() - 8.0 * scales.float()  # w = q * scale + offset
-            scales_offsets = torch.stack([scales_f, offsets], dim=1).contiguous()  # (out, 2, in / g)
-            return cls(pack_int4(q), scales_offsets, bias, in_features, out_features, group_size, packing)
+            # bfloat16 as they are (the kernel reads them in the bytes it streams), float32 for other dtypes.
+            stored = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+            scales_zeros = torch.stack([scales, zeros], dim=1).to(stored).contiguous()  # (out, 2, in / g)
+            return cls(pack_int4(q), scales_zeros, bias, in_features, out_features, group_size, packing)
         scales_and_zeros = (
             torch.cat([scales.reshape(out_features, -1, 1), zeros.reshape(out_features, -1, 1)], dim=2)
             .transpose(0, 1)
@@ -159,9 +162,10 @@ class Int4Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
         flat = x.reshape(-1, self.in_features)
-        if self._kernels is not None:
-            out = self._kernels.int4_linear(flat, self.packed, self.scales_and_zeros, self.group_size).to(x.dtype)
-        elif flat.is_cuda:
+        if self._kernels is not None:  # adds the bias and rounds to x's dtype once, in the kernel
+            out = self._kernels.int4_linear(flat, self.packed, self.scales_and_zeros, self.group_size, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)  # type: ignore[no-any-return]
+        if flat.is_cuda:
             out = torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group_size, self.scales_and_zeros)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)

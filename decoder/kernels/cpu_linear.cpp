@@ -9,7 +9,9 @@
 // int4: activations are turned into int16 with one scale per row (max |x| -> 32767: finer than
 // the bfloat16 they arrive in), the nibbles into int16 lanes by masks and shifts, and vpmaddwd
 // multiplies and adds pairs exactly in int32; each group's integer sum is then scaled in float32.
-// The zero term uses each row's exact integer group sums. Weight rows are prefetched ahead.
+// The zero term uses each row's exact integer group sums. Weight rows are prefetched ahead. The
+// bias is added and the result rounded to the activations' dtype in the kernel: at decode time a
+// small layer's own work is a few microseconds, and each extra PyTorch operation costs as much.
 //
 // Row stability: every output y[m, n] is computed by the same sequence of operations whatever
 // the number of rows M, the block a row falls in, and the thread split: work is split over output
@@ -23,8 +25,10 @@
 //         w[n, k] = q[n, k] * scales[n].
 //   int4: q (N, K / 2) uint8, 32 bytes per 64 weights read as 16 little-endian uint16 words:
 //         word j holds weights j, 16 + j, 32 + j and 48 + j in its four nibbles, low to high;
-//         so (N, 2, K / G) float32: each row's group scales, then its group offsets, with
-//         w = q * scale + offset, q in 0..15.
+//         sz (N, 2, K / G) bfloat16 or float32: each row's group scales, then its group zeros
+//         (the value of level 8), with w = (q - 8) * scale + zero, q in 0..15. bfloat16 halves
+//         what the scales cost at G = 32: 1 bit per weight instead of 2, and decoding is bound by
+//         the bytes it reads (one 8960 x 1536 layer: 10.3 MB -> 8.6 MB per pass).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -32,6 +36,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -46,11 +51,19 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-constexpr int64_t kPrefetchRows = 4;  // how many weight rows ahead to fetch into cache
+// How many weight rows ahead to fetch, into L2: into L1 they pushed out the activations of wide
+// rows (an 1536 x 8960 layer ran 1.3x slower with _MM_HINT_T0).
+constexpr int64_t kPrefetchRows = 4;
 
 inline void prefetch_bytes(const void* start, int64_t bytes) {
   const char* p = static_cast<const char*>(start);
-  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T0);
+  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T1);
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32: widen and shift
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
 inline __m256 int8x8(const int8_t* p) {
@@ -80,17 +93,17 @@ inline void int8_column(const float* x, const int8_t* q, float scale, float* y, 
 // multiplies them with the activations and adds pairs exactly in int32 (|q| <= 15,
 // |xq| <= 32767), and each group's integer sum is scaled in float32. The zero term is a dot
 // product of the group offsets with each row's exact group sums of xq, after the loop.
-template <int R, bool kGroup32>
-inline void int4_column(const int16_t* xq, const float* xqsum, const uint8_t* q, const float* so, float* y,
-                        int64_t K, int64_t G, int64_t N) {
+template <int R, bool kGroup32, typename T>
+inline void int4_column(const int16_t* xq, const float* xqsum, const float* row_scales, const uint8_t* q,
+                        const float* scales, const T* zeros, float* out, int64_t K, int64_t G) {
   const __m256i nibble = _mm256_set1_epi16(0x000F);
   const int64_t groups = K / G;
-  const float* scales = so;            // (groups,)
-  const float* offsets = so + groups;  // (groups,)
-  __m256 total[R];
+  // Two float accumulators per row: at G = 32 each 64 weights end two groups, and one chain would
+  // wait on the FMA latency twice per 64 weights (a one-row pass ran at half speed on it).
+  __m256 total[R], total_odd[R];
   __m256i dot[R];
   for (int r = 0; r < R; ++r) {
-    total[r] = _mm256_setzero_ps();
+    total[r] = total_odd[r] = _mm256_setzero_ps();
     dot[r] = _mm256_setzero_si256();
   }
   const int64_t blocks_per_group = kGroup32 ? 1 : G / 64;
@@ -109,7 +122,8 @@ inline void int4_column(const int16_t* xq, const float* xqsum, const uint8_t* q,
                                               _mm256_madd_epi16(w3, _mm256_loadu_si256(xr + 3)));
       if (kGroup32) {  // G == 32: k .. k+31 is group 2b, k+32 .. k+63 group 2b + 1
         total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first), _mm256_broadcast_ss(scales + 2 * b), total[r]);
-        total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second), _mm256_broadcast_ss(scales + 2 * b + 1), total[r]);
+        total_odd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second), _mm256_broadcast_ss(scales + 2 * b + 1),
+                                       total_odd[r]);
       } else {
         dot[r] = _mm256_add_epi32(dot[r], _mm256_add_epi32(first, second));
       }
@@ -122,15 +136,28 @@ inline void int4_column(const int16_t* xq, const float* xqsum, const uint8_t* q,
       }
     }
   }
+  // offset = zero - 8 * scale, so that w = q * scale + offset (8 * scale is exact).
+  const __m256 eight = _mm256_set1_ps(8.0f);
   for (int r = 0; r < R; ++r) {
     __m256 zero_term = _mm256_setzero_ps();
     int64_t g = 0;
-    for (; g + 8 <= groups; g += 8)
-      zero_term = _mm256_fmadd_ps(_mm256_loadu_ps(offsets + g), _mm256_loadu_ps(xqsum + r * groups + g), zero_term);
+    for (; g + 8 <= groups; g += 8) {
+      const __m256 offsets = _mm256_sub_ps(load8(zeros + g), _mm256_mul_ps(eight, _mm256_loadu_ps(scales + g)));
+      zero_term = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(xqsum + r * groups + g), zero_term);
+    }
     float tail = 0.0f;
-    for (; g < groups; ++g) tail += offsets[g] * xqsum[r * groups + g];
-    y[r * N] = hsum(total[r]) + (hsum(zero_term) + tail);
+    for (; g < groups; ++g) tail += (static_cast<float>(zeros[g]) - 8.0f * scales[g]) * xqsum[r * groups + g];
+    out[r] = (hsum(_mm256_add_ps(total[r], total_odd[r])) + (hsum(zero_term) + tail)) * row_scales[r];
   }
+}
+
+// Row n's group scales as float32: the stored ones, or a conversion of bfloat16 ones into buffer.
+inline const float* float_scales(const float* scales, int64_t, float*) { return scales; }
+inline const float* float_scales(const c10::BFloat16* scales, int64_t groups, float* buffer) {
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) _mm256_storeu_ps(buffer + g, load8(scales + g));
+  for (; g < groups; ++g) buffer[g] = static_cast<float>(scales[g]);
+  return buffer;
 }
 
 // Calls column(rows, m) for blocks of kRowBlock rows, then once for the last 1 to 3 rows, with rows
@@ -146,6 +173,37 @@ inline void in_row_blocks(int64_t M, Column&& column) {
     case 1: column(std::integral_constant<int, 1>{}, m); break;
     default: break;
   }
+}
+
+// One row of activations as int16 with one scale (max |x| -> 32767, returned), and its group sums
+// (exact integers) into xqsum. Per row, in a fixed order, so nothing depends on M. The rounding is
+// the CPU's default (to nearest, ties to even), lrintf's.
+template <typename T>
+float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 largest8 = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) largest8 = _mm256_max_ps(largest8, _mm256_and_ps(load8(x + k), magnitude));
+  __m128 largest4 = _mm_max_ps(_mm256_castps256_ps128(largest8), _mm256_extractf128_ps(largest8, 1));
+  largest4 = _mm_max_ps(largest4, _mm_movehl_ps(largest4, largest4));
+  const float largest = _mm_cvtss_f32(_mm_max_ss(largest4, _mm_movehdup_ps(largest4)));
+  const float scale = largest > 0.0f ? largest / 32767.0f : 1.0f;
+  const __m256 inverse = _mm256_set1_ps(1.0f / scale);
+  for (int64_t g = 0; g < K / G; ++g) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int64_t k = g * G; k < (g + 1) * G; k += 16) {
+      const __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(load8(x + k), inverse));
+      const __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(load8(x + k + 8), inverse));
+      sum = _mm256_add_epi32(sum, _mm256_add_epi32(low, high));
+      // packs interleaves 128-bit lanes; the permute puts the 16 values back in order
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k), packed);
+    }
+    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4E));
+    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xB1));
+    xqsum[g] = static_cast<float>(_mm_cvtsi128_si32(sum4));
+  }
+  return scale;
 }
 
 torch::Tensor as_float_rows(const torch::Tensor& x) {
@@ -178,64 +236,94 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   return y;
 }
 
-torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& so, int64_t G) {
-  const torch::Tensor xf = as_float_rows(x);
+// Columns of y (M, N) for int4 weights with scales and zeros stored as T (float or bfloat16), plus
+// the bias when given, rounded once into O (float or bfloat16, the activations' dtype).
+template <typename T, typename O>
+void int4_columns(const int16_t* XQ, const float* XS, const float* RS, const uint8_t* Q, const T* SZ, const O* bias,
+                  O* Y, int64_t M, int64_t K, int64_t G, int64_t N) {
+  const int64_t groups = K / G;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    std::vector<float> buffer(groups);
+    float out[kRowBlock];
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* qn = Q + n * (K / 2);
+      const T* szn = SZ + n * 2 * groups;  // (2, groups): scales, then zeros
+      if (n + kPrefetchRows < n1) {  // the hardware prefetcher alone left DRAM half idle (8.8 of about 30 GB/s)
+        prefetch_bytes(qn + kPrefetchRows * (K / 2), K / 2);
+        prefetch_bytes(szn + kPrefetchRows * 2 * groups, 2 * groups * sizeof(T));
+      }
+      const float* scales = float_scales(szn, groups, buffer.data());
+      const float add = bias != nullptr ? static_cast<float>(bias[n]) : 0.0f;
+      in_row_blocks(M, [&](auto rows, int64_t m) {
+        constexpr int R = decltype(rows)::value;
+        if (G == 32) {
+          int4_column<R, true>(XQ + m * K, XS + m * groups, RS + m, qn, scales, szn + groups, out, K, G);
+        } else {
+          int4_column<R, false>(XQ + m * K, XS + m * groups, RS + m, qn, scales, szn + groups, out, K, G);
+        }
+        for (int r = 0; r < R; ++r) Y[(m + r) * N + n] = static_cast<O>(out[r] + add);
+      });
+    }
+  });
+}
+
+template <typename T>
+void int4_columns_into(const int16_t* XQ, const float* XS, const float* RS, const uint8_t* Q, const T* SZ,
+                       const std::optional<torch::Tensor>& bias, torch::Tensor& y, int64_t K, int64_t G) {
+  const int64_t M = y.size(0), N = y.size(1);
+  if (y.scalar_type() == torch::kBFloat16) {
+    const c10::BFloat16* b = bias ? bias->data_ptr<c10::BFloat16>() : nullptr;
+    int4_columns(XQ, XS, RS, Q, SZ, b, y.data_ptr<c10::BFloat16>(), M, K, G, N);
+  } else {
+    const float* b = bias ? bias->data_ptr<float>() : nullptr;
+    int4_columns(XQ, XS, RS, Q, SZ, b, y.data_ptr<float>(), M, K, G, N);
+  }
+}
+
+// y (M, N) = x (M, K) @ W^T + bias, in x's dtype: bfloat16 rows are read and written as they are,
+// other dtypes go through float32.
+torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& sz, int64_t G,
+                          const std::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  const torch::Tensor xf = bf16 ? x.contiguous() : as_float_rows(x);
   const int64_t M = xf.size(0), K = xf.size(1), N = q.size(0);
   TORCH_CHECK((G == 32 || G % 64 == 0) && K % G == 0 && K % 64 == 0,
               "group size must be 32 or a multiple of 64, dividing in_features (a multiple of 64); got ", G, ", ", K);
   TORCH_CHECK(q.scalar_type() == torch::kByte && q.is_contiguous() && q.size(1) == K / 2, "q must be (N, K/2) uint8");
-  TORCH_CHECK(so.scalar_type() == torch::kFloat && so.is_contiguous() && so.numel() == N * 2 * (K / G),
-              "so must be (N, 2, K/G) float32 (scales, then offsets)");
-  const int64_t groups = K / G;
-  // Each row's activations as int16 with one scale per row (max |x| -> 32767), and their group
-  // sums (exact integers): computed per row in a fixed order, so they do not depend on M either.
-  torch::Tensor xq = torch::empty({M, K}, xf.options().dtype(torch::kShort));
-  torch::Tensor xqsum = torch::empty({M, groups}, xf.options());  // exact: |sum| <= 32767 * 256 < 2^24
-  std::vector<float> row_scale(M);
-  const float* X = xf.data_ptr<float>();
-  int16_t* XQ = xq.data_ptr<int16_t>();
-  float* XS = xqsum.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    float largest = 0.0f;
-    for (int64_t k = 0; k < K; ++k) largest = std::fmax(largest, std::fabs(X[m * K + k]));
-    row_scale[m] = largest > 0.0f ? largest / 32767.0f : 1.0f;
-    const float inverse = 1.0f / row_scale[m];
-    for (int64_t g = 0; g < groups; ++g) {
-      int32_t sum = 0;
-      for (int64_t i = g * G; i < (g + 1) * G; ++i) {
-        const auto v = static_cast<int16_t>(std::lrintf(X[m * K + i] * inverse));
-        XQ[m * K + i] = v;
-        sum += v;
-      }
-      XS[m * groups + g] = static_cast<float>(sum);
-    }
+  TORCH_CHECK((sz.scalar_type() == torch::kFloat || sz.scalar_type() == torch::kBFloat16) && sz.is_contiguous() &&
+                  sz.numel() == N * 2 * (K / G),
+              "sz must be (N, 2, K/G) float32 or bfloat16 (scales, then zeros)");
+  std::optional<torch::Tensor> b;
+  if (bias) {
+    TORCH_CHECK(bias->numel() == N, "bias must have out_features (", N, ") values, got ", bias->numel());
+    b = bias->to(xf.scalar_type()).contiguous();
   }
-  torch::Tensor y = torch::empty({M, N}, xf.options());
+  const int64_t groups = K / G;
+  const auto options = xf.options().dtype(torch::kFloat);
+  torch::Tensor xq = torch::empty({M, K}, options.dtype(torch::kShort));
+  torch::Tensor xqsum = torch::empty({M, groups}, options);  // exact: |sum| <= 32767 * 256 < 2^24
+  std::vector<float> row_scale(M);
+  for (int64_t m = 0; m < M; ++m) {
+    int16_t* xq_m = xq.data_ptr<int16_t>() + m * K;
+    float* xqsum_m = xqsum.data_ptr<float>() + m * groups;
+    row_scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, G, xq_m, xqsum_m)
+                        : int16_row(xf.data_ptr<float>() + m * K, K, G, xq_m, xqsum_m);
+  }
+  const int16_t* XQ = xq.data_ptr<int16_t>();
+  const float* XS = xqsum.data_ptr<float>();
   const uint8_t* Q = q.data_ptr<uint8_t>();
-  const float* SO = so.data_ptr<float>();
-  float* Y = y.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* qn = Q + n * (K / 2);
-      const float* son = SO + n * 2 * groups;
-      if (n + kPrefetchRows < n1) {  // the hardware prefetcher alone left DRAM half idle (8.8 of about 30 GB/s)
-        prefetch_bytes(qn + kPrefetchRows * (K / 2), K / 2);
-        prefetch_bytes(son + kPrefetchRows * 2 * groups, 2 * groups * sizeof(float));
-      }
-      in_row_blocks(M, [&](auto rows, int64_t m) {
-        constexpr int R = decltype(rows)::value;
-        if (G == 32) {
-          int4_column<R, true>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N);
-        } else {
-          int4_column<R, false>(XQ + m * K, XS + m * groups, qn, son, Y + m * N + n, K, G, N);
-        }
-      });
-    }
-  });
-  return y.mul_(torch::from_blob(row_scale.data(), {M, 1}, xf.options()));
+  torch::Tensor y = torch::empty({M, N}, xf.options());
+  if (sz.scalar_type() == torch::kBFloat16) {
+    int4_columns_into(XQ, XS, row_scale.data(), Q, sz.data_ptr<c10::BFloat16>(), b, y, K, G);
+  } else {
+    int4_columns_into(XQ, XS, row_scale.data(), Q, sz.data_ptr<float>(), b, y, K, G);
+  }
+  return bf16 || x.scalar_type() == torch::kFloat ? y : y.to(x.scalar_type());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "y (M, N) float32 = x (M, K) @ (q * scales)^T");
-  m.def("int4_linear", &int4_linear, "y (M, N) float32 = x (M, K) @ W^T, W int4 in groups (draftwatch layout)");
+  m.def("int4_linear", &int4_linear, "y (M, N) = x (M, K) @ W^T + bias in x's dtype, W int4 in groups (draftwatch layout)",
+        py::arg("x"), py::arg("q"), py::arg("sz"), py::arg("group_size"), py::arg("bias") = py::none());
 }

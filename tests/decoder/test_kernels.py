@@ -93,6 +93,26 @@ def test_int4_kernel_against_reference_and_row_independent(
 
 
 @needs_kernel
+def test_int4_kernel_in_bfloat16_matches_its_float32_path_bit_for_bit() -> None:
+    # A bfloat16 model stores its scales and zeros in bfloat16 and gets bfloat16 rows back with the
+    # bias added in the kernel: the same arithmetic as float32 storage and output, rounded once.
+    kernels = cpu_kernels()
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(7)
+    linear = torch.nn.Linear(1536, 256, bias=True).requires_grad_(False)
+    linear.weight.copy_(torch.randn(256, 1536, generator=generator) * 0.05)
+    linear.bias.copy_(torch.randn(256, generator=generator))
+    layer = Int4Linear.from_float(linear.to(torch.bfloat16), 32)
+    assert layer.scales_and_zeros.dtype == torch.bfloat16
+    x = torch.randn(2, 5, 1536, generator=generator).to(torch.bfloat16)  # (batch, rows, in)
+    got = layer(x)  # (2, 5, 256) bfloat16
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 5, 256)
+    as_float = kernels.int4_linear(x.reshape(10, 1536).float(), layer.packed, layer.scales_and_zeros.float(), 32)
+    assert torch.equal(got.reshape(10, 256), (as_float + layer.bias.float()).to(torch.bfloat16))
+    assert torch.equal(torch.cat([layer(x[:, i : i + 1]) for i in range(5)], dim=1), got)
+
+
+@needs_kernel
 def test_int4_packing_follows_the_device_and_shape() -> None:
     assert int4_packing(torch.device("cpu"), 1536) == "draftwatch"
     assert int4_packing(torch.device("cpu"), 32) == "tinygemm"  # the kernel reads 64 weights at a time
@@ -106,5 +126,7 @@ def test_int4_kernel_refuses_bad_shapes_with_a_message() -> None:
     packed, offsets = torch.zeros(8, 32, dtype=torch.uint8), torch.zeros(8, 2, 2)  # (N, K / 2), (N, 2, K / G)
     with pytest.raises(RuntimeError, match="group size must be 32 or a multiple of 64"):
         kernels.int4_linear(torch.randn(1, 64), packed, offsets, 48)
-    with pytest.raises(RuntimeError, match="so must be"):
-        kernels.int4_linear(torch.randn(1, 64), packed, offsets.to(torch.bfloat16), 32)
+    with pytest.raises(RuntimeError, match="sz must be"):
+        kernels.int4_linear(torch.randn(1, 64), packed, offsets.to(torch.float16), 32)
+    with pytest.raises(RuntimeError, match="bias must have out_features"):
+        kernels.int4_linear(torch.randn(1, 64), packed, torch.zeros(8, 2, 2), 32, torch.zeros(5))
