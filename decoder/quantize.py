@@ -70,7 +70,7 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("scales", scales)  # (out,) activation dtype
         self.register_buffer("bias", bias)  # (out,) or None
         # decoder/kernels' int8 kernel, decided once: it takes float32 scales (a copy of 4 bytes per row).
-        self._kernels = _own_kernels(weight_q.device) if self.in_features % 16 == 0 else None
+        self._kernels = _own_kernels(weight_q.device) if self.in_features % 32 == 0 else None
         self._kernel_scales = scales.float() if self._kernels is not None else None
 
     @classmethod

@@ -2,9 +2,8 @@
 
 Tolerances, against the de-quantized weights (relative Frobenius error):
 
-* int8 accumulates in float32, so only float32 rounding of sums over K terms remains: <= 1e-5;
-* int4 also rounds each activation row to int16 (step max|x| / 32767, about 4e-5 relative for
-  Gaussian rows): <= 2e-4.
+* both round each activation row to int16 (step max|x| / 32767, about 4e-5 relative for
+  Gaussian rows) and sum exactly in int32, then in float32: <= 2e-4.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ def test_kernel_builds_where_the_cpu_can_run_it() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize(("out_features", "in_features"), [(37, 16), (130, 48), (1000, 1536)])
+@pytest.mark.parametrize(("out_features", "in_features"), [(37, 32), (130, 96), (1000, 1536), (24, 4160)])
 def test_int8_kernel_against_reference_and_row_independent(out_features: int, in_features: int) -> None:
     kernels = cpu_kernels()
     assert kernels is not None
@@ -34,7 +33,7 @@ def test_int8_kernel_against_reference_and_row_independent(out_features: int, in
     x = torch.randn(11, in_features, generator=generator).to(torch.bfloat16)  # (11 rows, in)
     got = kernels.int8_linear(x, q, scales)  # (11, out) float32
     want = x.float() @ int8_dequantized(weight).T
-    assert float((got - want).norm() / want.norm()) <= 1e-5
+    assert float((got - want).norm() / want.norm()) <= 2e-4
     # Rows fall into blocks of 4 plus a remainder; whatever block a row lands in, it is bit-identical
     # to the same row computed alone or in any other pass (what keeps verification lossless).
     alone = torch.cat([kernels.int8_linear(x[i : i + 1], q, scales) for i in range(11)])
@@ -62,8 +61,8 @@ def test_int8_kernel_refuses_bad_shapes_with_a_message() -> None:
     q, scales = int8_qparams(torch.randn(8, 32))
     with pytest.raises(RuntimeError, match="q must be"):
         kernels.int8_linear(torch.randn(2, 16), q, scales)  # in_features 16 against weights of 32
-    with pytest.raises(RuntimeError, match="multiple of 16"):
-        kernels.int8_linear(torch.randn(2, 24), int8_qparams(torch.randn(8, 24))[0], scales)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.int8_linear(torch.randn(2, 48), int8_qparams(torch.randn(8, 48))[0], scales)
 
 
 @needs_kernel
