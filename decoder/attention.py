@@ -11,6 +11,8 @@ cache lengths, with and without quantization; on CUDA, SDPA changed 2 to 3 of 6 
 continuations in benchmarks/gpu_decoding.py, this attention none). So when a pass carries several new tokens on top
 of a cache, each row is computed separately over exactly its own keys, by the same code a
 one-token pass runs. A prompt's prefill (no cache) is one call: both decoding modes share it.
+On a CPU with decoder/kernels, a single row is one call to ``attend_one_row`` (cpu_layers.cpp)
+instead of about fifteen PyTorch operations.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def _eager(
     share a key head are stacked as rows against that one key head, in float32.
     """
     batch, heads, rows, dim = query.shape
+    kernels = _fused_kernels(query)
+    if kernels is not None and rows == 1 and dim % 8 == 0:  # one call instead of about fifteen
+        return kernels.attend_one_row(query, key, value, attention_mask, scaling)  # type: ignore[no-any-return]
     heads_kv, length = key.shape[1], key.shape[2]
     groups = heads // heads_kv  # query heads h * groups .. (h + 1) * groups - 1 read key head h
     q = query.float().reshape(batch, heads_kv, groups * rows, dim)
@@ -50,6 +55,15 @@ def _eager(
     weights = nn.functional.softmax(weights, dim=-1)
     out = torch.matmul(weights, value.float())  # (B, H_kv, groups * q, d)
     return out.view(batch, heads, rows, dim).to(query.dtype).transpose(1, 2).contiguous()  # (B, q, H, d)
+
+
+def _fused_kernels(query: torch.Tensor) -> Any | None:
+    """decoder/kernels' module when ``query`` is on a CPU that runs it, in a dtype it takes; else None."""
+    if query.device.type != "cpu" or query.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    from decoder.kernels import cpu_kernels
+
+    return cpu_kernels()
 
 
 def rowwise_attention(

@@ -1,4 +1,5 @@
-"""draftwatch's own CPU kernels for the int8 and int4 linear layers (cpu_linear.cpp), built on first use.
+"""draftwatch's own CPU kernels, built on first use: the int8 and int4 linear layers (cpu_linear.cpp),
+and RMSNorm and one-row attention (cpu_layers.cpp, used by decoder/fused_norms.py and decoder/attention.py).
 
 The kernels are compiled once per machine and torch version with PyTorch's C++ extension builder
 (g++ and ninja) into the draftwatch cache, which takes about a minute; later processes load the
@@ -24,7 +25,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_linear.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_linear.cpp", "cpu_layers.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]  # no fast-math: rows must not depend on M
 
 
@@ -51,7 +52,7 @@ def _put_ninja_on_path() -> None:
 
 @cache
 def cpu_kernels() -> Any | None:
-    """The compiled kernel module (``int8_linear``, ``int4_linear``), or None where it cannot run here."""
+    """The compiled module (``int8_linear``, ``int4_linear``, ``rms_norm``, ``attend_one_row``), or None here."""
     if os.environ.get("DRAFTWATCH_CPU_KERNELS", "1") == "0":
         logger.info("DRAFTWATCH_CPU_KERNELS=0: quantized layers use PyTorch's kernels")
         return None
@@ -66,11 +67,11 @@ def cpu_kernels() -> Any | None:
     build = cache_dir() / "kernels" / f"torch-{torch.__version__}"
     build.mkdir(parents=True, exist_ok=True)
     if not any(build.glob("*.so")):
-        logger.info("compiling %s into %s (once per machine and torch version, about a minute)", SOURCE.name, build)
+        logger.info("compiling decoder/kernels into %s (once per machine and torch version, about a minute)", build)
     try:
         return load(
             name="draftwatch_cpu_linear",
-            sources=[str(SOURCE)],
+            sources=[str(source) for source in SOURCES],
             extra_cflags=FLAGS,
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),

@@ -349,8 +349,14 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   return bf16 || x.scalar_type() == torch::kFloat ? y : y.to(x.scalar_type());
 }
 
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);  // cpu_layers.cpp
+torch::Tensor attend_one_row(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                             const std::optional<torch::Tensor>& mask, double scale);  // cpu_layers.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "y (M, N) float32 = x (M, K) @ (q * scales)^T");
   m.def("int4_linear", &int4_linear, "y (M, N) = x (M, K) @ W^T + bias in x's dtype, W int4 in groups (draftwatch layout)",
         py::arg("x"), py::arg("q"), py::arg("sz"), py::arg("group_size"), py::arg("bias") = py::none());
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, as transformers' Qwen2 / Llama compute it");
+  m.def("attend_one_row", &attend_one_row, "attention of one query row (B, H, 1, d) over its cache -> (B, 1, H, d)");
 }
