@@ -42,7 +42,8 @@ def _eager(
     """
     batch, heads, rows, dim = query.shape
     kernels = _fused_kernels(query)
-    if kernels is not None and rows == 1 and dim % 8 == 0:  # one call instead of about fifteen
+    fits = dim % 8 == 0 and (attention_mask is None or attention_mask.shape[-1] == key.shape[2])
+    if kernels is not None and rows == 1 and fits:  # one call instead of about fifteen
         return kernels.attend_one_row(query, key, value, attention_mask, scaling)  # type: ignore[no-any-return]
     heads_kv, length = key.shape[1], key.shape[2]
     groups = heads // heads_kv  # query heads h * groups .. (h + 1) * groups - 1 read key head h

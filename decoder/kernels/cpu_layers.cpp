@@ -18,20 +18,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8f(const c10::BFloat16* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
+using draftwatch::hsum;
+using draftwatch::load8;
 
 // Qwen2 / Llama RMSNorm, as transformers computes it: h = x * rsqrt(mean(x^2) + eps) in float32,
 // rounded to the input dtype, then times the weight, rounded again.
@@ -41,10 +33,10 @@ void rms_norm_rows(const T* x, const T* weight, T* y, int64_t rows, int64_t n, f
     const T* xr = x + r * n;
     __m256 squares = _mm256_setzero_ps();
     for (int64_t k = 0; k < n; k += 8) {
-      const __m256 v = load8f(xr + k);
+      const __m256 v = load8(xr + k);
       squares = _mm256_fmadd_ps(v, v, squares);
     }
-    const float inverse = 1.0f / std::sqrt(hsum8(squares) / static_cast<float>(n) + eps);
+    const float inverse = 1.0f / std::sqrt(hsum(squares) / static_cast<float>(n) + eps);
     for (int64_t k = 0; k < n; ++k) {
       const T h = static_cast<T>(static_cast<float>(xr[k]) * inverse);
       y[r * n + k] = static_cast<T>(static_cast<float>(weight[k]) * static_cast<float>(h));
@@ -60,8 +52,8 @@ void attend_row(const T* q, const T* k, const T* v, int64_t stride, const float*
   float largest = -INFINITY;
   for (int64_t j = 0; j < length; ++j) {
     __m256 dot = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; i += 8) dot = _mm256_fmadd_ps(load8f(q + i), load8f(k + j * stride + i), dot);
-    float s = hsum8(dot) * scale;
+    for (int64_t i = 0; i < d; i += 8) dot = _mm256_fmadd_ps(load8(q + i), load8(k + j * stride + i), dot);
+    float s = hsum(dot) * scale;
     if (mask != nullptr) s += mask[j];
     scores[j] = s;
     largest = std::fmax(largest, s);
@@ -75,7 +67,7 @@ void attend_row(const T* q, const T* k, const T* v, int64_t stride, const float*
   for (int64_t j = 0; j < length; ++j) {
     const __m256 w = _mm256_set1_ps(scores[j] / total);
     for (int64_t i = 0; i < d; i += 8)
-      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(w, load8f(v + j * stride + i), _mm256_loadu_ps(acc + i)));
+      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(w, load8(v + j * stride + i), _mm256_loadu_ps(acc + i)));
   }
   for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(acc[i]);
 }

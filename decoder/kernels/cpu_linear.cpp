@@ -42,16 +42,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-constexpr int64_t kRowBlock = 4;  // rows sharing one conversion of the weights (4 x 2 accumulators + 2 weights + x fit 16 registers)
+using draftwatch::hsum;
+using draftwatch::load8;
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+constexpr int64_t kRowBlock = 4;  // rows sharing one conversion of the weights (4 x 2 accumulators + 2 weights + x fit 16 registers)
 
 // How many weight rows ahead to fetch, into L2: into L1 they pushed out the activations of wide
 // rows (an 1536 x 8960 layer ran 1.3x slower with _MM_HINT_T0).
@@ -60,12 +58,6 @@ constexpr int64_t kPrefetchRows = 4;
 inline void prefetch_bytes(const void* start, int64_t bytes) {
   const char* p = static_cast<const char*>(start);
   for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T1);
-}
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32: widen and shift
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
 // Activation rows are int16 (one scale per row, as for int4) so that vpmaddwd multiplies and adds
