@@ -28,8 +28,8 @@
 //         word j holds weights j, 16 + j, 32 + j and 48 + j in its four nibbles, low to high;
 //         sz (N, 2, K / G) bfloat16 or float32: each row's group scales, then its group zeros
 //         (the value of level 8), with w = (q - 8) * scale + zero, q in 0..15. bfloat16 halves
-//         what the scales cost at G = 32: 1 bit per weight instead of 2, and decoding is bound by
-//         the bytes it reads (one 8960 x 1536 layer: 10.3 MB -> 8.6 MB per pass).
+//         what the scales cost at G = 32: 1 bit per weight instead of 2 (one 8960 x 1536 layer:
+//         10.3 MB -> 8.6 MB per pass, the same results bit for bit).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -49,7 +49,7 @@ namespace {
 using draftwatch::hsum;
 using draftwatch::load8;
 
-constexpr int64_t kRowBlock = 4;  // rows sharing one conversion of the weights (4 x 2 accumulators + 2 weights + x fit 16 registers)
+constexpr int64_t kRowBlock = 4;  // rows sharing one conversion of the weights
 
 // How many weight rows ahead to fetch, into L2: into L1 they pushed out the activations of wide
 // rows (an 1536 x 8960 layer ran 1.3x slower with _MM_HINT_T0).
@@ -93,7 +93,7 @@ inline void int8_column(const int16_t* xq, const float* row_scales, const int8_t
 }
 
 // Rows [m0, m0 + R) of column n, int4 weights in groups of G (32 or a multiple of 64),
-// activations as int16 (xq, one scale per row applied by the caller). Per 64 weights: one 32-byte
+// activations as int16 (xq, one scale per row in row_scales). Per 64 weights: one 32-byte
 // load gives four runs of 16 weights as int16 lanes (mask and shift, no shuffles), vpmaddwd
 // multiplies them with the activations and adds pairs exactly in int32 (|q| <= 15,
 // |xq| <= 32767), and each group's integer sum is scaled in float32. The zero term is a dot
@@ -180,9 +180,9 @@ inline void in_row_blocks(int64_t M, Column&& column) {
   }
 }
 
-// One row of activations as int16 with one scale (max |x| -> 32767, returned), and its group sums
-// (exact integers) into xqsum when given. Per row, in a fixed order, so nothing depends on M. The rounding is
-// the CPU's default (to nearest, ties to even), lrintf's.
+// One row of activations as int16 with one scale (max |x| -> 32767, returned), and its group
+// sums (exact integers) into xqsum when given. Per row, in a fixed order, so nothing depends on
+// M. The rounding is the CPU's default (to nearest, ties to even), lrintf's.
 template <typename T>
 float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -212,31 +212,44 @@ float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum) {
   return scale;
 }
 
-torch::Tensor as_float_rows(const torch::Tensor& x) {
+// A pass's activation rows as int16, with each row's scale and, for int4, its group sums.
+struct Int16Rows {
+  torch::Tensor xq;             // (M, K) int16
+  torch::Tensor xqsum;          // (M, K / G) float32, exact integers; empty without group sums
+  std::vector<float> scale;     // (M,)
+  torch::ScalarType dtype;      // x's dtype: what the kernels return
+};
+
+// x (M, K): bfloat16 rows are read as they are, other dtypes through float32.
+Int16Rows int16_rows(const torch::Tensor& x, int64_t G, bool group_sums) {
   TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
-  return x.to(torch::kFloat).contiguous();
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  const torch::Tensor xf = bf16 ? x.contiguous() : x.to(torch::kFloat).contiguous();
+  const int64_t M = xf.size(0), K = xf.size(1);
+  const auto options = xf.options().dtype(torch::kFloat);
+  Int16Rows rows{torch::empty({M, K}, options.dtype(torch::kShort)),
+                 group_sums ? torch::empty({M, K / G}, options) : torch::Tensor(), std::vector<float>(M),
+                 x.scalar_type()};
+  for (int64_t m = 0; m < M; ++m) {
+    int16_t* xq_m = rows.xq.data_ptr<int16_t>() + m * K;
+    float* xqsum_m = group_sums ? rows.xqsum.data_ptr<float>() + m * (K / G) : nullptr;
+    rows.scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, G, xq_m, xqsum_m)
+                         : int16_row(xf.data_ptr<float>() + m * K, K, G, xq_m, xqsum_m);
+  }
+  return rows;
 }
 
 }  // namespace
 
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales) {
   TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
-  const bool bf16 = x.scalar_type() == torch::kBFloat16;
-  const torch::Tensor xf = bf16 ? x.contiguous() : as_float_rows(x);
-  const int64_t M = xf.size(0), K = xf.size(1), N = q.size(0);
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   TORCH_CHECK(q.scalar_type() == torch::kChar && q.is_contiguous() && q.size(1) == K, "q must be (N, K) int8");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.numel() == N, "scales must be (N,) float32");
   TORCH_CHECK(K % 32 == 0, "in_features must be a multiple of 32, got ", K);
-  const auto options = xf.options().dtype(torch::kFloat);
-  torch::Tensor xq = torch::empty({M, K}, options.dtype(torch::kShort));
-  std::vector<float> row_scale(M);
-  for (int64_t m = 0; m < M; ++m) {
-    int16_t* xq_m = xq.data_ptr<int16_t>() + m * K;
-    row_scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, K, xq_m, nullptr)
-                        : int16_row(xf.data_ptr<float>() + m * K, K, K, xq_m, nullptr);
-  }
-  torch::Tensor y = torch::empty({M, N}, options);
-  const int16_t* XQ = xq.data_ptr<int16_t>();
+  const Int16Rows xr = int16_rows(x, K, false);
+  torch::Tensor y = torch::empty({M, N}, xr.xq.options().dtype(torch::kFloat));
+  const int16_t* XQ = xr.xq.data_ptr<int16_t>();
   const int8_t* Q = q.data_ptr<int8_t>();
   const float* S = scales.data_ptr<float>();
   float* Y = y.data_ptr<float>();
@@ -247,7 +260,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
       if (n + kPrefetchRows < n1) prefetch_bytes(qn + kPrefetchRows * K, K);
       in_row_blocks(M, [&](auto rows, int64_t m) {
         constexpr int R = decltype(rows)::value;
-        int8_column<R>(XQ + m * K, row_scale.data() + m, qn, S[n], out, K);
+        int8_column<R>(XQ + m * K, xr.scale.data() + m, qn, S[n], out, K);
         for (int r = 0; r < R; ++r) Y[(m + r) * N + n] = out[r];
       });
     }
@@ -304,41 +317,29 @@ void int4_columns_into(const int16_t* XQ, const float* XS, const float* RS, cons
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& sz, int64_t G,
                           const std::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
-  const bool bf16 = x.scalar_type() == torch::kBFloat16;
-  const torch::Tensor xf = bf16 ? x.contiguous() : as_float_rows(x);
-  const int64_t M = xf.size(0), K = xf.size(1), N = q.size(0);
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   TORCH_CHECK((G == 32 || G % 64 == 0) && K % G == 0 && K % 64 == 0,
               "group size must be 32 or a multiple of 64, dividing in_features (a multiple of 64); got ", G, ", ", K);
   TORCH_CHECK(q.scalar_type() == torch::kByte && q.is_contiguous() && q.size(1) == K / 2, "q must be (N, K/2) uint8");
   TORCH_CHECK((sz.scalar_type() == torch::kFloat || sz.scalar_type() == torch::kBFloat16) && sz.is_contiguous() &&
                   sz.numel() == N * 2 * (K / G),
               "sz must be (N, 2, K/G) float32 or bfloat16 (scales, then zeros)");
+  TORCH_CHECK(!bias || bias->numel() == N, "bias must have out_features (", N, ") values, got ", bias->numel());
+  const Int16Rows xr = int16_rows(x, G, true);  // group sums exact: |sum| <= 32767 * 256 < 2^24
+  // bfloat16 rows come back as bfloat16, everything else is computed into float32.
+  const auto out_dtype = xr.dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
   std::optional<torch::Tensor> b;
-  if (bias) {
-    TORCH_CHECK(bias->numel() == N, "bias must have out_features (", N, ") values, got ", bias->numel());
-    b = bias->to(xf.scalar_type()).contiguous();
-  }
-  const int64_t groups = K / G;
-  const auto options = xf.options().dtype(torch::kFloat);
-  torch::Tensor xq = torch::empty({M, K}, options.dtype(torch::kShort));
-  torch::Tensor xqsum = torch::empty({M, groups}, options);  // exact: |sum| <= 32767 * 256 < 2^24
-  std::vector<float> row_scale(M);
-  for (int64_t m = 0; m < M; ++m) {
-    int16_t* xq_m = xq.data_ptr<int16_t>() + m * K;
-    float* xqsum_m = xqsum.data_ptr<float>() + m * groups;
-    row_scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, G, xq_m, xqsum_m)
-                        : int16_row(xf.data_ptr<float>() + m * K, K, G, xq_m, xqsum_m);
-  }
-  const int16_t* XQ = xq.data_ptr<int16_t>();
-  const float* XS = xqsum.data_ptr<float>();
+  if (bias) b = bias->to(out_dtype).contiguous();
+  torch::Tensor y = torch::empty({M, N}, xr.xq.options().dtype(out_dtype));
+  const int16_t* XQ = xr.xq.data_ptr<int16_t>();
+  const float* XS = xr.xqsum.data_ptr<float>();
   const uint8_t* Q = q.data_ptr<uint8_t>();
-  torch::Tensor y = torch::empty({M, N}, xf.options());
   if (sz.scalar_type() == torch::kBFloat16) {
-    int4_columns_into(XQ, XS, row_scale.data(), Q, sz.data_ptr<c10::BFloat16>(), b, y, K, G);
+    int4_columns_into(XQ, XS, xr.scale.data(), Q, sz.data_ptr<c10::BFloat16>(), b, y, K, G);
   } else {
-    int4_columns_into(XQ, XS, row_scale.data(), Q, sz.data_ptr<float>(), b, y, K, G);
+    int4_columns_into(XQ, XS, xr.scale.data(), Q, sz.data_ptr<float>(), b, y, K, G);
   }
-  return bf16 || x.scalar_type() == torch::kFloat ? y : y.to(x.scalar_type());
+  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);  // cpu_layers.cpp
