@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from decoder.kernels import kernels_for
+
 NAME = "draftwatch_rowwise"
 
 
@@ -41,9 +43,10 @@ def _eager(
     share a key head are stacked as rows against that one key head, in float32.
     """
     batch, heads, rows, dim = query.shape
-    kernels = _fused_kernels(query)
-    fits = dim % 8 == 0 and (attention_mask is None or attention_mask.shape[-1] == key.shape[2])
-    if kernels is not None and rows == 1 and fits:  # one call instead of about fifteen
+    kernels = kernels_for(query.device)
+    mask_fits = attention_mask is None or attention_mask.shape[-1] == key.shape[2]
+    fits = query.dtype in (torch.bfloat16, torch.float32) and dim % 8 == 0 and mask_fits
+    if kernels is not None and rows == 1 and fits:  # one call instead of about fifteen PyTorch operations
         return kernels.attend_one_row(query, key, value, attention_mask, scaling)  # type: ignore[no-any-return]
     heads_kv, length = key.shape[1], key.shape[2]
     groups = heads // heads_kv  # query heads h * groups .. (h + 1) * groups - 1 read key head h
@@ -56,15 +59,6 @@ def _eager(
     weights = nn.functional.softmax(weights, dim=-1)
     out = torch.matmul(weights, value.float())  # (B, H_kv, groups * q, d)
     return out.view(batch, heads, rows, dim).to(query.dtype).transpose(1, 2).contiguous()  # (B, q, H, d)
-
-
-def _fused_kernels(query: torch.Tensor) -> Any | None:
-    """decoder/kernels' module when ``query`` is on a CPU that runs it, in a dtype it takes; else None."""
-    if query.device.type != "cpu" or query.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    from decoder.kernels import cpu_kernels
-
-    return cpu_kernels()
 
 
 def rowwise_attention(

@@ -172,13 +172,13 @@ def load_model(
         from decoder.row_stable import make_row_stable
 
         make_row_stable(loaded.model)  # float GEMMs on a CPU round a row by how many share the pass
-    if device.type == "cpu":
-        from decoder.fused_norms import fuse_norms
-        from decoder.kernels import cpu_kernels
+    from decoder.kernels import kernels_for
 
-        kernels = cpu_kernels()
-        if kernels is not None:
-            fuse_norms(loaded.model, kernels)
+    kernels = kernels_for(device)
+    if kernels is not None:
+        from decoder.fused_norms import fuse_norms
+
+        fuse_norms(loaded.model, kernels)
     return loaded
 
 

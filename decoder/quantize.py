@@ -23,10 +23,12 @@ Layers whose shapes a kernel cannot take (tiny test models) stay in floating poi
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import nn
+
+from decoder.kernels import kernels_for
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("scales", scales)  # (out,) activation dtype
         self.register_buffer("bias", bias)  # (out,) or None
         # decoder/kernels' int8 kernel, decided once: it takes float32 scales (a copy of 4 bytes per row).
-        self._kernels = _own_kernels(weight_q.device) if self.in_features % 32 == 0 else None
+        self._kernels = kernels_for(weight_q.device) if self.in_features % 32 == 0 else None
         self._kernel_scales = scales.float() if self._kernels is not None else None
 
     @classmethod
@@ -123,7 +125,7 @@ class Int4Linear(QuantizedLinear):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.packing = packing
-        self._kernels = _own_kernels(packed.device) if packing == "draftwatch" else None
+        self._kernels = kernels_for(packed.device) if packing == "draftwatch" else None
         if packing == "draftwatch" and self._kernels is None:
             raise QuantizationError(f"int4 weights packed for draftwatch's CPU kernel cannot run on {packed.device}")
         self.register_buffer("packed", packed)
@@ -174,16 +176,7 @@ class Int4Linear(QuantizedLinear):
 
 def int4_packing(device: torch.device, in_features: int) -> Int4Packing:
     """draftwatch's packing on a CPU that runs decoder/kernels (inputs a multiple of 64), else tinygemm's."""
-    return "draftwatch" if in_features % 64 == 0 and _own_kernels(device) is not None else "tinygemm"
-
-
-def _own_kernels(device: torch.device) -> Any | None:
-    """decoder/kernels' compiled module when ``device`` is a CPU that can run it, else None."""
-    if device.type != "cpu":
-        return None
-    from decoder.kernels import cpu_kernels
-
-    return cpu_kernels()
+    return "draftwatch" if in_features % 64 == 0 and kernels_for(device) is not None else "tinygemm"
 
 
 def int4_qparams(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

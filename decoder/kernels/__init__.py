@@ -82,6 +82,11 @@ def cpu_kernels() -> Any | None:
         return None
 
 
+def kernels_for(device: torch.device) -> Any | None:
+    """:func:`cpu_kernels` when ``device`` is a CPU, else None: what every caller on a device asks."""
+    return cpu_kernels() if device.type == "cpu" else None
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """q (N, K) integers in 0..15, K a multiple of 64 -> (N, K / 2) uint8, the layout of cpu_linear.cpp.
 

@@ -15,6 +15,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
+from decoder.attention import rowwise_attention
 from decoder.fused_norms import FusedRMSNorm, fuse_norms
 from decoder.kernels import _cpu_has_avx2_fma, cpu_kernels
 
@@ -109,3 +110,17 @@ def test_fused_kernels_refuse_bad_input_with_a_message() -> None:
         kernels.attend_one_row(torch.randn(1, 4, 2, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), None, 1.0)
     with pytest.raises(RuntimeError, match="H a multiple of H_kv"):
         kernels.attend_one_row(torch.randn(1, 3, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), None, 1.0)
+
+
+def test_rowwise_attention_runs_each_row_through_the_fused_kernel() -> None:
+    # A verification pass over 3 new tokens must give each row what its own one-token pass gives.
+    kernels = cpu_kernels()
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(9)
+    query = torch.randn(1, 4, 3, 32, generator=generator).to(torch.bfloat16)  # (B, H, 3 new rows, d)
+    key = torch.randn(1, 2, 10, 32, generator=generator).to(torch.bfloat16)  # 7 cached + 3 new
+    value = torch.randn(1, 2, 10, 32, generator=generator).to(torch.bfloat16)
+    block, _ = rowwise_attention(torch.nn.Module(), query, key, value, None, 0.5)  # (B, 3, H, d)
+    for i in range(3):
+        alone = kernels.attend_one_row(query[:, :, i : i + 1], key[:, :, : 8 + i], value[:, :, : 8 + i], None, 0.5)
+        assert torch.equal(block[:, i : i + 1], alone), i
