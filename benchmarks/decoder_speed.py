@@ -95,7 +95,7 @@ def table(label: str, cells: dict[str, dict[str, Cell]], plain: str, assisted: s
     lines = [
         f"### {label}",
         "",
-        "| workload | method | tokens/s | × plain | × assisted | acceptance | mean acc. length | γ | modes"
+        f"| workload | method | tokens/s | × {plain} | × assisted | acceptance | mean acc. length | γ | modes"
         " | greedy = plain |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
@@ -111,7 +111,7 @@ def table(label: str, cells: dict[str, dict[str, Cell]], plain: str, assisted: s
                 f"| {workload} | {name} | {speed:.2f} | {speed / base:.2f} | "
                 f"{'' if anchor is None else f'{speed / anchor:.2f}'} | {' | '.join(columns)} |"
             )
-    lines += ["", "Geometric mean over workloads, × plain: " + ", ".join(
+    lines += ["", f"Geometric mean over workloads, × {plain}: " + ", ".join(
         f"{name} {statistics.geometric_mean(values):.2f}" for name, values in ratios.items()
     )]  # fmt: skip
     return "\n".join(lines)
@@ -128,6 +128,7 @@ def qwen_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
         "plain (transformers)": hf_method(target, max_new_tokens),
         "assisted (transformers)": hf_method(target, max_new_tokens, assistant_model=draft.model),
         "prompt lookup (transformers)": hf_method(target, max_new_tokens, prompt_lookup_num_tokens=10),
+        "draftwatch plain": draftwatch_method(fixed, max_new_tokens, mode="plain"),
         "draftwatch model + controller": draftwatch_method(controlled, max_new_tokens),
         "draftwatch ngram + controller": draftwatch_method(ngram, max_new_tokens),
         "draftwatch model, fixed γ=4": draftwatch_method(fixed, max_new_tokens),
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = {w: p[: args.prompts] for w, p in workloads.items()}
     target, methods = smollm_methods(args.max_new_tokens)
     cells = run_pair("smollm2-135m + ngram", methods, target, prompts, args.repeats)
-    sections.append(table("smollm2-135m, ngram drafter", cells, "plain (transformers)", None))
+    sections.append(table("smollm2-135m, ngram drafter", cells, "draftwatch plain", None))
     del target, methods
     if not args.skip_qwen:
         qwen_prompts = {w: p[:1] for w, p in workloads.items() if w in ("code", "code-edit")} if args.quick else prompts
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             table(
                 "qwen-coder-1.5b target, qwen-coder-0.5b draft",
                 cells,
-                "plain (transformers)",
+                "draftwatch plain",
                 "assisted (transformers)",
             )
         )

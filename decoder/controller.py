@@ -1,13 +1,13 @@
 """The speculation controller: per workload, how far to speculate, and whether to speculate at all.
 
-It keeps, per workload, exponentially forgotten sums of what the decoder measured and plugs them
-into the expected speedup of Leviathan et al. (2023), extended with the verification cost:
+It keeps exponentially forgotten sums of what the decoder measured and plugs them into the
+expected speedup of Leviathan et al. (2023), extended with the verification cost:
 
     S(gamma) = (1 - alpha^(gamma + 1)) / ((1 - alpha) * (gamma * c + v(gamma)))
 
-* ``alpha``: the chance that the target accepts a draft token, estimated as accepted drafts over
-  drafts the target actually judged (a step stops judging at its first rejection, so dividing by
-  all drafted tokens would understate it);
+* ``alpha``: the chance that the target accepts a draft token, estimated per workload as accepted
+  drafts over drafts the target actually judged (a step stops judging at its first rejection, so
+  dividing by all drafted tokens would understate it);
 * ``c``: the time of one draft token over the time of a one-token target pass ``t1``;
 * ``v(gamma)``: a verification pass over gamma drafts relative to ``t1``, measured per pass size
   where passes of that size were seen, else ``1 + gamma * b / t1`` with ``b`` the measured extra
@@ -17,16 +17,21 @@ into the expected speedup of Leviathan et al. (2023), extended with the verifica
 * ``t1`` is measured on one-token passes. A model drafter drafts on every step, so a request the
   controller marks ``calibrate`` runs its first step without drafts to measure it.
 
+``c``, ``v`` and ``t1`` are properties of the model pair, so all workloads share one set of cost
+sums (:class:`PairCosts`); only ``alpha`` is kept per workload (:class:`WorkloadState`).
+
 The numerator is the expected tokens per step, the denominator its cost in one-token target
 passes; ``S < 1`` means speculation would be slower than plain decoding, and it is switched off
-for that workload, with a probe now and then so that recovery is noticed.
+for that workload, with a probe now and then so that recovery is noticed. A request re-plans
+every few steps with what it has measured so far (:meth:`SpeculationController.replan`), so a
+losing first request or probe stops drafting early instead of paying for a whole request.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -62,11 +67,29 @@ class Observation:
 
 
 @dataclass(slots=True)
-class WorkloadState:
-    """Exponentially forgotten sums for one workload; every figure the formula needs derives from them."""
+class Priors:
+    """Starting values before anything is measured (then replaced by measurements, at ``weight`` requests' worth)."""
 
-    accepted: float = 0.0
-    judged: float = 0.0
+    alpha: float = 0.6
+    c: float = 0.3
+    b_over_t1: float = 0.05
+    weight: float = 1.0
+
+
+COST_SUMS = (
+    "draft_tokens", "draft_ms", "verify_passes", "verify_drafts", "verify_ms", "single_passes", "single_ms",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class PairCosts:
+    """Exponentially forgotten sums of what the passes cost: c, b, v(k) and t1 derive from them.
+
+    Costs belong to the target and drafter, not to the text, so every workload shares one set: a
+    workload seen for the first time is planned with what the others measured, and does not pay
+    for its own calibration.
+    """
+
     draft_tokens: float = 0.0
     draft_ms: float = 0.0
     verify_passes: float = 0.0
@@ -76,20 +99,58 @@ class WorkloadState:
     single_ms: float = 0.0
     sized_passes: dict[str, float] = field(default_factory=dict)  # keys: drafts carried, as text (JSON keys)
     sized_ms: dict[str, float] = field(default_factory=dict)
+
+    def fold(self, observation: Observation, keep: float) -> None:
+        """Keep a share ``keep`` of the old sums and add what ``observation`` measured."""
+        for name in COST_SUMS:
+            setattr(self, name, keep * getattr(self, name) + getattr(observation, name))
+        for sums, new in ((self.sized_passes, observation.sized_passes), (self.sized_ms, observation.sized_ms)):
+            for key in sums:
+                sums[key] *= keep
+            for drafts, value in new.items():
+                sums[str(drafts)] = sums.get(str(drafts), 0.0) + value
+
+    def terms(self, prior: Priors) -> dict[str, float]:
+        """c, b/t1 and t1 (ms) from the sums, the priors standing in for what was not measured."""
+        t1 = measured_t1 = self.single_ms / self.single_passes if self.single_passes > 0 else math.nan
+        if math.isnan(t1) and self.verify_passes:
+            # No one-token pass seen yet: read t1 off the verification passes with the prior slope.
+            t1 = (self.verify_ms / self.verify_passes) / (1 + prior.b_over_t1 * self.verify_drafts / self.verify_passes)
+        c, b_over_t1 = prior.c, prior.b_over_t1
+        if not math.isnan(t1) and t1 > 0:
+            if self.draft_tokens:
+                c = (self.draft_ms / self.draft_tokens) / t1
+            if self.verify_passes and not math.isnan(measured_t1):
+                drafts_per_pass = self.verify_drafts / self.verify_passes
+                b_over_t1 = max(0.0, (self.verify_ms / self.verify_passes - t1) / drafts_per_pass / t1)
+        return {"c": c, "b_over_t1": b_over_t1, "t1_ms": t1}
+
+    def verification_cost(self, gamma: int, terms: Mapping[str, float]) -> float:
+        """v(gamma) in one-token passes: measured at this pass size where seen, else ``1 + gamma * b / t1``."""
+        passes = self.sized_passes.get(str(gamma), 0.0)
+        if passes >= MIN_WEIGHT and terms["t1_ms"] > 0:
+            return max(1.0, self.sized_ms[str(gamma)] / passes / terms["t1_ms"])
+        return 1.0 + gamma * terms["b_over_t1"]
+
+    def plus(self, observation: Observation) -> PairCosts:
+        """A copy with ``observation`` added and nothing forgotten: the view from inside a running request."""
+        merged = PairCosts(sized_passes=dict(self.sized_passes), sized_ms=dict(self.sized_ms))
+        for name in COST_SUMS:
+            setattr(merged, name, getattr(self, name))
+        merged.fold(observation, keep=1.0)
+        return merged
+
+
+@dataclass(slots=True)
+class WorkloadState:
+    """Per workload: forgotten sums of accepted and judged drafts (alpha), and the last decisions."""
+
+    accepted: float = 0.0
+    judged: float = 0.0
     requests: int = 0
     plain_streak: int = 0  # plain requests since the last speculative one
     gamma: int = 0
     mode: PlanMode = "speculative"
-
-
-@dataclass(slots=True)
-class Priors:
-    """Starting values before anything is measured (then replaced by measurements, at ``weight`` requests' worth)."""
-
-    alpha: float = 0.6
-    c: float = 0.3
-    b_over_t1: float = 0.05
-    weight: float = 1.0
 
 
 class SpeculationController:
@@ -111,15 +172,17 @@ class SpeculationController:
     Examples
     --------
     >>> controller = SpeculationController(gamma_max=8, seed=0)
-    >>> for _ in range(20):  # a drafter that is nearly always right and nearly free
-    ...     controller.observe("code-edit", Observation(accepted=90, judged=100, draft_tokens=100,
-    ...         draft_ms=10, verify_passes=25, verify_drafts=100, verify_ms=2600, single_passes=5, single_ms=500))
+    >>> def request(accepted: int, judged: int) -> Observation:  # 25 steps of 4 drafts; t1 = 100 ms, c = 0.05
+    ...     return Observation(accepted=accepted, judged=judged, draft_tokens=100, draft_ms=500,
+    ...         verify_passes=25, verify_drafts=100, verify_ms=2600, single_passes=5, single_ms=500)
+    >>> for _ in range(20):  # one drafter: nearly always right on code edits, always wrong on prose
+    ...     controller.observe("code-edit", request(accepted=90, judged=100))
+    ...     controller.observe("prose", request(accepted=0, judged=25))
     >>> controller.plan("code-edit").gamma >= 6
     True
-    >>> for _ in range(20):  # a drafter that is always wrong and costs half a target pass
-    ...     controller.observe("prose", Observation(accepted=0, judged=25, draft_tokens=100, draft_ms=5000,
-    ...         verify_passes=25, verify_drafts=100, verify_ms=3000, single_passes=5, single_ms=500))
     >>> controller.plan("prose").mode
+    'plain'
+    >>> controller.replan("german", request(accepted=0, judged=25)).mode  # a new workload, losing so far
     'plain'
     """
 
@@ -148,59 +211,42 @@ class SpeculationController:
         self.priors = priors or Priors()
         self._rng = random.Random(seed)
         self._workloads: dict[str, WorkloadState] = {}
+        self._costs = PairCosts()
 
     # Estimates
 
-    def estimates(self, workload: str) -> dict[str, float]:
-        """alpha, c, b/t1 and t1 (ms) for ``workload``: measurements blended with the priors."""
-        state = self._state(workload)
-        prior = self.priors
-        alpha = (state.accepted + prior.alpha * prior.weight) / (state.judged + prior.weight)
-        t1 = measured_t1 = self._single_pass_ms(state)
-        if math.isnan(t1) and state.verify_passes:
-            # No one-token pass seen yet: read t1 off the verification passes with the prior slope.
-            per_pass = state.verify_ms / state.verify_passes
-            t1 = per_pass / (1 + prior.b_over_t1 * state.verify_drafts / state.verify_passes)
-        c, b_over_t1 = prior.c, prior.b_over_t1
-        if not math.isnan(t1) and t1 > 0:
-            if state.draft_tokens:
-                c = (state.draft_ms / state.draft_tokens) / t1
-            if state.verify_passes and not math.isnan(measured_t1):
-                extra_per_draft = (state.verify_ms / state.verify_passes - t1) / (
-                    state.verify_drafts / state.verify_passes
-                )
-                b_over_t1 = max(0.0, extra_per_draft / t1)
-        return {"alpha": min(alpha, 1.0), "c": c, "b_over_t1": b_over_t1, "t1_ms": t1}
+    def estimates(self, workload: str, running: Observation | None = None) -> dict[str, float]:
+        """alpha, c, b/t1 and t1 (ms) for ``workload``: measurements blended with the priors.
 
-    def verification_cost(self, workload: str, gamma: int, estimates: Mapping[str, float] | None = None) -> float:
+        ``running``: what the request in progress has measured so far, counted in without forgetting.
+        """
+        state, prior = self._workloads.get(workload) or WorkloadState(), self.priors
+        accepted = state.accepted + (running.accepted if running else 0)
+        judged = state.judged + (running.judged if running else 0)
+        alpha = (accepted + prior.alpha * prior.weight) / (judged + prior.weight)
+        return {"alpha": min(alpha, 1.0), **self._costs_with(running).terms(prior)}
+
+    def verification_cost(self, gamma: int) -> float:
         """v(gamma): a pass over gamma drafts in one-token passes, measured at that size where seen."""
-        state = self._state(workload)
-        e = self.estimates(workload) if estimates is None else estimates
-        passes = state.sized_passes.get(str(gamma), 0.0)
-        if passes >= MIN_WEIGHT and e["t1_ms"] > 0:
-            return max(1.0, state.sized_ms[str(gamma)] / passes / e["t1_ms"])
-        return 1.0 + gamma * e["b_over_t1"]
+        return self._costs.verification_cost(gamma, self._costs.terms(self.priors))
 
     def expected_speedup(self, workload: str, gamma: int) -> float:
         """S(gamma) for ``workload`` from the current estimates."""
         e = self.estimates(workload)
-        return expected_speedup(e["alpha"], e["c"], e["b_over_t1"], gamma, self.verification_cost(workload, gamma, e))
+        return expected_speedup(e["alpha"], e["c"], e["b_over_t1"], gamma, self.verification_cost(gamma))
 
-    def best_gamma(self, workload: str) -> tuple[int, float]:
-        e = self.estimates(workload)
+    def best_gamma(self, workload: str, running: Observation | None = None) -> tuple[int, float]:
+        """The gamma in ``1..gamma_max`` with the largest S(gamma), and that S."""
+        e, costs = self.estimates(workload, running), self._costs_with(running)
         speedups = {
-            g: expected_speedup(e["alpha"], e["c"], e["b_over_t1"], g, self.verification_cost(workload, g, e))
+            g: expected_speedup(e["alpha"], e["c"], e["b_over_t1"], g, costs.verification_cost(g, e))
             for g in range(1, self.gamma_max + 1)
         }
         gamma = max(speedups, key=lambda g: (speedups[g], -g))
         return gamma, speedups[gamma]
 
-    def _single_pass_ms(self, state: WorkloadState) -> float:
-        """t1: this workload's one-token passes, else every workload's (t1 belongs to the target), else NaN."""
-        if state.single_passes >= MIN_WEIGHT:
-            return state.single_ms / state.single_passes
-        passes = sum(s.single_passes for s in self._workloads.values())
-        return sum(s.single_ms for s in self._workloads.values()) / passes if passes > 0 else math.nan
+    def _costs_with(self, running: Observation | None) -> PairCosts:
+        return self._costs if running is None else self._costs.plus(running)
 
     # Decisions
 
@@ -212,33 +258,36 @@ class SpeculationController:
             return Plan("holdout", gamma, speedup)
         if speedup >= 1.0:
             state.mode, state.gamma = "speculative", gamma
-            return Plan("speculative", gamma, speedup, calibrate=state.single_passes < MIN_WEIGHT)
+            return Plan("speculative", gamma, speedup, calibrate=self._costs.single_passes < MIN_WEIGHT)
         state.mode, state.gamma = "plain", gamma
         if state.plain_streak + 1 >= self.probe_every:
             return Plan("speculative", gamma, speedup)  # a probe: has the drafter recovered?
         return Plan("plain", gamma, speedup)
 
+    def replan(self, workload: str, running: Observation) -> Plan:
+        """Mid-request: with what this request has measured so far, should it go on speculating, and how far?
+
+        A request that finds speculation losing stops drafting for its remaining steps, so that trying
+        a new workload, or probing one switched off, costs a few steps rather than a whole request.
+        Draws nothing from the holdout generator and changes no state.
+        """
+        gamma, speedup = self.best_gamma(workload, running)
+        return Plan("speculative" if speedup >= 1.0 else "plain", gamma, speedup)
+
     def observe(self, workload: str, observation: Observation, mode: PlanMode = "speculative") -> None:
-        """Fold one finished request into the workload's sums, forgetting a share of the old ones."""
+        """Fold one finished request into the sums, forgetting a share of the old ones."""
         state = self._state(workload)
         keep = 1.0 - self.forgetting
-        for name in (
-            "accepted", "judged", "draft_tokens", "draft_ms", "verify_passes",
-            "verify_drafts", "verify_ms", "single_passes", "single_ms",
-        ):  # fmt: skip
-            setattr(state, name, keep * getattr(state, name) + getattr(observation, name))
-        for sums, new in ((state.sized_passes, observation.sized_passes), (state.sized_ms, observation.sized_ms)):
-            for key in sums:
-                sums[key] *= keep
-            for drafts, value in new.items():
-                sums[str(drafts)] = sums.get(str(drafts), 0.0) + value
+        state.accepted = keep * state.accepted + observation.accepted
+        state.judged = keep * state.judged + observation.judged
+        self._costs.fold(observation, keep)
         state.requests += 1
         state.plain_streak = state.plain_streak + 1 if mode != "speculative" else 0
 
     # State
 
     def state(self) -> dict[str, Any]:
-        """Everything needed to resume: settings, the random generator and each workload's sums."""
+        """Everything needed to resume: settings, the random generator, the pair's costs and each workload's sums."""
         return {
             "gamma_max": self.gamma_max,
             "forgetting": self.forgetting,
@@ -247,11 +296,13 @@ class SpeculationController:
             "seed": self.seed,
             "priors": asdict(self.priors),
             "rng": _encode_rng(self._rng.getstate()),
+            "costs": asdict(self._costs),
             "workloads": {name: asdict(state) for name, state in self._workloads.items()},
         }
 
     @classmethod
     def from_state(cls, data: dict[str, Any]) -> SpeculationController:
+        """The controller :meth:`state` described; a state from before costs were shared has them summed."""
         controller = cls(
             gamma_max=data["gamma_max"],
             forgetting=data["forgetting"],
@@ -261,7 +312,10 @@ class SpeculationController:
             priors=Priors(**data["priors"]),
         )
         controller._rng.setstate(_decode_rng(data["rng"]))
-        controller._workloads = {name: WorkloadState(**values) for name, values in data["workloads"].items()}
+        workloads = {name: dict(values) for name, values in data["workloads"].items()}
+        costs = data.get("costs") or _pooled_costs(workloads.values())
+        controller._costs = PairCosts(**costs)
+        controller._workloads = {name: WorkloadState(**values) for name, values in workloads.items()}
         return controller
 
     def summary(self) -> dict[str, dict[str, Any]]:
@@ -275,6 +329,16 @@ class SpeculationController:
 
     def _state(self, workload: str) -> WorkloadState:
         return self._workloads.setdefault(workload, WorkloadState())
+
+
+def _pooled_costs(workloads: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Move per-workload cost sums (the state format before costs were shared) into one pooled set."""
+    pooled = PairCosts()
+    for values in workloads:
+        sized = {key: values.pop(key, {}) for key in ("sized_passes", "sized_ms")}
+        sums = {name: values.pop(name, 0.0) for name in COST_SUMS}
+        pooled.fold(Observation(accepted=0, judged=0, **sums, **sized), keep=1.0)
+    return asdict(pooled)
 
 
 def expected_speedup(alpha: float, c: float, b_over_t1: float, gamma: int, v: float | None = None) -> float:

@@ -19,12 +19,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from decoder.accounting import RequestStats
-from decoder.controller import SpeculationController
+from decoder.controller import Observation, Plan, SpeculationController
 from decoder.drafters.base import Drafter
 from decoder.loading import LoadedModel
 from decoder.record import Mode, RequestRecord, validate_workload
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 Sink = Callable[[RequestRecord], None]
 Prompt = str | Sequence[dict[str, str]]
 MAX_GAMMA = 32
+REPLAN_STEPS = 8  # a request the controller planned re-plans after every this many steps
+Replan = Callable[[Observation], Plan]
 
 
 @dataclass(slots=True)
@@ -192,8 +195,11 @@ class SpeculativeDecoder:
             raise ValueError(f"mode must be speculative, plain or holdout, got {mode!r}")
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         calibrate = False
+        replan: Replan | None = None
         if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
             plan = self.controller.plan(workload)
+            if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
+                replan = partial(self.controller.replan, workload)
             mode = plan.mode if mode is None else mode
             gamma = plan.gamma if gamma is None else gamma
             calibrate = plan.calibrate
@@ -230,7 +236,9 @@ class SpeculativeDecoder:
         shown = 0  # characters of text already yielded
         try:
             with torch.inference_mode():
-                steps = self._decode(prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, calibrate)
+                steps = self._decode(
+                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, calibrate, replan
+                )
                 for finished in steps:
                     text = stopper.visible_text(token_ids, final=finished is not None)
                     if len(text) > shown:
@@ -258,10 +266,13 @@ class SpeculativeDecoder:
         stopper: Stopper,
         output: list[int],
         calibrate: bool = False,
+        replan: Replan | None = None,
     ) -> Iterator[str | None]:
         """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end.
 
         ``calibrate``: the first step carries no drafts, so the controller sees a one-token pass.
+        ``replan``: asked every ``REPLAN_STEPS`` steps with what the request measured so far; when it
+        answers ``plain``, the remaining steps draft nothing, and a lower gamma caps this request's.
         """
         from transformers import DynamicCache
 
@@ -278,9 +289,22 @@ class SpeculativeDecoder:
             yield "stop"
             return
         yield None
+        gamma_now = stats.gamma
         while len(output) < max_new_tokens:
+            if (
+                drafter is not None
+                and replan is not None
+                and stats.num_spec_steps % REPLAN_STEPS == 0 < stats.num_spec_steps
+            ):
+                plan = replan(stats.observation())
+                if plan.mode == "plain":
+                    drafter = None
+                    logger.debug(
+                        "speculation stopped after %d steps (S = %.2f)", stats.num_spec_steps, plan.expected_speedup
+                    )
+                gamma_now = min(stats.gamma, plan.gamma)
             # Never draft past max_new_tokens: the step's own token needs one slot.
-            gamma = 0 if calibrate else min(stats.gamma, max_new_tokens - len(output) - 1)
+            gamma = 0 if calibrate else min(gamma_now, max_new_tokens - len(output) - 1)
             calibrate = False
             emitted, drafted = speculative_step(self.target, drafter, seq, gamma, params, generator, stats)
             accepted = len(emitted) - 1

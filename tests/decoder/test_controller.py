@@ -14,6 +14,7 @@ from decoder import LoadedModel, ModelDrafter, SpeculativeDecoder
 from decoder.controller import Observation, SpeculationController, expected_speedup
 from decoder.drafters.base import Proposal
 from decoder.sampling import SamplingParams
+from decoder.speculative import REPLAN_STEPS
 
 
 def measured(alpha: float, c: float, b_over_t1: float = 0.05, steps: int = 20, gamma: int = 4) -> Observation:
@@ -75,8 +76,8 @@ def test_verification_cost_is_measured_per_pass_size() -> None:
     for gamma in (3, 4, 5, 6, 7, 8):
         for _ in range(3):
             controller.observe("code", sized(alpha=0.8, c=0.05, gamma=gamma, cost_of_pass=step_cost(gamma)))
-    assert controller.verification_cost("code", 3) == pytest.approx(1.45)
-    assert controller.verification_cost("code", 6) == pytest.approx(2.8)
+    assert controller.verification_cost(3) == pytest.approx(1.45)
+    assert controller.verification_cost(6) == pytest.approx(2.8)
     truth = {g: expected_speedup(0.8, 0.05, 0.0, g, step_cost(g)) for g in range(1, 9)}
     assert max(truth, key=truth.__getitem__) == 3
     assert controller.plan("code").gamma == 3
@@ -100,18 +101,60 @@ def test_calibration_measures_t1_then_pauses_and_t1_is_shared() -> None:
 
 
 def test_gamma_rises_with_alpha_and_falls_with_cost() -> None:
-    controller = SpeculationController(gamma_max=10)
-    cases = {"low": (0.5, 0.1), "mid": (0.8, 0.1), "high": (0.97, 0.02), "costly": (0.8, 0.4)}
-    for workload, (alpha, c) in cases.items():
-        for _ in range(30):
-            controller.observe(workload, measured(alpha, c))
-    gammas = {workload: controller.plan(workload).gamma for workload in cases}
+    cheap, costly = SpeculationController(gamma_max=10), SpeculationController(gamma_max=10)
+    alphas = {"low": 0.5, "mid": 0.8, "high": 0.97}
+    for _ in range(30):
+        for workload, alpha in alphas.items():
+            cheap.observe(workload, measured(alpha, c=0.02))
+            costly.observe(workload, measured(alpha, c=0.4))
+    gammas = {workload: cheap.plan(workload).gamma for workload in alphas}
     assert gammas["low"] < gammas["mid"] < gammas["high"]
-    assert gammas["costly"] < gammas["mid"]
+    assert costly.plan("mid").gamma < gammas["mid"]
     # The chosen gamma is the argmax of the formula over 1..gamma_max.
-    e = controller.estimates("mid")
+    e = cheap.estimates("mid")
     best = max(range(1, 11), key=lambda g: expected_speedup(e["alpha"], e["c"], e["b_over_t1"], g))
     assert gammas["mid"] == best
+
+
+def test_costs_are_shared_so_a_new_workload_starts_from_them() -> None:
+    """c, v and t1 belong to the model pair: one workload's requests teach the controller what drafting costs."""
+    controller = SpeculationController()
+    for _ in range(5):  # a drafter that is right 95 % of the time on code, but costs 0.7 of a target pass
+        controller.observe("code", measured(alpha=0.95, c=0.7, b_over_t1=0.1, gamma=1))
+    prose = controller.plan("prose")  # never seen: the prior alpha (0.6) with the measured costs
+    assert not prose.calibrate
+    assert prose.mode == "plain" and prose.expected_speedup < 1
+    assert controller.estimates("prose")["c"] == pytest.approx(0.7)
+    assert controller.estimates("prose")["alpha"] == pytest.approx(0.6)
+    assert controller.plan("code").mode == "speculative"  # 1.95 tokens for 1.8 passes; prose: 1.6
+
+
+def test_replan_counts_the_running_request_and_changes_nothing() -> None:
+    controller = SpeculationController(holdout_share=0.5, seed=4)
+    for _ in range(5):
+        controller.observe("code", measured(alpha=0.8, c=0.05))
+    before = json.dumps(controller.state())
+    losing = controller.replan("prose", measured(alpha=0.0, c=0.05, steps=8))
+    assert losing.mode == "plain" and losing.expected_speedup < 1
+    assert controller.replan("code", measured(alpha=0.8, c=0.05, steps=8)).mode == "speculative"
+    assert json.dumps(controller.state()) == before  # no sums, no holdout draw, no new workload
+
+
+def test_a_state_saved_before_costs_were_shared_is_pooled() -> None:
+    controller = SpeculationController(seed=2)
+    for workload in ("code", "prose"):
+        for _ in range(3):
+            controller.observe(workload, sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4))
+    state = json.loads(json.dumps(controller.state()))
+    costs = state.pop("costs")
+    share = {name: value / 2 for name, value in costs.items() if not isinstance(value, dict)}
+    for values in state["workloads"].values():  # the old format: each workload held half of the sums
+        values.update(share, sized_passes={k: v / 2 for k, v in costs["sized_passes"].items()},
+                      sized_ms={k: v / 2 for k, v in costs["sized_ms"].items()})  # fmt: skip
+    restored = SpeculationController.from_state(state)
+    assert restored.estimates("code") == pytest.approx(controller.estimates("code"))
+    assert restored.verification_cost(3) == pytest.approx(1.4)
+    assert restored.state() == controller.state()
 
 
 def test_useless_drafter_switches_off_then_probes_and_recovers() -> None:
@@ -210,9 +253,25 @@ def test_decoder_runs_a_calibration_step_when_asked(tiny_target: LoadedModel, ti
     assert controller.plan("code").calibrate
     assert decoder.generate("a b c d e f", max_new_tokens=12, workload="code", mode="speculative").token_ids == expected
     assert drafter.lengths[0] == prompt_length + 2  # prefill's token, then the undrafted step's token
-    assert controller.state()["workloads"]["code"]["single_passes"] >= 1
+    assert controller.state()["costs"]["single_passes"] >= 1
 
     assert not controller.plan("code").calibrate
     drafter.lengths.clear()
     assert decoder.generate("a b c d e f", max_new_tokens=12, workload="code", mode="speculative").token_ids == expected
     assert drafter.lengths[0] == prompt_length + 1  # drafting right after prefill
+
+
+def test_a_losing_request_stops_drafting_midway(tiny_target: LoadedModel, tiny_draft: LoadedModel) -> None:
+    """A request the controller planned re-plans every REPLAN_STEPS steps; one whose caller fixed it does not."""
+    controller = SpeculationController(seed=0)
+    decoder = SpeculativeDecoder(tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller)
+    expected = SpeculativeDecoder(tiny_target, None).generate("a b c d e f", max_new_tokens=40).token_ids
+
+    first = decoder.generate("a b c d e f", max_new_tokens=40, workload="prose")
+    assert first.token_ids == expected and first.record.mode == "speculative"
+    assert first.record.num_spec_steps > 2 * REPLAN_STEPS  # long enough to have drafted on, had it not stopped
+    assert 0 < first.record.num_draft_tokens <= REPLAN_STEPS * first.record.num_speculative_tokens
+
+    fixed = decoder.generate("a b c d e f", max_new_tokens=40, workload="prose", mode="speculative", gamma=1)
+    assert fixed.token_ids == expected
+    assert fixed.record.num_draft_tokens > REPLAN_STEPS  # drafted to the end: the caller chose speculation
