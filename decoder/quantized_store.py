@@ -43,8 +43,8 @@ logger = logging.getLogger(__name__)
 # a model of this size is bound by kernel launches, not by reading weights: int4 was no faster than
 # float beyond the run's scatter and int8 slower, so weights stay float.
 DEFAULT_QUANTIZATION: dict[str, Quantization] = {"cpu": "int4", "cuda": "none"}
-FORMAT_VERSION = 5  # 3: int4 layers record their packing; 4: draftwatch's packing in 64-weight words;
-# 5: draftwatch's int4 keeps scales and zeros in the activation dtype
+FORMAT_VERSION = 6  # 3: int4 layers record their packing; 4: draftwatch's packing in 64-weight words;
+# 5: draftwatch's int4 keeps scales and zeros in the activation dtype; 6: its words pair the block's halves
 
 
 def choose_quantization(device: torch.device, environ: dict[str, str] | None = None) -> Quantization:

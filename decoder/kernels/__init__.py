@@ -90,12 +90,14 @@ def kernels_for(device: torch.device) -> Any | None:
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """q (N, K) integers in 0..15, K a multiple of 64 -> (N, K / 2) uint8, the layout of cpu_linear.cpp.
 
-    Each 64 weights become 16 little-endian uint16 words; word j holds weights j, 16 + j, 32 + j
-    and 48 + j in its four nibbles, so the kernel gets four runs of 16 consecutive weights from
-    one load with masks and shifts alone.
+    Each 64 weights become 16 little-endian uint16 words: word j < 8 holds weights j, 8 + j,
+    16 + j and 24 + j in its four nibbles, word 8 + j weights 32 + j, 40 + j, 48 + j and 56 + j.
+    One load and masks and shifts then give the kernel 16 weights at a time whose two 128-bit
+    halves come from the block's two halves (two groups of 32, side by side in one vector).
     """
     n, k = q.shape
-    runs = q.to(torch.int32).reshape(n, k // 64, 4, 16)  # (N, blocks, run, j)
-    words = runs[:, :, 0] | (runs[:, :, 1] << 4) | (runs[:, :, 2] << 8) | (runs[:, :, 3] << 12)  # (N, blocks, 16)
+    runs = q.to(torch.int32).reshape(n, k // 64, 2, 4, 8)  # (N, blocks, half, run, j)
+    nibbles = runs[:, :, :, 0] | (runs[:, :, :, 1] << 4) | (runs[:, :, :, 2] << 8) | (runs[:, :, :, 3] << 12)
+    words = nibbles.reshape(n, k // 64, 16)  # (N, blocks, word)
     low, high = (words & 0xFF).to(torch.uint8), (words >> 8).to(torch.uint8)
     return torch.stack([low, high], dim=3).reshape(n, k // 2).contiguous()

@@ -25,7 +25,10 @@
 //   int8: q (N, K) int8 row-major (the same as `_weight_int8pack_mm`'s), scales (N,) float32;
 //         w[n, k] = q[n, k] * scales[n].
 //   int4: q (N, K / 2) uint8, 32 bytes per 64 weights read as 16 little-endian uint16 words:
-//         word j holds weights j, 16 + j, 32 + j and 48 + j in its four nibbles, low to high;
+//         word j < 8 holds weights j, 8 + j, 16 + j and 24 + j in its four nibbles, low to high,
+//         word 8 + j weights 32 + j, 40 + j, 48 + j and 56 + j. A mask or a shift then gives 16
+//         weights whose low 128-bit half lies in the block's first 32 weights and whose high half
+//         in its last 32, so at G = 32 one float vector holds two groups' sums, side by side;
 //         sz (N, 2, K / G) bfloat16 or float32: each row's group scales, then its group zeros
 //         (the value of level 8), with w = (q - 8) * scale + zero, q in 0..15. bfloat16 halves
 //         what the scales cost at G = 32: 1 bit per weight instead of 2 (one 8960 x 1536 layer:
@@ -93,11 +96,13 @@ inline void int8_column(const int16_t* xq, const float* row_scales, const int8_t
 }
 
 // Rows [m0, m0 + R) of column n, int4 weights in groups of G (32 or a multiple of 64),
-// activations as int16 (xq, one scale per row in row_scales). Per 64 weights: one 32-byte
-// load gives four runs of 16 weights as int16 lanes (mask and shift, no shuffles), vpmaddwd
-// multiplies them with the activations and adds pairs exactly in int32 (|q| <= 15,
-// |xq| <= 32767), and each group's integer sum is scaled in float32. The zero term is a dot
-// product of the group offsets with each row's exact group sums of xq, after the loop.
+// activations as int16 in the weights' order (xq, see int16_row; one scale per row in
+// row_scales). Per 64 weights: one 32-byte load gives four vectors of 16 weights as int16 lanes
+// (mask and shift, no shuffles), vpmaddwd multiplies them with the activations and adds pairs
+// exactly in int32 (|q| <= 15, |xq| <= 32767), and the integer sums are scaled in float32: at
+// G = 32 one vector of both groups' sums times one vector of both scales, built once for all R
+// rows. The zero term is a dot product of the group offsets with each row's exact group sums of
+// xq, after the loop.
 template <int R, bool kGroup32, typename T>
 inline void int4_column(const int16_t* xq, const float* xqsum, const float* row_scales, const uint8_t* q,
                         const float* scales, const T* zeros, float* out, int64_t K, int64_t G) {
@@ -112,32 +117,55 @@ inline void int4_column(const int16_t* xq, const float* xqsum, const float* row_
     dot[r] = _mm256_setzero_si256();
   }
   const int64_t blocks_per_group = kGroup32 ? 1 : G / 64;
-  for (int64_t b = 0; b < K / 64; ++b) {
+  // Sum over 64 weights and R rows, into sums[r] (8 int32 lanes: the first 32 weights' in 0-3,
+  // the last 32 weights' in 4-7).
+  const auto block_sums = [&](int64_t b, __m256i* sums) {
     const int64_t k = b * 64;
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k / 2));
-    const __m256i w0 = _mm256_and_si256(v, nibble);                         // weights k .. k+15
-    const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);   // k+16 .. k+31
-    const __m256i w2 = _mm256_and_si256(_mm256_srli_epi16(v, 8), nibble);   // k+32 .. k+47
-    const __m256i w3 = _mm256_srli_epi16(v, 12);                            // k+48 .. k+63
+    const __m256i w0 = _mm256_and_si256(v, nibble);
+    const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    const __m256i w2 = _mm256_and_si256(_mm256_srli_epi16(v, 8), nibble);
+    const __m256i w3 = _mm256_srli_epi16(v, 12);
     for (int r = 0; r < R; ++r) {
       const __m256i* xr = reinterpret_cast<const __m256i*>(xq + r * K + k);
       const __m256i first = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xr)),
                                              _mm256_madd_epi16(w1, _mm256_loadu_si256(xr + 1)));
       const __m256i second = _mm256_add_epi32(_mm256_madd_epi16(w2, _mm256_loadu_si256(xr + 2)),
                                               _mm256_madd_epi16(w3, _mm256_loadu_si256(xr + 3)));
-      if (kGroup32) {  // G == 32: k .. k+31 is group 2b, k+32 .. k+63 group 2b + 1
-        total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first), _mm256_broadcast_ss(scales + 2 * b), total[r]);
-        total_odd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second), _mm256_broadcast_ss(scales + 2 * b + 1),
-                                       total_odd[r]);
-      } else {
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_add_epi32(first, second));
-      }
+      sums[r] = _mm256_add_epi32(first, second);
     }
-    if (!kGroup32 && (b + 1) % blocks_per_group == 0) {
-      const __m256 scale = _mm256_broadcast_ss(scales + (b + 1) / blocks_per_group - 1);
-      for (int r = 0; r < R; ++r) {
-        total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, total[r]);
-        dot[r] = _mm256_setzero_si256();
+  };
+  __m256i sums[R];
+  if (kGroup32) {
+    // Groups 2b (lanes 0-3) and 2b + 1 (lanes 4-7) of block b. Even and odd blocks go to their own
+    // accumulators, so that one FMA chain does not wait on itself every block.
+    const auto scale_pair = [&](int64_t b) {
+      return _mm256_set_m128(_mm_broadcast_ss(scales + 2 * b + 1), _mm_broadcast_ss(scales + 2 * b));
+    };
+    int64_t b = 0;
+    for (; b + 2 <= K / 64; b += 2) {
+      block_sums(b, sums);
+      const __m256 even = scale_pair(b);
+      for (int r = 0; r < R; ++r) total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), even, total[r]);
+      block_sums(b + 1, sums);
+      const __m256 odd = scale_pair(b + 1);
+      for (int r = 0; r < R; ++r) total_odd[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), odd, total_odd[r]);
+    }
+    if (b < K / 64) {
+      block_sums(b, sums);
+      const __m256 even = scale_pair(b);
+      for (int r = 0; r < R; ++r) total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), even, total[r]);
+    }
+  } else {
+    for (int64_t b = 0; b < K / 64; ++b) {
+      block_sums(b, sums);
+      for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], sums[r]);
+      if ((b + 1) % blocks_per_group == 0) {
+        const __m256 scale = _mm256_broadcast_ss(scales + (b + 1) / blocks_per_group - 1);
+        for (int r = 0; r < R; ++r) {
+          total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), scale, total[r]);
+          dot[r] = _mm256_setzero_si256();
+        }
       }
     }
   }
@@ -180,11 +208,16 @@ inline void in_row_blocks(int64_t M, Column&& column) {
   }
 }
 
+// Where the activation of weight i (0..63, a multiple of 8) of a 64-weight block goes, so that
+// xq lines up with the int4 words: the runs of 8 of the block's two halves alternate.
+constexpr int64_t int4_position(int64_t i) { return i < 32 ? i * 2 : (i - 32) * 2 + 8; }
+
 // One row of activations as int16 with one scale (max |x| -> 32767, returned), and its group
-// sums (exact integers) into xqsum when given. Per row, in a fixed order, so nothing depends on
-// M. The rounding is the CPU's default (to nearest, ties to even), lrintf's.
+// sums (exact integers) into xqsum when given; in int4's order when int4_order, else in x's.
+// Per row, in a fixed order, so nothing depends on M. The rounding is the CPU's default (to
+// nearest, ties to even), lrintf's.
 template <typename T>
-float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum) {
+float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum, bool int4_order) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 largest8 = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) largest8 = _mm256_max_ps(largest8, _mm256_and_ps(load8(x + k), magnitude));
@@ -201,7 +234,14 @@ float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum) {
       sum = _mm256_add_epi32(sum, _mm256_add_epi32(low, high));
       // packs interleaves 128-bit lanes; the permute puts the 16 values back in order
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k), packed);
+      if (int4_order) {
+        int16_t* block = xq + k - k % 64;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(block + int4_position(k % 64)), _mm256_castsi256_si128(packed));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(block + int4_position(k % 64 + 8)),
+                         _mm256_extracti128_si256(packed, 1));
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k), packed);
+      }
     }
     if (xqsum == nullptr) continue;
     __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
@@ -212,7 +252,8 @@ float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum) {
   return scale;
 }
 
-// A pass's activation rows as int16, with each row's scale and, for int4, its group sums.
+// A pass's activation rows as int16, with each row's scale and, for int4, its group sums and the
+// int4 words' order.
 struct Int16Rows {
   torch::Tensor xq;             // (M, K) int16
   torch::Tensor xqsum;          // (M, K / G) float32, exact integers; empty without group sums
@@ -221,20 +262,20 @@ struct Int16Rows {
 };
 
 // x (M, K): bfloat16 rows are read as they are, other dtypes through float32.
-Int16Rows int16_rows(const torch::Tensor& x, int64_t G, bool group_sums) {
+Int16Rows int16_rows(const torch::Tensor& x, int64_t G, bool for_int4) {
   TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
   const torch::Tensor xf = bf16 ? x.contiguous() : x.to(torch::kFloat).contiguous();
   const int64_t M = xf.size(0), K = xf.size(1);
   const auto options = xf.options().dtype(torch::kFloat);
   Int16Rows rows{torch::empty({M, K}, options.dtype(torch::kShort)),
-                 group_sums ? torch::empty({M, K / G}, options) : torch::Tensor(), std::vector<float>(M),
+                 for_int4 ? torch::empty({M, K / G}, options) : torch::Tensor(), std::vector<float>(M),
                  x.scalar_type()};
   for (int64_t m = 0; m < M; ++m) {
     int16_t* xq_m = rows.xq.data_ptr<int16_t>() + m * K;
-    float* xqsum_m = group_sums ? rows.xqsum.data_ptr<float>() + m * (K / G) : nullptr;
-    rows.scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, G, xq_m, xqsum_m)
-                         : int16_row(xf.data_ptr<float>() + m * K, K, G, xq_m, xqsum_m);
+    float* xqsum_m = for_int4 ? rows.xqsum.data_ptr<float>() + m * (K / G) : nullptr;
+    rows.scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, G, xq_m, xqsum_m, for_int4)
+                         : int16_row(xf.data_ptr<float>() + m * K, K, G, xq_m, xqsum_m, for_int4);
   }
   return rows;
 }
