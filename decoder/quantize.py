@@ -84,8 +84,9 @@ class Int8Linear(QuantizedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
         flat = x.reshape(-1, self.in_features)
-        if self._kernels is not None:
-            out = self._kernels.int8_linear(flat, self.weight_q, self._kernel_scales).to(x.dtype)
+        if self._kernels is not None:  # adds the bias and rounds to x's dtype once, in the kernel
+            out = self._kernels.int8_linear(flat, self.weight_q, self._kernel_scales, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)  # type: ignore[no-any-return]
         else:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_q, self.scales)
         return self._finish(out, x.shape)

@@ -282,31 +282,48 @@ Int16Rows int16_rows(const torch::Tensor& x, int64_t G, bool for_int4) {
 
 }  // namespace
 
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales) {
-  TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
-  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
-  TORCH_CHECK(q.scalar_type() == torch::kChar && q.is_contiguous() && q.size(1) == K, "q must be (N, K) int8");
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.numel() == N, "scales must be (N,) float32");
-  TORCH_CHECK(K % 32 == 0, "in_features must be a multiple of 32, got ", K);
-  const Int16Rows xr = int16_rows(x, K, false);
-  torch::Tensor y = torch::empty({M, N}, xr.xq.options().dtype(torch::kFloat));
+// Columns of y (M, N) for int8 weights, plus the bias when given, rounded once into O.
+template <typename O>
+void int8_columns(const Int16Rows& xr, const int8_t* Q, const float* S, const O* bias, O* Y, int64_t M, int64_t K,
+                  int64_t N) {
   const int16_t* XQ = xr.xq.data_ptr<int16_t>();
-  const int8_t* Q = q.data_ptr<int8_t>();
-  const float* S = scales.data_ptr<float>();
-  float* Y = y.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     float out[kRowBlock];
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t* qn = Q + n * K;
       if (n + kPrefetchRows < n1) prefetch_bytes(qn + kPrefetchRows * K, K);
+      const float add = bias != nullptr ? static_cast<float>(bias[n]) : 0.0f;
       in_row_blocks(M, [&](auto rows, int64_t m) {
         constexpr int R = decltype(rows)::value;
         int8_column<R>(XQ + m * K, xr.scale.data() + m, qn, S[n], out, K);
-        for (int r = 0; r < R; ++r) Y[(m + r) * N + n] = out[r];
+        for (int r = 0; r < R; ++r) Y[(m + r) * N + n] = static_cast<O>(out[r] + add);
       });
     }
   });
-  return y;
+}
+
+// y (M, N) = x (M, K) @ (q * scales)^T + bias, in x's dtype, as int4_linear below.
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scales,
+                          const std::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+  TORCH_CHECK(q.scalar_type() == torch::kChar && q.is_contiguous() && q.size(1) == K, "q must be (N, K) int8");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.numel() == N, "scales must be (N,) float32");
+  TORCH_CHECK(K % 32 == 0, "in_features must be a multiple of 32, got ", K);
+  TORCH_CHECK(!bias || bias->numel() == N, "bias must have out_features (", N, ") values, got ", bias->numel());
+  const Int16Rows xr = int16_rows(x, K, false);
+  const bool bf16 = xr.dtype == torch::kBFloat16;
+  torch::Tensor y = torch::empty({M, N}, xr.xq.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat));
+  std::optional<torch::Tensor> b;
+  if (bias) b = bias->to(y.scalar_type()).contiguous();
+  const int8_t* Q = q.data_ptr<int8_t>();
+  const float* S = scales.data_ptr<float>();
+  if (bf16) {
+    int8_columns(xr, Q, S, b ? b->data_ptr<c10::BFloat16>() : nullptr, y.data_ptr<c10::BFloat16>(), M, K, N);
+  } else {
+    int8_columns(xr, Q, S, b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), M, K, N);
+  }
+  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
 }
 
 // Columns of y (M, N) for int4 weights with scales and zeros stored as T (float or bfloat16), plus
@@ -388,7 +405,8 @@ torch::Tensor attend_one_row(const torch::Tensor& query, const torch::Tensor& ke
                              const std::optional<torch::Tensor>& mask, double scale);  // cpu_layers.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_linear", &int8_linear, "y (M, N) float32 = x (M, K) @ (q * scales)^T");
+  m.def("int8_linear", &int8_linear, "y (M, N) = x (M, K) @ (q * scales)^T + bias in x's dtype", py::arg("x"),
+        py::arg("q"), py::arg("scales"), py::arg("bias") = py::none());
   m.def("int4_linear", &int4_linear, "y (M, N) = x (M, K) @ W^T + bias in x's dtype, W int4 in groups (draftwatch layout)",
         py::arg("x"), py::arg("q"), py::arg("sz"), py::arg("group_size"), py::arg("bias") = py::none());
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, as transformers' Qwen2 / Llama compute it");

@@ -30,9 +30,9 @@ def test_int8_kernel_against_reference_and_row_independent(out_features: int, in
     generator = torch.Generator().manual_seed(out_features)
     weight = torch.randn(out_features, in_features, generator=generator) * 0.05
     q, scales = int8_qparams(weight)
-    x = torch.randn(11, in_features, generator=generator).to(torch.bfloat16)  # (11 rows, in)
+    x = torch.randn(11, in_features, generator=generator)  # (11 rows, in): float32, the kernel's own error shows
     got = kernels.int8_linear(x, q, scales)  # (11, out) float32
-    want = x.float() @ int8_dequantized(weight).T
+    want = x @ int8_dequantized(weight).T
     assert float((got - want).norm() / want.norm()) <= 2e-4
     # Rows fall into blocks of 4 plus a remainder; whatever block a row lands in, it is bit-identical
     # to the same row computed alone or in any other pass (what keeps verification lossless).
@@ -44,14 +44,19 @@ def test_int8_kernel_against_reference_and_row_independent(out_features: int, in
 
 
 @needs_kernel
-def test_int8_layer_runs_through_the_kernel_on_a_cpu() -> None:
+def test_int8_layer_adds_its_bias_and_rounds_once_in_the_kernel() -> None:
+    """A bfloat16 layer: the float32 path's arithmetic, bias included, rounded to bfloat16 once."""
     kernels = cpu_kernels()
     assert kernels is not None
     linear = torch.nn.Linear(64, 48, bias=True).to(torch.bfloat16).requires_grad_(False)
     layer = Int8Linear.from_float(linear)
-    x = torch.randn(3, 64).to(torch.bfloat16)
-    expected = kernels.int8_linear(x, layer.weight_q, layer.scales.float()).to(torch.bfloat16) + layer.bias
-    assert torch.equal(layer(x), expected)
+    x = torch.randn(2, 3, 64).to(torch.bfloat16)  # (batch, rows, in)
+    got = layer(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 3, 48)
+    as_float = kernels.int8_linear(x.reshape(6, 64).float(), layer.weight_q, layer.scales.float())
+    assert torch.equal(got.reshape(6, 48), (as_float + layer.bias.float()).to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bias must have out_features"):
+        kernels.int8_linear(x.reshape(6, 64), layer.weight_q, layer.scales.float(), torch.zeros(5))
 
 
 @needs_kernel
