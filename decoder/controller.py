@@ -182,7 +182,9 @@ class SpeculationController:
     True
     >>> controller.plan("prose").mode
     'plain'
-    >>> controller.replan("german", request(accepted=0, judged=25)).mode  # a new workload, losing so far
+    >>> controller.replan("german", request(accepted=0, judged=25)).mode  # new: 0 of 25 could be bad luck
+    'speculative'
+    >>> controller.replan("prose", request(accepted=0, judged=25)).mode  # 0 of 25, as in prose's history
     'plain'
     """
 
@@ -235,11 +237,14 @@ class SpeculationController:
         e = self.estimates(workload)
         return expected_speedup(e["alpha"], e["c"], e["b_over_t1"], gamma, self.verification_cost(gamma))
 
-    def best_gamma(self, workload: str, running: Observation | None = None) -> tuple[int, float]:
-        """The gamma in ``1..gamma_max`` with the largest S(gamma), and that S."""
+    def best_gamma(
+        self, workload: str, running: Observation | None = None, alpha: float | None = None
+    ) -> tuple[int, float]:
+        """The gamma in ``1..gamma_max`` with the largest S(gamma), and that S (at ``alpha`` when given)."""
         e, costs = self.estimates(workload, running), self._costs_with(running)
+        a = e["alpha"] if alpha is None else alpha
         speedups = {
-            g: expected_speedup(e["alpha"], e["c"], e["b_over_t1"], g, costs.verification_cost(g, e))
+            g: expected_speedup(a, e["c"], e["b_over_t1"], g, costs.verification_cost(g, e))
             for g in range(1, self.gamma_max + 1)
         }
         gamma = max(speedups, key=lambda g: (speedups[g], -g))
@@ -269,9 +274,14 @@ class SpeculationController:
 
         A request that finds speculation losing stops drafting for its remaining steps, so that trying
         a new workload, or probing one switched off, costs a few steps rather than a whole request.
-        Draws nothing from the holdout generator and changes no state.
+        A few rejected drafts are weak evidence, so it stops only when speculation would lose even at
+        a one-sided 90 % upper bound of alpha (Wilson's), not at its point estimate. Draws nothing
+        from the holdout generator and changes no state.
         """
-        gamma, speedup = self.best_gamma(workload, running)
+        state = self._workloads.get(workload) or WorkloadState()
+        alpha = self.estimates(workload, running)["alpha"]
+        judged = state.judged + running.judged + self.priors.weight
+        gamma, speedup = self.best_gamma(workload, running, alpha=wilson_upper(alpha, judged))
         return Plan("speculative" if speedup >= 1.0 else "plain", gamma, speedup)
 
     def observe(self, workload: str, observation: Observation, mode: PlanMode = "speculative") -> None:
@@ -356,6 +366,20 @@ def expected_speedup(alpha: float, c: float, b_over_t1: float, gamma: int, v: fl
     tokens_per_step = gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
     cost = gamma * c + (1.0 + gamma * b_over_t1 if v is None else v)
     return tokens_per_step / cost
+
+
+def wilson_upper(share: float, trials: float, z: float = 1.2816) -> float:
+    """One-sided upper confidence bound of a proportion (Wilson score; z = 1.2816: 90 %).
+
+    >>> round(wilson_upper(0.0, 3), 2), round(wilson_upper(0.0, 8), 2), round(wilson_upper(0.5, 100), 2)
+    (0.35, 0.17, 0.56)
+    """
+    if trials <= 0:
+        return 1.0
+    z2 = z * z
+    centre = share + z2 / (2 * trials)
+    spread = z * math.sqrt(share * (1 - share) / trials + z2 / (4 * trials * trials))
+    return min(1.0, (centre + spread) / (1 + z2 / trials))
 
 
 def _encode_rng(state: tuple[Any, ...]) -> list[Any]:

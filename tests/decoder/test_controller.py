@@ -140,6 +140,17 @@ def test_replan_counts_the_running_request_and_changes_nothing() -> None:
     assert json.dumps(controller.state()) == before  # no sums, no holdout draw, no new workload
 
 
+def test_replan_stops_a_request_only_on_convincing_evidence() -> None:
+    """Mid-request, alpha's 90 % upper bound decides: 3 straight rejections are not enough, 16 are."""
+    controller = SpeculationController()
+    for _ in range(5):  # drafts cost 0.2 and a pass with one 1.05: speculation pays from alpha = 0.25
+        controller.observe("code", measured(alpha=0.8, c=0.2, b_over_t1=0.05, gamma=1))
+    thin, convincing = Observation(accepted=0, judged=3), Observation(accepted=0, judged=16)
+    assert controller.best_gamma("prose", thin)[1] < 1  # the point estimate, (0 + 0.6) / (3 + 1), says stop
+    assert controller.replan("prose", thin).mode == "speculative"
+    assert controller.replan("prose", convincing).mode == "plain"
+
+
 def test_a_state_saved_before_costs_were_shared_is_pooled() -> None:
     controller = SpeculationController(seed=2)
     for workload in ("code", "prose"):
