@@ -56,3 +56,19 @@ def test_help_of_every_mentioned_command(path: tuple[str, ...], capsys: pytest.C
         build_parser().parse_args([*path, "--help"])
     assert exited.value.code == 0
     assert "usage: draftwatch" in capsys.readouterr().out
+
+
+def test_controller_paragraph_quotes_the_code() -> None:
+    """The figures the README gives for the controller are the code's defaults."""
+    from scipy.stats import norm
+
+    from decoder.controller import Priors, SpeculationController, wilson_upper
+    from decoder.speculative import REPLAN_STEPS
+
+    text = " ".join(README.read_text().split())
+    controller = SpeculationController()
+    assert f"with α's prior, {Priors().alpha})" in text
+    assert f"with a probe every {controller.probe_every}th request" in text
+    assert f"re-plans every {REPLAN_STEPS} steps" in text
+    assert "at a 90 % upper bound of α" in text
+    assert wilson_upper.__defaults__ == (pytest.approx(norm.ppf(0.90), abs=1e-4),)  # z of a one-sided 90 % bound
