@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 PlanMode = Literal["speculative", "plain", "holdout"]
@@ -134,9 +134,7 @@ class PairCosts:
 
     def plus(self, observation: Observation) -> PairCosts:
         """A copy with ``observation`` added and nothing forgotten: the view from inside a running request."""
-        merged = PairCosts(sized_passes=dict(self.sized_passes), sized_ms=dict(self.sized_ms))
-        for name in COST_SUMS:
-            setattr(merged, name, getattr(self, name))
+        merged = replace(self, sized_passes=dict(self.sized_passes), sized_ms=dict(self.sized_ms))
         merged.fold(observation, keep=1.0)
         return merged
 
@@ -222,29 +220,28 @@ class SpeculationController:
 
         ``running``: what the request in progress has measured so far, counted in without forgetting.
         """
-        state, prior = self._workloads.get(workload) or WorkloadState(), self.priors
-        accepted = state.accepted + (running.accepted if running else 0)
-        judged = state.judged + (running.judged if running else 0)
-        alpha = (accepted + prior.alpha * prior.weight) / (judged + prior.weight)
-        return {"alpha": min(alpha, 1.0), **self._costs_with(running).terms(prior)}
+        alpha, _ = self._alpha(workload, running)
+        return {"alpha": alpha, **self._costs_with(running).terms(self.priors)}
 
     def verification_cost(self, gamma: int) -> float:
         """v(gamma): a pass over gamma drafts in one-token passes, measured at that size where seen."""
         return self._costs.verification_cost(gamma, self._costs.terms(self.priors))
 
-    def expected_speedup(self, workload: str, gamma: int) -> float:
-        """S(gamma) for ``workload`` from the current estimates."""
-        e = self.estimates(workload)
-        return expected_speedup(e["alpha"], e["c"], e["b_over_t1"], gamma, self.verification_cost(gamma))
+    def best_gamma(self, workload: str, running: Observation | None = None) -> tuple[int, float]:
+        """The gamma in ``1..gamma_max`` with the largest S(gamma), and that S."""
+        return self._best(self._alpha(workload, running)[0], self._costs_with(running))
 
-    def best_gamma(
-        self, workload: str, running: Observation | None = None, alpha: float | None = None
-    ) -> tuple[int, float]:
-        """The gamma in ``1..gamma_max`` with the largest S(gamma), and that S (at ``alpha`` when given)."""
-        e, costs = self.estimates(workload, running), self._costs_with(running)
-        a = e["alpha"] if alpha is None else alpha
+    def _alpha(self, workload: str, running: Observation | None) -> tuple[float, float]:
+        """alpha's estimate, and how many judged drafts (the prior's included) it rests on."""
+        state, prior = self._workloads.get(workload) or WorkloadState(), self.priors
+        accepted = state.accepted + (running.accepted if running else 0)
+        judged = state.judged + (running.judged if running else 0) + prior.weight
+        return min((accepted + prior.alpha * prior.weight) / judged, 1.0), judged
+
+    def _best(self, alpha: float, costs: PairCosts) -> tuple[int, float]:
+        terms = costs.terms(self.priors)
         speedups = {
-            g: expected_speedup(a, e["c"], e["b_over_t1"], g, costs.verification_cost(g, e))
+            g: expected_speedup(alpha, terms["c"], terms["b_over_t1"], g, costs.verification_cost(g, terms))
             for g in range(1, self.gamma_max + 1)
         }
         gamma = max(speedups, key=lambda g: (speedups[g], -g))
@@ -278,10 +275,7 @@ class SpeculationController:
         a one-sided 90 % upper bound of alpha (Wilson's), not at its point estimate. Draws nothing
         from the holdout generator and changes no state.
         """
-        state = self._workloads.get(workload) or WorkloadState()
-        alpha = self.estimates(workload, running)["alpha"]
-        judged = state.judged + running.judged + self.priors.weight
-        gamma, speedup = self.best_gamma(workload, running, alpha=wilson_upper(alpha, judged))
+        gamma, speedup = self._best(wilson_upper(*self._alpha(workload, running)), self._costs.plus(running))
         return Plan("speculative" if speedup >= 1.0 else "plain", gamma, speedup)
 
     def observe(self, workload: str, observation: Observation, mode: PlanMode = "speculative") -> None:
