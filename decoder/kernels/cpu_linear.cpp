@@ -282,6 +282,24 @@ Int16Rows int16_rows(const torch::Tensor& x, int64_t G, bool for_int4) {
 
 }  // namespace
 
+// The output of a pass over the rows xr: (M, N) in bfloat16 when x was bfloat16, else float32.
+// fill(bias, y) writes it, both as O* (the bias converted to O, or nullptr); the result comes back
+// in x's dtype.
+template <typename Fill>
+torch::Tensor linear_output(const Int16Rows& xr, int64_t N, const std::optional<torch::Tensor>& bias, Fill&& fill) {
+  TORCH_CHECK(!bias || bias->numel() == N, "bias must have out_features (", N, ") values, got ", bias->numel());
+  const bool bf16 = xr.dtype == torch::kBFloat16;
+  torch::Tensor y = torch::empty({xr.xq.size(0), N}, xr.xq.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat));
+  std::optional<torch::Tensor> b;
+  if (bias) b = bias->to(y.scalar_type()).contiguous();
+  if (bf16) {
+    fill(b ? b->data_ptr<c10::BFloat16>() : nullptr, y.data_ptr<c10::BFloat16>());
+  } else {
+    fill(b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>());
+  }
+  return y.scalar_type() == xr.dtype ? y : y.to(xr.dtype);
+}
+
 // Columns of y (M, N) for int8 weights, plus the bias when given, rounded once into O.
 template <typename O>
 void int8_columns(const Int16Rows& xr, const int8_t* Q, const float* S, const O* bias, O* Y, int64_t M, int64_t K,
@@ -310,20 +328,10 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   TORCH_CHECK(q.scalar_type() == torch::kChar && q.is_contiguous() && q.size(1) == K, "q must be (N, K) int8");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.numel() == N, "scales must be (N,) float32");
   TORCH_CHECK(K % 32 == 0, "in_features must be a multiple of 32, got ", K);
-  TORCH_CHECK(!bias || bias->numel() == N, "bias must have out_features (", N, ") values, got ", bias->numel());
   const Int16Rows xr = int16_rows(x, K, false);
-  const bool bf16 = xr.dtype == torch::kBFloat16;
-  torch::Tensor y = torch::empty({M, N}, xr.xq.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat));
-  std::optional<torch::Tensor> b;
-  if (bias) b = bias->to(y.scalar_type()).contiguous();
   const int8_t* Q = q.data_ptr<int8_t>();
   const float* S = scales.data_ptr<float>();
-  if (bf16) {
-    int8_columns(xr, Q, S, b ? b->data_ptr<c10::BFloat16>() : nullptr, y.data_ptr<c10::BFloat16>(), M, K, N);
-  } else {
-    int8_columns(xr, Q, S, b ? b->data_ptr<float>() : nullptr, y.data_ptr<float>(), M, K, N);
-  }
-  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
+  return linear_output(xr, N, bias, [&](auto b, auto y) { int8_columns(xr, Q, S, b, y, M, K, N); });
 }
 
 // Columns of y (M, N) for int4 weights with scales and zeros stored as T (float or bfloat16), plus
@@ -357,19 +365,6 @@ void int4_columns(const int16_t* XQ, const float* XS, const float* RS, const uin
   });
 }
 
-template <typename T>
-void int4_columns_into(const int16_t* XQ, const float* XS, const float* RS, const uint8_t* Q, const T* SZ,
-                       const std::optional<torch::Tensor>& bias, torch::Tensor& y, int64_t K, int64_t G) {
-  const int64_t M = y.size(0), N = y.size(1);
-  if (y.scalar_type() == torch::kBFloat16) {
-    const c10::BFloat16* b = bias ? bias->data_ptr<c10::BFloat16>() : nullptr;
-    int4_columns(XQ, XS, RS, Q, SZ, b, y.data_ptr<c10::BFloat16>(), M, K, G, N);
-  } else {
-    const float* b = bias ? bias->data_ptr<float>() : nullptr;
-    int4_columns(XQ, XS, RS, Q, SZ, b, y.data_ptr<float>(), M, K, G, N);
-  }
-}
-
 // y (M, N) = x (M, K) @ W^T + bias, in x's dtype: bfloat16 rows are read and written as they are,
 // other dtypes go through float32.
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& sz, int64_t G,
@@ -382,22 +377,18 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   TORCH_CHECK((sz.scalar_type() == torch::kFloat || sz.scalar_type() == torch::kBFloat16) && sz.is_contiguous() &&
                   sz.numel() == N * 2 * (K / G),
               "sz must be (N, 2, K/G) float32 or bfloat16 (scales, then zeros)");
-  TORCH_CHECK(!bias || bias->numel() == N, "bias must have out_features (", N, ") values, got ", bias->numel());
   const Int16Rows xr = int16_rows(x, G, true);  // group sums exact: |sum| <= 32767 * 256 < 2^24
-  // bfloat16 rows come back as bfloat16, everything else is computed into float32.
-  const auto out_dtype = xr.dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
-  std::optional<torch::Tensor> b;
-  if (bias) b = bias->to(out_dtype).contiguous();
-  torch::Tensor y = torch::empty({M, N}, xr.xq.options().dtype(out_dtype));
   const int16_t* XQ = xr.xq.data_ptr<int16_t>();
   const float* XS = xr.xqsum.data_ptr<float>();
+  const float* RS = xr.scale.data();
   const uint8_t* Q = q.data_ptr<uint8_t>();
-  if (sz.scalar_type() == torch::kBFloat16) {
-    int4_columns_into(XQ, XS, xr.scale.data(), Q, sz.data_ptr<c10::BFloat16>(), b, y, K, G);
-  } else {
-    int4_columns_into(XQ, XS, xr.scale.data(), Q, sz.data_ptr<float>(), b, y, K, G);
-  }
-  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
+  return linear_output(xr, N, bias, [&](auto b, auto y) {
+    if (sz.scalar_type() == torch::kBFloat16) {
+      int4_columns(XQ, XS, RS, Q, sz.data_ptr<c10::BFloat16>(), b, y, M, K, G, N);
+    } else {
+      int4_columns(XQ, XS, RS, Q, sz.data_ptr<float>(), b, y, M, K, G, N);
+    }
+  });
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);  // cpu_layers.cpp
