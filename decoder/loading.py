@@ -25,6 +25,7 @@ import torch
 
 from decoder.fetch import cache_dir, fetch_preset, get_preset
 from decoder.presets import PRESETS
+from decoder.row_stable import BLOCK_ROWS
 
 if TYPE_CHECKING:
     from decoder.quantize import Quantization
@@ -100,8 +101,16 @@ def choose_dtype(device: torch.device, environ: Mapping[str, str] | None = None)
 
 
 def _measured_cpu_dtype() -> torch.dtype:
-    """Time a decode-shaped matmul (one row against a 1536x8960 weight) in both dtypes, once per CPU."""
-    key = f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.__version__}-{torch.get_num_threads()}"
+    """Time a decode pass's matmul in both dtypes, once per CPU.
+
+    The shape is the one float decode passes run: BLOCK_ROWS rows (row-stable padding, see
+    decoder/row_stable.py) against an 8960x1536 weight. One row would mislead: without AVX-512
+    BF16, bfloat16 won at one row (1.8 against 3.5 ms) and lost at eight (13.9 against 12.3 ms).
+    """
+    key = (
+        f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.__version__}-{torch.get_num_threads()}"
+        f"-rows{BLOCK_ROWS}"
+    )
     store = cache_dir() / "cpu-dtype.json"
     try:
         known = json.loads(store.read_text())
@@ -112,12 +121,12 @@ def _measured_cpu_dtype() -> torch.dtype:
     timings: dict[str, float] = {}
     for name in ("float32", "bfloat16"):
         weight = torch.randn(8960, 1536).to(DTYPES[name])
-        row = torch.randn(1, 1536).to(DTYPES[name])
+        rows = torch.randn(BLOCK_ROWS, 1536).to(DTYPES[name])
         for _ in range(3):
-            torch.nn.functional.linear(row, weight)
+            torch.nn.functional.linear(rows, weight)
         start = time.perf_counter()
         for _ in range(20):
-            torch.nn.functional.linear(row, weight)
+            torch.nn.functional.linear(rows, weight)
         timings[name] = time.perf_counter() - start
     best = min(timings, key=lambda name: timings[name])
     logger.info("CPU matmul timings %s: using %s", timings, best)
