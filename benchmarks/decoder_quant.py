@@ -16,9 +16,8 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from benchmarks.llamacpp import LlamaServer, server_binary
-from benchmarks.runs import Cell, Outcome, decode_once
+from benchmarks.runs import Cell, Outcome, controlled_decoder, decode_once
 from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
-from decoder.controller import SpeculationController
 from decoder.fetch import fetch_preset
 from decoder.loading import LoadedModel
 from decoder.quality import Agreement, agreement, chat_prompt_ids
@@ -59,11 +58,9 @@ def level_methods(target_spec: str, draft_spec: str | None, max_new_tokens: int)
         if draft_spec is not None:
             draft = load_model(draft_spec, quantize=level)
             check_pair(target, draft)
-            controlled = SpeculativeDecoder(target, ModelDrafter(draft, target.vocab_size),
-                                            controller=SpeculationController(seed=0))  # fmt: skip
+            controlled = controlled_decoder(target, ModelDrafter(draft, target.vocab_size))
             runs["model + controller"] = decoder_method(controlled, max_new_tokens)
-        ngram = SpeculativeDecoder(target, NgramDrafter(), controller=SpeculationController(seed=0))
-        runs["ngram + controller"] = decoder_method(ngram, max_new_tokens)
+        runs["ngram + controller"] = decoder_method(controlled_decoder(target, NgramDrafter()), max_new_tokens)
         methods[level] = runs
     return targets, methods
 

@@ -31,9 +31,8 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results import write_section
-from benchmarks.runs import Cell, Outcome, decode_once
+from benchmarks.runs import Cell, Outcome, controlled_decoder, decode_once
 from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
-from decoder.controller import SpeculationController
 from decoder.loading import LoadedModel
 from decoder.quality import chat_prompt_ids
 from decoder.record import Mode
@@ -121,8 +120,8 @@ def qwen_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
     target, draft = load_model("qwen-coder-1.5b"), load_model("qwen-coder-0.5b")
     check_pair(target, draft)
     model_drafter = ModelDrafter(draft, target.vocab_size)
-    controlled = SpeculativeDecoder(target, model_drafter, controller=SpeculationController(seed=0))
-    ngram = SpeculativeDecoder(target, NgramDrafter(), controller=SpeculationController(seed=0))
+    controlled = controlled_decoder(target, model_drafter)
+    ngram = controlled_decoder(target, NgramDrafter())
     fixed = SpeculativeDecoder(target, ModelDrafter(draft, target.vocab_size), gamma=4)
     return target, {
         "plain (transformers)": hf_method(target, max_new_tokens),
@@ -137,7 +136,7 @@ def qwen_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
 
 def smollm_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
     target = load_model("smollm2-135m")
-    ngram = SpeculativeDecoder(target, NgramDrafter(), controller=SpeculationController(seed=0))
+    ngram = controlled_decoder(target, NgramDrafter())
     fixed = SpeculativeDecoder(target, NgramDrafter(), gamma=4)
     return target, {
         "plain (transformers)": hf_method(target, max_new_tokens),

@@ -8,6 +8,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from decoder.controller import SpeculationController
+from decoder.drafters.base import Drafter
+from decoder.loading import LoadedModel
 from decoder.record import Mode
 from decoder.speculative import SpeculativeDecoder
 
@@ -82,3 +85,19 @@ def decode_once(
         time.perf_counter() - started, result.token_ids, record.num_accepted_tokens, record.num_draft_tokens,
         record.num_spec_steps, record.num_speculative_tokens, record.mode, (record.ttft_ms or 0.0) / 1000,
     )  # fmt: skip
+
+
+def controlled_decoder(target: LoadedModel, drafter: Drafter) -> SpeculativeDecoder:
+    """A decoder with a fresh controller whose pair costs are timed at start, as the sidecar does, not in a request."""
+    controller = SpeculationController(seed=0)
+    decoder = SpeculativeDecoder(target, drafter, controller=controller)
+    started = time.perf_counter()
+    decoder.calibrate()
+    costs = controller.pair_costs()
+    print(
+        f"calibrated {target.name} ({target.version}) with {drafter.name or drafter.kind} drafts in "
+        f"{time.perf_counter() - started:.1f} s: t1 {costs['t1_ms']:.1f} ms, c {costs['c']:.3f}, "
+        f"v(1) {controller.verification_cost(1):.2f}, v(4) {controller.verification_cost(4):.2f}",
+        flush=True,
+    )
+    return decoder

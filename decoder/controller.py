@@ -17,6 +17,10 @@ expected speedup of Leviathan et al. (2023), extended with the verification cost
 * ``t1`` is measured on one-token passes. A model drafter drafts on every step, so a request the
   controller marks ``calibrate`` runs its first step without drafts to measure it.
 
+Before the first request, the decoder times the pair's passes on a fixed text
+(decoder/calibration.py) and hands them to :meth:`SpeculationController.calibrate`, so even the
+first request of a pair that cannot pay is planned plain, rather than speculating to find out.
+
 ``c``, ``v`` and ``t1`` are properties of the model pair, so all workloads share one set of cost
 sums (:class:`PairCosts`); only ``alpha`` is kept per workload (:class:`WorkloadState`).
 
@@ -223,6 +227,15 @@ class SpeculationController:
         alpha, _ = self._alpha(workload, running)
         return {"alpha": alpha, **self._costs_with(running).terms(self.priors)}
 
+    def pair_costs(self) -> dict[str, float]:
+        """c, b/t1 and t1 (ms) of the model pair, shared by every workload."""
+        return self._costs.terms(self.priors)
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True until a verification pass has been measured (by :meth:`calibrate` or by requests)."""
+        return self._costs.verify_passes < MIN_WEIGHT
+
     def verification_cost(self, gamma: int) -> float:
         """v(gamma): a pass over gamma drafts in one-token passes, measured at that size where seen."""
         return self._costs.verification_cost(gamma, self._costs.terms(self.priors))
@@ -277,6 +290,15 @@ class SpeculationController:
         """
         gamma, speedup = self._best(wilson_upper(*self._alpha(workload, running)), self._costs.plus(running))
         return Plan("speculative" if speedup >= 1.0 else "plain", gamma, speedup)
+
+    def calibrate(self, observation: Observation) -> None:
+        """Add passes timed outside any request (decoder/calibration.py) to the pair's costs; alpha is untouched."""
+        if observation.accepted or observation.judged:
+            raise ValueError(
+                f"a calibration measures costs, not acceptance: got accepted={observation.accepted!r}, "
+                f"judged={observation.judged!r}"
+            )
+        self._costs.fold(observation, keep=1.0)
 
     def observe(self, workload: str, observation: Observation, mode: PlanMode = "speculative") -> None:
         """Fold one finished request into the sums, forgetting a share of the old ones."""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from decoder.accounting import RequestStats
+from decoder.calibration import CALIBRATION_ROUNDS, measure_pair_costs
 from decoder.controller import Observation, Plan, SpeculationController
 from decoder.drafters.base import Drafter
 from decoder.loading import LoadedModel
@@ -32,6 +33,7 @@ from decoder.record import Mode, RequestRecord, validate_workload
 from decoder.row_stable import row_stable_passes
 from decoder.sampling import SamplingParams, choose
 from decoder.stopping import Stopper, eos_token_ids
+from decoder.target_pass import target_logits
 from decoder.verify import Verdict, verify_greedy, verify_sampled
 
 logger = logging.getLogger(__name__)
@@ -61,12 +63,6 @@ class _Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.tokens[self.prompt_length :]
-
-
-def target_logits(model: Any, input_ids: torch.Tensor, cache: Any, keep: int) -> torch.Tensor:
-    """One target pass over ``input_ids`` (1, n) with the cache; the logits of the last ``keep`` positions (keep, V)."""
-    output = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=keep)
-    return output.logits[0, -keep:].float().cpu()  # type: ignore[no-any-return]
 
 
 def prefill(target: LoadedModel, seq: _Sequence, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -119,7 +115,9 @@ class SpeculativeDecoder:
     Every finished request, failed ones included, becomes a :class:`RequestRecord` handed to
     ``sink`` (errors raised by the sink are logged, never passed to the caller). With a
     ``controller``, each request's mode and gamma come from it (unless the caller fixes them) and
-    what the request measured goes back to it.
+    what the request measured goes back to it; before the first such request, the pair's pass costs
+    are timed once (:meth:`calibrate`) unless the controller already knows them or
+    ``auto_calibrate`` is off (then the first requests measure them, speculating at the priors).
     """
 
     def __init__(
@@ -131,6 +129,7 @@ class SpeculativeDecoder:
         sink: Sink | None = None,
         source: str = "embedded",
         controller: SpeculationController | None = None,
+        auto_calibrate: bool = True,
     ) -> None:
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
@@ -140,10 +139,31 @@ class SpeculativeDecoder:
         self.sink = sink
         self.source = source
         self.controller = controller
+        self.auto_calibrate = auto_calibrate
         self.eos_token_ids = eos_token_ids(target.model, target.tokenizer)
         self.max_positions = int(getattr(target.model.config, "max_position_embeddings", 0) or 0)
 
     # Public API
+
+    def calibrate(self, rounds: int = CALIBRATION_ROUNDS) -> Observation | None:
+        """Time the pair's passes (decoder/calibration.py) and give them to the controller.
+
+        Runs by itself before the first request the controller plans; call it at start-up to keep
+        that time out of the first request. ``None`` without a controller or a drafter.
+        """
+        if self.controller is None or self.drafter is None:
+            return None
+        started = time.perf_counter()
+        observation = measure_pair_costs(self.target, self.drafter, self.controller.gamma_max, rounds)
+        self.controller.calibrate(observation)
+        costs = self.controller.pair_costs()
+        logger.info(
+            "calibrated %s with %s drafts in %.1f s: t1 %.1f ms, c %.3f, v(1) %.2f, v(%d) %.2f",
+            self.target.name, self.drafter.name or self.drafter.kind, time.perf_counter() - started,
+            costs["t1_ms"], costs["c"], self.controller.verification_cost(1),
+            self.controller.gamma_max, self.controller.verification_cost(self.controller.gamma_max),
+        )  # fmt: skip
+        return observation
 
     def generate(self, prompt: Prompt, **options: Any) -> GenerationResult:
         """Decode one request; ``options`` are those of :meth:`stream`."""
@@ -197,6 +217,8 @@ class SpeculativeDecoder:
         calibrate = False
         replan: Replan | None = None
         if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
+            if self.auto_calibrate and self.controller.needs_calibration:
+                self.calibrate()
             plan = self.controller.plan(workload)
             if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
                 replan = partial(self.controller.replan, workload)

@@ -62,6 +62,7 @@ def test_controller_paragraph_quotes_the_code() -> None:
     """The figures the README gives for the controller are the code's defaults."""
     from scipy.stats import norm
 
+    from decoder.calibration import CALIBRATION_ROUNDS
     from decoder.controller import Priors, SpeculationController, wilson_upper
     from decoder.speculative import REPLAN_STEPS
 
@@ -71,4 +72,5 @@ def test_controller_paragraph_quotes_the_code() -> None:
     assert f"with a probe every {controller.probe_every}th request" in text
     assert f"re-plans every {REPLAN_STEPS} steps" in text
     assert "at a 90 % upper bound of α" in text
+    assert f"{CALIBRATION_ROUNDS} rounds of every pass size" in text
     assert wilson_upper.__defaults__ == (pytest.approx(norm.ppf(0.90), abs=1e-4),)  # z of a one-sided 90 % bound

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -42,3 +43,19 @@ def test_unreadable_state_starts_afresh(tmp_path: Path, sqlite_url: str) -> None
         response = client.post("/v1/generate", json={"prompt": PROMPT, "max_new_tokens": 4}, headers=auth(INGEST))
         assert response.status_code == 200
     assert decoder.controller is not None and decoder.controller.summary()["default"]["requests"] == 1
+
+
+def test_the_pair_is_timed_at_start_before_any_request(tmp_path: Path, sqlite_url: str) -> None:
+    """The worker calibrates the pair's costs when it starts (decoder/calibration.py) and saves them for restarts."""
+    settings = make_settings(tmp_path, sqlite_url)
+    decoder = tiny_decoder()
+    with TestClient(create_app(settings, decoder=decoder)):
+        assert decoder.controller is not None
+        deadline = time.monotonic() + 60
+        while not (settings.data_dir / STATE_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        saved = json.loads((settings.data_dir / STATE_FILE).read_text())
+        assert not decoder.controller.needs_calibration
+    assert saved["workloads"] == {}  # no request has run
+    assert saved["costs"]["verify_passes"] > 0 and saved["costs"]["single_passes"] > 0
+    assert set(saved["costs"]["sized_passes"]) == {str(k) for k in range(1, decoder.controller.gamma_max + 1)}

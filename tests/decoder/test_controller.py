@@ -83,6 +83,42 @@ def test_verification_cost_is_measured_per_pass_size() -> None:
     assert controller.plan("code").gamma == 3
 
 
+def pass_costs(c: float, cost_of_pass: float, gamma_max: int = 8, single: bool = True) -> Observation:
+    """What decoder/calibration.py would time for a pair with these costs (t1 = 100 ms, 3 rounds)."""
+    sized_ms = {k: 3 * 100 * cost_of_pass ** (k / 4) for k in range(1, gamma_max + 1)}
+    return Observation(
+        draft_tokens=3 * gamma_max,
+        draft_ms=3 * gamma_max * c * 100,
+        verify_passes=3 * gamma_max,
+        verify_drafts=3 * sum(range(1, gamma_max + 1)),
+        verify_ms=sum(sized_ms.values()),
+        single_passes=3 if single else 0,
+        single_ms=300 if single else 0,
+        sized_passes={k: 3 for k in sized_ms},
+        sized_ms=sized_ms,
+    )
+
+
+def test_a_calibrated_pair_that_cannot_pay_starts_plain() -> None:
+    """c = 0.7 and v(1) = 1.35 (the int4 Qwen pair on a 2-core CPU): a loss at any alpha, known before any request."""
+    controller = SpeculationController()
+    assert controller.needs_calibration and controller.plan("code").mode == "speculative"  # the prior's guess
+    controller.calibrate(pass_costs(c=0.7, cost_of_pass=1.35**4))
+    assert not controller.needs_calibration
+    assert controller.verification_cost(1) == pytest.approx(1.35)
+    assert controller.pair_costs()["c"] == pytest.approx(0.7)
+    for workload in ("code", "prose", "german"):
+        plan = controller.plan(workload)
+        assert plan.mode == "plain" and not plan.calibrate
+    assert controller.estimates("prose")["alpha"] == pytest.approx(0.6)  # acceptance is left to the requests
+
+    cheap = SpeculationController()
+    cheap.calibrate(pass_costs(c=0.01, cost_of_pass=1.2))
+    assert cheap.plan("code").mode == "speculative"
+    with pytest.raises(ValueError, match="got accepted=3, judged=4"):
+        cheap.calibrate(replace(pass_costs(c=0.01, cost_of_pass=1.2), accepted=3, judged=4))
+
+
 def test_calibration_measures_t1_then_pauses_and_t1_is_shared() -> None:
     controller = SpeculationController(forgetting=0.1)
     assert controller.plan("code").calibrate  # nothing measured yet
@@ -225,9 +261,14 @@ def test_constructor_errors_name_the_value() -> None:
 def test_decoder_with_controller_stays_lossless_and_switches_off_a_bad_drafter(
     tiny_target: LoadedModel, tiny_draft: LoadedModel
 ) -> None:
-    """tiny_draft disagrees with the target almost always and costs about as much as the target."""
+    """tiny_draft disagrees with the target almost always and costs about as much as the target.
+
+    Without calibration the first request speculates at the prior's guesses; alpha must switch it off.
+    """
     controller = SpeculationController(forgetting=0.3, probe_every=4, seed=0)
-    decoder = SpeculativeDecoder(tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller)
+    decoder = SpeculativeDecoder(
+        tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller, auto_calibrate=False
+    )
     plain = SpeculativeDecoder(tiny_target, None)
     modes = []
     for i in range(16):
@@ -256,7 +297,7 @@ def test_decoder_runs_a_calibration_step_when_asked(tiny_target: LoadedModel, ti
     """A model drafter drafts on every step; a calibrating request's first step carries none, so t1 is measured."""
     controller = SpeculationController(seed=0)
     drafter = RecordingDrafter(tiny_draft, tiny_target.vocab_size)
-    decoder = SpeculativeDecoder(tiny_target, drafter, controller=controller)
+    decoder = SpeculativeDecoder(tiny_target, drafter, controller=controller, auto_calibrate=False)
     plain = SpeculativeDecoder(tiny_target, None)
     prompt_length = len(tiny_target.tokenizer.encode("a b c d e f"))
     expected = plain.generate("a b c d e f", max_new_tokens=12).token_ids
@@ -273,9 +314,14 @@ def test_decoder_runs_a_calibration_step_when_asked(tiny_target: LoadedModel, ti
 
 
 def test_a_losing_request_stops_drafting_midway(tiny_target: LoadedModel, tiny_draft: LoadedModel) -> None:
-    """A request the controller planned re-plans every REPLAN_STEPS steps; one whose caller fixed it does not."""
+    """A request the controller planned re-plans every REPLAN_STEPS steps; one whose caller fixed it does not.
+
+    Without calibration the first request speculates at the prior's guesses, and must find out for itself.
+    """
     controller = SpeculationController(seed=0)
-    decoder = SpeculativeDecoder(tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller)
+    decoder = SpeculativeDecoder(
+        tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller, auto_calibrate=False
+    )
     expected = SpeculativeDecoder(tiny_target, None).generate("a b c d e f", max_new_tokens=40).token_ids
 
     first = decoder.generate("a b c d e f", max_new_tokens=40, workload="prose")
