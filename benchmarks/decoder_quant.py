@@ -13,6 +13,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 
+from scipy.stats import binomtest
 from tqdm.auto import tqdm
 
 from benchmarks.llamacpp import LlamaServer, server_binary
@@ -144,12 +145,37 @@ def render(title: str, cells: dict[tuple[str, str, str], Cell], quality: dict[st
         )
     lines += ["", "| weights and method | tokens/s, geometric mean over workloads |", "| --- | ---: |"]
     lines += [f"| {name} | {statistics.geometric_mean(v):.2f} |" for name, v in by_level.items()]
-    lines += ["", "| weights | next-token agreement with float | positions | prompt perplexity (float → this) |",
-              "| --- | ---: | ---: | --- |"]  # fmt: skip
-    lines += [
-        f"| {level} | {q.rate:.3f} | {q.positions} | {q.reference_perplexity:.2f} → {q.candidate_perplexity:.2f} |"
-        for level, q in quality.items()
-    ]
+    lines += ["", quality_table(quality)]
     if note:
         lines += ["", note]
     return "\n".join(lines)
+
+
+def quality_table(quality: dict[str, Agreement]) -> str:
+    """Agreement with the float model per weight format, with a 95 % Wilson interval, and prompt perplexity.
+
+    The interval treats positions as independent draws; positions of one continuation are not quite
+    independent, so read it as a lower bound on the uncertainty.
+    """
+    lines = [
+        "| weights | next-token agreement with float | 95 % interval | positions | prompt perplexity (float → this) |",
+        "| --- | ---: | --- | ---: | --- |",
+    ]
+    for level, q in quality.items():
+        interval = binomtest(q.agreed, q.positions).proportion_ci(0.95, method="wilson") if q.positions else None
+        lines.append(
+            f"| {level} | {q.rate:.3f} | {f'{interval.low:.3f}–{interval.high:.3f}' if interval else ''} | "
+            f"{q.positions} | {q.reference_perplexity:.2f} → {q.candidate_perplexity:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def agreement_section(title: str, target_spec: str, prompts: dict[str, list[str]], new_tokens: int) -> str:
+    """Next-token agreement of each quantized level with the float model, on every prompt given: no timing."""
+    reference = load_model(target_spec, quantize="none")
+    flat = [p for ps in prompts.values() for p in ps]
+    quality = {"none": agreement(reference, reference, flat[:1], new_tokens)}  # the check that the measure is sound
+    for level in LEVELS[1:]:
+        quality[level] = agreement(reference, load_model(target_spec, quantize=level), flat, new_tokens)
+    dtype = str(reference.model.dtype).removeprefix("torch.")
+    return f"### {title}: next-token agreement with float ({dtype})\n\n{quality_table(quality)}"

@@ -156,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-qwen", action="store_true", help="only the smollm2 + ngram pair")
     parser.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     parser.add_argument("--quantization", action="store_true", help="the per-weight-format section instead")
+    parser.add_argument(
+        "--agreement",
+        action="store_true",
+        help="only next-token agreement of int8 / int4 with float, on every prompt (no timing)",
+    )
+    parser.add_argument("--agreement-tokens", type=int, default=32, help="continuation length (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -164,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     workloads = builtin_workloads()
     if args.quantization:
         return quantization_main(args, workloads)
+    if args.agreement:
+        return agreement_main(args, workloads)
     sections = []
     prompts = {w: p[: args.prompts] for w, p in workloads.items()}
     target, methods = smollm_methods(args.max_new_tokens)
@@ -220,6 +228,24 @@ def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]])
     print(body)
     if not args.no_write:
         write_section("Decoder speed per weight format (benchmarks/decoder_speed.py --quantization)", body)
+    return 0
+
+
+def agreement_main(args: argparse.Namespace, workloads: dict[str, list[str]]) -> int:
+    from benchmarks.decoder_quant import agreement_section
+
+    prompts = {w: p[: args.prompts] for w, p in workloads.items()}
+    targets = ["smollm2-135m"] + ([] if args.skip_qwen else ["qwen-coder-1.5b"])
+    sections = [agreement_section(spec, spec, prompts, args.agreement_tokens) for spec in targets]
+    body = (
+        f"Teacher-forced next-token agreement with the float model on its greedy continuations "
+        f"({args.agreement_tokens} tokens) of {sum(len(p) for p in prompts.values())} prompts (chat template). "
+        "The 'none' row scores the float model against itself on one prompt: 1.000 says the measure is sound."
+        "\n\n" + "\n\n".join(sections)
+    )
+    print(body)
+    if not args.no_write:
+        write_section("Next-token agreement per weight format (benchmarks/decoder_speed.py --agreement)", body)
     return 0
 
 
