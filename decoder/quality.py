@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from decoder.loading import LoadedModel
 
@@ -72,12 +73,13 @@ def _greedy(model: LoadedModel, ids: list[int], new_tokens: int) -> list[int]:
 
 
 def agreement(
-    reference: LoadedModel, candidate: LoadedModel, prompts: Sequence[str], new_tokens: int = 32
+    reference: LoadedModel, candidate: LoadedModel, prompts: Sequence[str], new_tokens: int = 32, progress: bool = True
 ) -> Agreement:
     """Teacher-forced next-token agreement of ``candidate`` with ``reference`` on ``prompts`` (chat template)."""
     total = Agreement()
+    label = f"agreement {candidate.version} with {reference.version}"
     with torch.inference_mode():
-        for prompt in prompts:
+        for prompt in tqdm(prompts, desc=label, unit="prompt", disable=not progress):
             ids = chat_prompt_ids(reference, prompt)
             sequence = _greedy(reference, ids, new_tokens)  # prompt + up to new_tokens
             ref, cand = _logits(reference, sequence), _logits(candidate, sequence)  # (n, V) each
