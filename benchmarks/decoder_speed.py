@@ -197,10 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         f"methods interleaved per prompt. tokens/s is the median over a workload's prompts. Copy-heavy workloads: "
         f"{', '.join(copy_heavy_workloads())}.\n\n" + "\n\n".join(sections)
     )
-    print(body)
-    if not args.no_write:
-        write_section("Decoder speed (benchmarks/decoder_speed.py)", body)
-    return 0
+    return publish(args, "Decoder speed (benchmarks/decoder_speed.py)", body)
 
 
 def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]]) -> int:
@@ -225,10 +222,7 @@ def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]])
         "teacher-forced next-token agreement with "
         "the float model on its greedy continuations (32 tokens) of the same prompts.\n\n" + "\n\n".join(sections)
     )
-    print(body)
-    if not args.no_write:
-        write_section("Decoder speed per weight format (benchmarks/decoder_speed.py --quantization)", body)
-    return 0
+    return publish(args, "Decoder speed per weight format (benchmarks/decoder_speed.py --quantization)", body)
 
 
 def agreement_main(args: argparse.Namespace, workloads: dict[str, list[str]]) -> int:
@@ -243,9 +237,14 @@ def agreement_main(args: argparse.Namespace, workloads: dict[str, list[str]]) ->
         "The 'none' row scores the float model against itself on one prompt: 1.000 says the measure is sound."
         "\n\n" + "\n\n".join(sections)
     )
+    return publish(args, "Next-token agreement per weight format (benchmarks/decoder_speed.py --agreement)", body)
+
+
+def publish(args: argparse.Namespace, title: str, body: str) -> int:
+    """Print a section and, unless ``--no-write``, put it into RESULTS.md under ``title``."""
     print(body)
     if not args.no_write:
-        write_section("Next-token agreement per weight format (benchmarks/decoder_speed.py --agreement)", body)
+        write_section(title, body)
     return 0
 
 
