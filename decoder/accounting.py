@@ -28,7 +28,9 @@ class RequestStats:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     acceptance_histogram: list[int] = field(default_factory=list)
-    draft_seconds: float = 0.0
+    draft_seconds: float = 0.0  # proposing, step by step
+    draft_prefill_seconds: float = 0.0  # the drafter reading the prompt when the request began
+    draft_prefill_tokens: int = 0
     verify_seconds: float = 0.0
     stopped_mid_step: bool = False
     # For the controller: drafts the target judged, and target passes with and without drafts.
@@ -84,6 +86,9 @@ class RequestStats:
             judged=self.judged,
             draft_tokens=self.verify_drafts,
             draft_ms=self.draft_seconds * 1000,
+            draft_prefill_tokens=self.draft_prefill_tokens,
+            draft_prefill_ms=self.draft_prefill_seconds * 1000,
+            output_tokens=self.output_tokens,
             verify_passes=self.verify_passes,
             verify_drafts=self.verify_drafts,
             verify_ms=self.verify_pass_seconds * 1000,
@@ -111,7 +116,7 @@ class RequestStats:
             acceptance_histogram=list(self.acceptance_histogram),
             ttft_ms=None if self.first_token_at is None else (self.first_token_at - self.started) * 1000,
             latency_ms=(now - self.started) * 1000,
-            draft_ms=self.draft_seconds * 1000,
+            draft_ms=(self.draft_prefill_seconds + self.draft_seconds) * 1000,
             verify_ms=self.verify_seconds * 1000,
             stopped_mid_step=self.stopped_mid_step,
             **identity,  # type: ignore[arg-type]

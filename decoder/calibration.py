@@ -8,6 +8,8 @@ with its 0.5B draft measured c ≈ 0.7 and v(1) ≈ 1.35, a loss at any acceptan
 passes on a fixed text costs the target ``(rounds + 1) * (gamma_max + 1)`` passes once, at start,
 and lets the controller plan every request, the first included, from measured costs.
 
+The drafter's prefill (a draft model reading the prompt, once per request) is timed per prompt
+token, apart from its steps: the controller weighs it against the request's expected length.
 Acceptance is not measured here: it depends on the text, so it stays with the requests.
 """
 
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -35,13 +38,14 @@ CALIBRATION_TEXT = 2 * (
     "    return [sum(values[i : i + window]) / window for i in range(len(values) - window + 1)]\n"
 )
 GREEDY = SamplingParams()
+T = TypeVar("T")
 CALIBRATION_ROUNDS = 3
 
 
 def measure_pair_costs(
     target: LoadedModel, drafter: Drafter, gamma_max: int, rounds: int = CALIBRATION_ROUNDS
 ) -> Observation:
-    """Time one-token target passes, verification passes over 1..``gamma_max`` drafts, and drafting.
+    """Time one-token target passes, verification passes over 1..``gamma_max`` drafts, the drafter's prefill and steps.
 
     Every size is timed ``rounds`` times after one untimed warm-up round; the median of each is
     kept (counted ``rounds`` times), so one pass slowed by another process does not set the cost.
@@ -56,21 +60,23 @@ def measure_pair_costs(
     from transformers import DynamicCache
 
     pass_ms: dict[int, list[float]] = {k: [] for k in range(gamma_max + 1)}  # by drafts carried
+    prefills: list[float] = []  # ms for the drafter to read ids[:-1]
     proposals: list[tuple[float, int]] = []  # (ms, tokens)
     with torch.inference_mode():
         cache = DynamicCache()
         context = torch.tensor([ids[:-1]], dtype=torch.long, device=target.device)  # (1, n - 1)
         target_logits(target.model, context, cache, keep=1)  # the cache now holds all but the pending token
-        drafter.begin(ids)
-        drafter.propose(ids, gamma_max, GREEDY, None)  # the drafter's own prefill, not a step's cost
         for _ in range(rounds + 1):
             for k in range(gamma_max + 1):
                 block = torch.tensor([ids[-1:] + ids[:k]], dtype=torch.long, device=target.device)  # (1, k + 1)
                 pass_ms[k].append(_timed_pass(target, block, cache))
-            proposals.append(_timed_proposal(drafter, ids, gamma_max))
+            prefills.append(_timed(drafter.begin, ids[:-1])[0])
+            proposals.append(_timed(lambda: len(drafter.propose(ids, gamma_max, GREEDY, None))))
     kept = {k: statistics.median(times[1:]) for k, times in pass_ms.items()}  # the warm-up round left out
     sized_ms = {k: rounds * kept[k] for k in range(1, gamma_max + 1)}
     return Observation(
+        draft_prefill_tokens=rounds * (len(ids) - 1),
+        draft_prefill_ms=rounds * statistics.median(prefills[1:]),
         draft_tokens=sum(tokens for _, tokens in proposals[1:]),
         draft_ms=sum(ms for ms, _ in proposals[1:]),
         verify_passes=rounds * gamma_max,
@@ -85,17 +91,14 @@ def measure_pair_costs(
 
 def _timed_pass(target: LoadedModel, block: torch.Tensor, cache: object) -> float:
     """Milliseconds of one decode-loop target pass over ``block`` (1, k + 1); the cache is cropped back after."""
-    started = time.perf_counter()
     with row_stable_passes():
-        target_logits(target.model, block, cache, keep=block.shape[1])
-    elapsed = time.perf_counter() - started
+        elapsed_ms, _ = _timed(target_logits, target.model, block, cache, block.shape[1])
     cache.crop(-block.shape[1])  # type: ignore[attr-defined]
-    return elapsed * 1000
+    return elapsed_ms
 
 
-def _timed_proposal(drafter: Drafter, ids: Sequence[int], gamma: int) -> tuple[float, int]:
-    """Milliseconds and tokens of one proposal of up to ``gamma`` tokens after ``ids`` (as after full acceptance)."""
-    drafter.rollback(len(ids) - 1)
+def _timed(call: Callable[..., T], *args: Any) -> tuple[float, T]:
+    """Milliseconds that ``call(*args)`` took, and what it returned."""
     started = time.perf_counter()
-    proposal = drafter.propose(ids, gamma, GREEDY, None)
-    return (time.perf_counter() - started) * 1000, len(proposal)
+    result = call(*args)
+    return (time.perf_counter() - started) * 1000, result

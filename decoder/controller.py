@@ -25,7 +25,11 @@ first request of a pair that cannot pay is planned plain, rather than speculatin
 sums (:class:`PairCosts`); only ``alpha`` is kept per workload (:class:`WorkloadState`).
 
 The numerator is the expected tokens per step, the denominator its cost in one-token target
-passes; ``S < 1`` means speculation would be slower than plain decoding, and it is switched off
+passes. A model drafter also reads the prompt once per request (its prefill), a cost that does
+not scale with the steps: a request of ``T`` output tokens pays ``D`` one-token passes for it, so
+the request as a whole runs at ``1 / (1 / S + D / T)`` times plain decoding; ``D`` is measured per
+prompt token and ``T`` is the workload's mean output length, at most the request's
+``max_new_tokens``. Below 1, speculation would be slower than plain decoding, and it is switched off
 for that workload, with a probe now and then so that recovery is noticed. A request re-plans
 every few steps with what it has measured so far (:meth:`SpeculationController.replan`), so a
 losing first request or probe stops drafting early instead of paying for a whole request.
@@ -68,6 +72,9 @@ class Observation:
     single_ms: float = 0.0
     sized_passes: Mapping[int, int] = field(default_factory=dict)  # verification passes by drafts carried
     sized_ms: Mapping[int, float] = field(default_factory=dict)  # their time by drafts carried
+    draft_prefill_tokens: int = 0  # prompt tokens the drafter read when the request began
+    draft_prefill_ms: float = 0.0  # and how long that took (not in draft_ms)
+    output_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -82,6 +89,7 @@ class Priors:
 
 COST_SUMS = (
     "draft_tokens", "draft_ms", "verify_passes", "verify_drafts", "verify_ms", "single_passes", "single_ms",
+    "draft_prefill_tokens", "draft_prefill_ms",
 )  # fmt: skip
 
 
@@ -103,6 +111,8 @@ class PairCosts:
     single_ms: float = 0.0
     sized_passes: dict[str, float] = field(default_factory=dict)  # keys: drafts carried, as text (JSON keys)
     sized_ms: dict[str, float] = field(default_factory=dict)
+    draft_prefill_tokens: float = 0.0
+    draft_prefill_ms: float = 0.0
 
     def fold(self, observation: Observation, keep: float) -> None:
         """Keep a share ``keep`` of the old sums and add what ``observation`` measured."""
@@ -115,7 +125,10 @@ class PairCosts:
                 sums[str(drafts)] = sums.get(str(drafts), 0.0) + value
 
     def terms(self, prior: Priors) -> dict[str, float]:
-        """c, b/t1 and t1 (ms) from the sums, the priors standing in for what was not measured."""
+        """c, b/t1, t1 (ms) and the drafter's prefill per prompt token (over t1) from the sums.
+
+        The priors stand in for c and b/t1 where they were not measured; an unmeasured prefill counts as free.
+        """
         t1 = measured_t1 = self.single_ms / self.single_passes if self.single_passes > 0 else math.nan
         if math.isnan(t1) and self.verify_passes:
             # No one-token pass seen yet: read t1 off the verification passes with the prior slope.
@@ -127,7 +140,10 @@ class PairCosts:
             if self.verify_passes and not math.isnan(measured_t1):
                 drafts_per_pass = self.verify_drafts / self.verify_passes
                 b_over_t1 = max(0.0, (self.verify_ms / self.verify_passes - t1) / drafts_per_pass / t1)
-        return {"c": c, "b_over_t1": b_over_t1, "t1_ms": t1}
+        prefill = 0.0
+        if self.draft_prefill_tokens and not math.isnan(t1) and t1 > 0:
+            prefill = self.draft_prefill_ms / self.draft_prefill_tokens / t1
+        return {"c": c, "b_over_t1": b_over_t1, "t1_ms": t1, "prefill_per_token": prefill}
 
     def verification_cost(self, gamma: int, terms: Mapping[str, float]) -> float:
         """v(gamma) in one-token passes: measured at this pass size where seen, else ``1 + gamma * b / t1``."""
@@ -149,6 +165,8 @@ class WorkloadState:
 
     accepted: float = 0.0
     judged: float = 0.0
+    output_tokens: float = 0.0  # forgotten like the others, over the forgotten count of requests below
+    weighted_requests: float = 0.0
     requests: int = 0
     plain_streak: int = 0  # plain requests since the last speculative one
     gamma: int = 0
@@ -265,10 +283,15 @@ class SpeculationController:
 
     # Decisions
 
-    def plan(self, workload: str) -> Plan:
-        """The mode and gamma for the next request of ``workload``."""
+    def plan(self, workload: str, prompt_tokens: int = 0, max_new_tokens: int | None = None) -> Plan:
+        """The mode and gamma for the next request of ``workload``.
+
+        ``prompt_tokens`` and ``max_new_tokens`` describe the request: the drafter's prefill of a long
+        prompt before a short answer can cost more than speculation saves.
+        """
         state = self._state(workload)
-        gamma, speedup = self.best_gamma(workload)
+        gamma, step_speedup = self.best_gamma(workload)
+        speedup = self.request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens)
         if self.holdout_share and self._rng.random() < self.holdout_share:
             return Plan("holdout", gamma, speedup)
         if speedup >= 1.0:
@@ -278,6 +301,18 @@ class SpeculationController:
         if state.plain_streak + 1 >= self.probe_every:
             return Plan("speculative", gamma, speedup)  # a probe: has the drafter recovered?
         return Plan("plain", gamma, speedup)
+
+    def request_speedup(
+        self, workload: str, step_speedup: float, prompt_tokens: int, max_new_tokens: int | None = None
+    ) -> float:
+        """A whole request's speedup: ``1 / (1 / S + D / T)``, the drafter's prefill ``D`` spread over ``T`` tokens."""
+        prefill = prompt_tokens * self.pair_costs()["prefill_per_token"]  # D, in one-token passes
+        state = self._workloads.get(workload)
+        expected = state.output_tokens / state.weighted_requests if state and state.weighted_requests else math.inf
+        tokens = min(expected, max_new_tokens or math.inf)  # T
+        if prefill <= 0 or math.isinf(tokens):
+            return step_speedup
+        return 1.0 / (1.0 / step_speedup + prefill / max(tokens, 1.0))
 
     def replan(self, workload: str, running: Observation) -> Plan:
         """Mid-request: with what this request has measured so far, should it go on speculating, and how far?
@@ -289,7 +324,7 @@ class SpeculationController:
         from the holdout generator and changes no state.
         """
         gamma, speedup = self._best(wilson_upper(*self._alpha(workload, running)), self._costs.plus(running))
-        return Plan("speculative" if speedup >= 1.0 else "plain", gamma, speedup)
+        return Plan("speculative" if speedup >= 1.0 else "plain", gamma, speedup)  # the prefill is paid by now
 
     def calibrate(self, observation: Observation) -> None:
         """Add passes timed outside any request (decoder/calibration.py) to the pair's costs; alpha is untouched."""
@@ -306,6 +341,8 @@ class SpeculationController:
         keep = 1.0 - self.forgetting
         state.accepted = keep * state.accepted + observation.accepted
         state.judged = keep * state.judged + observation.judged
+        state.output_tokens = keep * state.output_tokens + observation.output_tokens
+        state.weighted_requests = keep * state.weighted_requests + 1
         self._costs.fold(observation, keep)
         state.requests += 1
         state.plain_streak = state.plain_streak + 1 if mode != "speculative" else 0

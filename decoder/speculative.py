@@ -214,12 +214,18 @@ class SpeculativeDecoder:
         if mode is not None and mode not in ("speculative", "plain", "holdout"):
             raise ValueError(f"mode must be speculative, plain or holdout, got {mode!r}")
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        prompt_ids, prompt_hash = self._encode(prompt, chat)
+        if self.max_positions and len(prompt_ids) + max_new_tokens > self.max_positions:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"target's context of {self.max_positions} tokens"
+            )
         calibrate = False
         replan: Replan | None = None
         if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
             if self.auto_calibrate and self.controller.needs_calibration:
                 self.calibrate()
-            plan = self.controller.plan(workload)
+            plan = self.controller.plan(workload, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens)
             if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
                 replan = partial(self.controller.replan, workload)
             mode = plan.mode if mode is None else mode
@@ -234,13 +240,7 @@ class SpeculativeDecoder:
         stats = RequestStats(gamma=gamma, mode=mode)
         if request_id:
             stats.request_id = request_id
-        prompt_ids, prompt_hash = self._encode(prompt, chat)
         stats.prompt_tokens = len(prompt_ids)
-        if self.max_positions and len(prompt_ids) + max_new_tokens > self.max_positions:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                f"target's context of {self.max_positions} tokens"
-            )
         identity: dict[str, object] = {
             "workload": workload,
             "target_model": self.target.name,
@@ -302,7 +302,10 @@ class SpeculativeDecoder:
         seq = _Sequence(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=DynamicCache())
         drafter = self.drafter if stats.mode == "speculative" else None
         if drafter is not None:
+            started = time.perf_counter()
             drafter.begin(prompt_ids)
+            stats.draft_prefill_seconds = time.perf_counter() - started
+            stats.draft_prefill_tokens = len(prompt_ids)
         first = prefill(self.target, seq, params, generator)
         seq.tokens.append(first)
         output.append(first)

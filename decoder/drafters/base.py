@@ -33,7 +33,11 @@ class Drafter(Protocol):
     version: str | None
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        """Start a new request whose sequence so far is ``prompt_ids``."""
+        """Start a new request whose sequence so far is ``prompt_ids``: read it now if the drafter must.
+
+        The decoder times this apart from the proposals (the controller's prefill cost), and calls
+        :meth:`propose` next with at least one token more.
+        """
 
     def propose(
         self,

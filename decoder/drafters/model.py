@@ -33,8 +33,12 @@ class ModelDrafter:
         self._cached = 0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Read the prompt now, so that its cost is timed apart from the steps' (it does not grow with them)."""
         self._cache = self._cache_class()
         self._cached = 0
+        if prompt_ids:
+            with torch.inference_mode():
+                self._forward(torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.draft.device))
 
     def propose(
         self,

@@ -6,7 +6,7 @@ import pytest
 
 import decoder.speculative
 from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculationController, SpeculativeDecoder
-from decoder.calibration import measure_pair_costs
+from decoder.calibration import CALIBRATION_TEXT, measure_pair_costs
 from decoder.controller import Observation
 
 
@@ -23,8 +23,11 @@ def test_every_pass_size_and_the_drafter_are_timed(
     assert observation.verify_passes == 10 and observation.verify_drafts == 2 * (1 + 2 + 3 + 4 + 5)
     assert observation.verify_ms == pytest.approx(sum(observation.sized_ms.values()))
     assert observation.draft_ms > 0
+    text_tokens = len(tiny_target.tokenizer.encode(CALIBRATION_TEXT))
+    assert observation.draft_prefill_tokens == 2 * (text_tokens - 1)
     if kind == "model":
         assert observation.draft_tokens == 2 * 5
+        assert observation.draft_prefill_ms > observation.draft_ms / 10  # a pass over the whole text
     else:  # the text is said twice, so n-grams find a continuation (short here: the tiny vocabulary has 16 words)
         assert 2 <= observation.draft_tokens <= 2 * 5
 
@@ -83,3 +86,21 @@ def test_a_pair_known_to_lose_never_drafts(tiny_target: LoadedModel, tiny_draft:
 def test_calibration_without_a_controller_or_drafter_is_a_no_op(tiny_target: LoadedModel) -> None:
     assert SpeculativeDecoder(tiny_target, NgramDrafter()).calibrate() is None
     assert SpeculativeDecoder(tiny_target, None, controller=SpeculationController()).calibrate() is None
+
+
+def test_a_request_times_the_drafters_prefill_apart_from_its_steps(
+    tiny_target: LoadedModel, tiny_draft: LoadedModel
+) -> None:
+    controller = SpeculationController(seed=0)
+    speculative = SpeculativeDecoder(
+        tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller, auto_calibrate=False
+    )
+    prompt_length = len(tiny_target.tokenizer.encode("a b c d e f g h"))
+    record = speculative.generate("a b c d e f g h", max_new_tokens=8, mode="speculative", gamma=2).record
+    costs = controller.state()["costs"]
+    assert costs["draft_prefill_tokens"] == prompt_length and costs["draft_prefill_ms"] > 0
+    assert record.draft_ms == pytest.approx(costs["draft_prefill_ms"] + costs["draft_ms"])  # the record keeps both
+    assert controller.state()["workloads"]["default"]["output_tokens"] == record.output_tokens
+
+    speculative.generate("a b c d e f g h", max_new_tokens=8, mode="plain")  # no drafter, no prefill
+    assert controller.state()["costs"]["draft_prefill_tokens"] == pytest.approx(0.9 * prompt_length)

@@ -119,6 +119,29 @@ def test_a_calibrated_pair_that_cannot_pay_starts_plain() -> None:
         cheap.calibrate(replace(pass_costs(c=0.01, cost_of_pass=1.2), accepted=3, judged=4))
 
 
+def test_the_drafters_prefill_weighs_against_the_requests_length() -> None:
+    """A draft model reads the prompt once per request: worth it before a long answer, not before a short one.
+
+    Per step, speculation pays 1.34x here (alpha 0.9, c 0.1, v(1) 1.25 at gamma 1); the prefill costs
+    0.3 one-token passes per prompt token, so a 400-token prompt costs D = 120 passes.
+    """
+    controller = SpeculationController(gamma_max=1)
+    for _ in range(10):
+        controller.observe("code", replace(sized(alpha=0.9, c=0.1, gamma=1, cost_of_pass=1.25), output_tokens=512))
+    controller.calibrate(Observation(draft_prefill_tokens=100, draft_prefill_ms=100 * 0.3 * 100))  # t1 = 100 ms
+    assert controller.pair_costs()["prefill_per_token"] == pytest.approx(0.3)
+    step = controller.best_gamma("code")[1]
+    assert step == pytest.approx(1.9 / 1.35, rel=0.01)
+    assert controller.plan("code", prompt_tokens=0).expected_speedup == pytest.approx(step)
+    long_answer = controller.plan("code", prompt_tokens=400)  # T = 512, the workload's mean: 1 / (1/S + 120/512)
+    assert long_answer.mode == "speculative"
+    assert long_answer.expected_speedup == pytest.approx(1 / (1 / step + 120 / 512), rel=1e-6)
+    short_answer = controller.plan("code", prompt_tokens=400, max_new_tokens=64)  # T capped at 64
+    assert short_answer.mode == "plain" and short_answer.expected_speedup < 1
+    # Mid-request the prefill is paid: re-planning weighs the steps alone.
+    assert controller.replan("code", Observation(accepted=9, judged=10)).mode == "speculative"
+
+
 def test_calibration_measures_t1_then_pauses_and_t1_is_shared() -> None:
     controller = SpeculationController(forgetting=0.1)
     assert controller.plan("code").calibrate  # nothing measured yet
