@@ -3,8 +3,8 @@
 The controller decides from relative costs: ``c`` (a draft token over a one-token target pass
 ``t1``) and ``v(k)`` (a verification pass over k drafts over ``t1``). Learned from requests
 alone, a new pair's first request must speculate to find them out, and where the pair cannot pay
-that request is slower than plain decoding: on a 2-core CPU the int4 Qwen2.5-Coder-1.5B target
-with its 0.5B draft measured c ≈ 0.7 and v(1) ≈ 1.35, a loss at any acceptance rate. Timing the
+that request is slower than plain decoding: on a 2-core AVX2 CPU the int4 Qwen2.5-Coder-1.5B
+target with its 0.5B draft measured c ≈ 0.7 and v(1) ≈ 1.35, a loss at any acceptance rate. Timing the
 passes on a fixed text costs the target ``(rounds + 1) * (gamma_max + 1)`` passes once, at start,
 and lets the controller plan every request, the first included, from measured costs.
 
@@ -37,9 +37,10 @@ CALIBRATION_TEXT = 2 * (
     '        raise ValueError(f"window must be positive, got {window}")\n'
     "    return [sum(values[i : i + window]) / window for i in range(len(values) - window + 1)]\n"
 )
-GREEDY = SamplingParams()
 T = TypeVar("T")
+
 CALIBRATION_ROUNDS = 3
+GREEDY = SamplingParams()
 
 
 def measure_pair_costs(

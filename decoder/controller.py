@@ -246,7 +246,7 @@ class SpeculationController:
         return {"alpha": alpha, **self._costs_with(running).terms(self.priors)}
 
     def pair_costs(self) -> dict[str, float]:
-        """c, b/t1 and t1 (ms) of the model pair, shared by every workload."""
+        """c, b/t1, t1 (ms) and the drafter's prefill per prompt token (over t1): the model pair's, shared by all."""
         return self._costs.terms(self.priors)
 
     @property
