@@ -51,9 +51,12 @@ class RowStableLinear(nn.Module):
         return self.linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., in) -> (..., out)
-        if not _padding.get():
-            return self.linear(x)  # type: ignore[no-any-return]
         flat = x.reshape(-1, self.in_features)  # (rows, in)
+        if not _padding.get():
+            # As a 2-D product: a 3-D input that is a strided view (the last row of a pass, as
+            # logits_to_keep slices it) sends PyTorch's CPU matmul to a batched path that copies the
+            # whole transposed weight first: 375 ms a call for a 151936x896 output head, not 11.
+            return self.linear(flat).reshape(*x.shape[:-1], self.out_features)  # type: ignore[no-any-return]
         rows = flat.shape[0]
         padded = (rows + BLOCK_ROWS - 1) // BLOCK_ROWS * BLOCK_ROWS
         if padded != rows:
