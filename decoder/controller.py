@@ -15,7 +15,7 @@ expected speedup of Leviathan et al. (2023), extended with the verification cost
   it is neither small nor linear (PyTorch's int4 kernel works in blocks of 4 rows: a pass over 5
   tokens cost 2.8 one-token passes where 4 tokens cost 1.5), which is why sizes are kept apart.
 * ``t1`` is measured on one-token passes. A model drafter drafts on every step, so a request the
-  controller marks ``calibrate`` runs its first step without drafts to measure it.
+  controller marks ``measure_t1`` runs its first step without drafts to measure it.
 
 Before the first request, the decoder times the pair's passes on a fixed text
 (decoder/calibration.py) and hands them to :meth:`SpeculationController.calibrate`, so even the
@@ -54,7 +54,7 @@ class Plan:
     mode: PlanMode
     gamma: int
     expected_speedup: float
-    calibrate: bool = False  # run the first step without drafts: t1 has not been measured lately
+    measure_t1: bool = False  # run the first step without drafts: t1 has not been measured lately
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +296,7 @@ class SpeculationController:
             return Plan("holdout", gamma, speedup)
         if speedup >= 1.0:
             state.mode, state.gamma = "speculative", gamma
-            return Plan("speculative", gamma, speedup, calibrate=self._costs.single_passes < MIN_WEIGHT)
+            return Plan("speculative", gamma, speedup, measure_t1=self._costs.single_passes < MIN_WEIGHT)
         state.mode, state.gamma = "plain", gamma
         if state.plain_streak + 1 >= self.probe_every:
             return Plan("speculative", gamma, speedup)  # a probe: has the drafter recovered?

@@ -220,7 +220,7 @@ class SpeculativeDecoder:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"target's context of {self.max_positions} tokens"
             )
-        calibrate = False
+        measure_t1 = False
         replan: Replan | None = None
         if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
             if self.auto_calibrate and self.controller.needs_calibration:
@@ -230,7 +230,7 @@ class SpeculativeDecoder:
                 replan = partial(self.controller.replan, workload)
             mode = plan.mode if mode is None else mode
             gamma = plan.gamma if gamma is None else gamma
-            calibrate = plan.calibrate
+            measure_t1 = plan.measure_t1
         mode = "speculative" if mode is None else mode
         gamma = self.gamma if gamma is None else gamma
         if not 1 <= gamma <= MAX_GAMMA:
@@ -259,7 +259,7 @@ class SpeculativeDecoder:
         try:
             with torch.inference_mode():
                 steps = self._decode(
-                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, calibrate, replan
+                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, measure_t1, replan
                 )
                 for finished in steps:
                     text = stopper.visible_text(token_ids, final=finished is not None)
@@ -287,12 +287,12 @@ class SpeculativeDecoder:
         stats: RequestStats,
         stopper: Stopper,
         output: list[int],
-        calibrate: bool = False,
+        measure_t1: bool = False,
         replan: Replan | None = None,
     ) -> Iterator[str | None]:
         """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end.
 
-        ``calibrate``: the first step carries no drafts, so the controller sees a one-token pass.
+        ``measure_t1``: the first step carries no drafts, so the controller sees a one-token pass.
         ``replan``: asked every ``REPLAN_STEPS`` steps with what the request measured so far; when it
         answers ``plain``, the remaining steps draft nothing, and a lower gamma caps this request's.
         """
@@ -329,8 +329,8 @@ class SpeculativeDecoder:
                     )
                 gamma_now = min(stats.gamma, plan.gamma)
             # Never draft past max_new_tokens: the step's own token needs one slot.
-            gamma = 0 if calibrate else min(gamma_now, max_new_tokens - len(output) - 1)
-            calibrate = False
+            gamma = 0 if measure_t1 else min(gamma_now, max_new_tokens - len(output) - 1)
+            measure_t1 = False
             emitted, drafted = speculative_step(self.target, drafter, seq, gamma, params, generator, stats)
             accepted = len(emitted) - 1
             output.extend(emitted)

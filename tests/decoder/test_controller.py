@@ -109,7 +109,7 @@ def test_a_calibrated_pair_that_cannot_pay_starts_plain() -> None:
     assert controller.pair_costs()["c"] == pytest.approx(0.7)
     for workload in ("code", "prose", "german"):
         plan = controller.plan(workload)
-        assert plan.mode == "plain" and not plan.calibrate
+        assert plan.mode == "plain" and not plan.measure_t1
     assert controller.estimates("prose")["alpha"] == pytest.approx(0.6)  # acceptance is left to the requests
 
     cheap = SpeculationController()
@@ -142,17 +142,17 @@ def test_the_drafters_prefill_weighs_against_the_requests_length() -> None:
     assert controller.replan("code", Observation(accepted=9, judged=10)).mode == "speculative"
 
 
-def test_calibration_measures_t1_then_pauses_and_t1_is_shared() -> None:
+def test_t1_is_measured_then_pauses_and_is_shared() -> None:
     controller = SpeculationController(forgetting=0.1)
-    assert controller.plan("code").calibrate  # nothing measured yet
+    assert controller.plan("code").measure_t1  # nothing measured yet
     controller.observe("code", sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4))
-    assert not controller.plan("code").calibrate
+    assert not controller.plan("code").measure_t1
     no_single = replace(sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4), single_passes=0, single_ms=0)
     calibrations = []
     for _ in range(20):
         plan = controller.plan("code")
-        calibrations.append(plan.calibrate)
-        controller.observe("code", sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4) if plan.calibrate else no_single)
+        calibrations.append(plan.measure_t1)
+        controller.observe("code", sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4) if plan.measure_t1 else no_single)
     assert 2 <= sum(calibrations) <= 4  # a one-token pass weighs 0.5 after 7 requests at forgetting 0.1
     # Another workload whose requests never ran a one-token pass reads t1 off the target's others.
     controller.observe("prose", no_single)
@@ -181,7 +181,7 @@ def test_costs_are_shared_so_a_new_workload_starts_from_them() -> None:
     for _ in range(5):  # a drafter that is right 95 % of the time on code, but costs 0.7 of a target pass
         controller.observe("code", measured(alpha=0.95, c=0.7, b_over_t1=0.1, gamma=1))
     prose = controller.plan("prose")  # never seen: the prior alpha (0.6) with the measured costs
-    assert not prose.calibrate
+    assert not prose.measure_t1
     assert prose.mode == "plain" and prose.expected_speedup < 1
     assert controller.estimates("prose")["c"] == pytest.approx(0.7)
     assert controller.estimates("prose")["alpha"] == pytest.approx(0.6)
@@ -316,8 +316,8 @@ class RecordingDrafter(ModelDrafter):
         return super().propose(tokens, gamma, params, generator)
 
 
-def test_decoder_runs_a_calibration_step_when_asked(tiny_target: LoadedModel, tiny_draft: LoadedModel) -> None:
-    """A model drafter drafts on every step; a calibrating request's first step carries none, so t1 is measured."""
+def test_decoder_runs_an_undrafted_step_when_asked(tiny_target: LoadedModel, tiny_draft: LoadedModel) -> None:
+    """A model drafter drafts on every step; a measure_t1 request's first step carries none, so t1 is measured."""
     controller = SpeculationController(seed=0)
     drafter = RecordingDrafter(tiny_draft, tiny_target.vocab_size)
     decoder = SpeculativeDecoder(tiny_target, drafter, controller=controller, auto_calibrate=False)
@@ -325,12 +325,12 @@ def test_decoder_runs_a_calibration_step_when_asked(tiny_target: LoadedModel, ti
     prompt_length = len(tiny_target.tokenizer.encode("a b c d e f"))
     expected = plain.generate("a b c d e f", max_new_tokens=12).token_ids
 
-    assert controller.plan("code").calibrate
+    assert controller.plan("code").measure_t1
     assert decoder.generate("a b c d e f", max_new_tokens=12, workload="code", mode="speculative").token_ids == expected
     assert drafter.lengths[0] == prompt_length + 2  # prefill's token, then the undrafted step's token
     assert controller.state()["costs"]["single_passes"] >= 1
 
-    assert not controller.plan("code").calibrate
+    assert not controller.plan("code").measure_t1
     drafter.lengths.clear()
     assert decoder.generate("a b c d e f", max_new_tokens=12, workload="code", mode="speculative").token_ids == expected
     assert drafter.lengths[0] == prompt_length + 1  # drafting right after prefill
