@@ -251,8 +251,12 @@ class SpeculationController:
 
     @property
     def needs_calibration(self) -> bool:
-        """True until a verification pass has been measured (by :meth:`calibrate` or by requests)."""
-        return self._costs.verify_passes < MIN_WEIGHT
+        """True until any verification pass has been measured (by :meth:`calibrate` or by requests).
+
+        Faded sums do not count as unmeasured: calibrating again would stall a request for seconds,
+        and requests keep the costs current (probes included) once there are any.
+        """
+        return self._costs.verify_passes == 0
 
     def verification_cost(self, gamma: int) -> float:
         """v(gamma): a pass over gamma drafts in one-token passes, measured at that size where seen."""

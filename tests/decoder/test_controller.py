@@ -83,17 +83,17 @@ def test_verification_cost_is_measured_per_pass_size() -> None:
     assert controller.plan("code").gamma == 3
 
 
-def pass_costs(c: float, cost_of_pass: float, gamma_max: int = 8, single: bool = True) -> Observation:
-    """What decoder/calibration.py would time for a pair with these costs (t1 = 100 ms, 3 rounds)."""
-    sized_ms = {k: 3 * 100 * cost_of_pass ** (k / 4) for k in range(1, gamma_max + 1)}
+def pass_costs(c: float, v1: float) -> Observation:
+    """What decoder/calibration.py would time for a pair with these costs: t1 = 100 ms, v(k) = 1 + k (v1 - 1)."""
+    sized_ms = {k: 3 * 100 * (1 + k * (v1 - 1)) for k in range(1, 9)}
     return Observation(
-        draft_tokens=3 * gamma_max,
-        draft_ms=3 * gamma_max * c * 100,
-        verify_passes=3 * gamma_max,
-        verify_drafts=3 * sum(range(1, gamma_max + 1)),
+        draft_tokens=3 * 8,
+        draft_ms=3 * 8 * c * 100,
+        verify_passes=3 * 8,
+        verify_drafts=3 * sum(range(1, 9)),
         verify_ms=sum(sized_ms.values()),
-        single_passes=3 if single else 0,
-        single_ms=300 if single else 0,
+        single_passes=3,
+        single_ms=300,
         sized_passes={k: 3 for k in sized_ms},
         sized_ms=sized_ms,
     )
@@ -103,7 +103,7 @@ def test_a_calibrated_pair_that_cannot_pay_starts_plain() -> None:
     """c = 0.7 and v(1) = 1.35 (the int4 Qwen pair on a 2-core CPU): a loss at any alpha, known before any request."""
     controller = SpeculationController()
     assert controller.needs_calibration and controller.plan("code").mode == "speculative"  # the prior's guess
-    controller.calibrate(pass_costs(c=0.7, cost_of_pass=1.35**4))
+    controller.calibrate(pass_costs(c=0.7, v1=1.35))
     assert not controller.needs_calibration
     assert controller.verification_cost(1) == pytest.approx(1.35)
     assert controller.pair_costs()["c"] == pytest.approx(0.7)
@@ -113,10 +113,14 @@ def test_a_calibrated_pair_that_cannot_pay_starts_plain() -> None:
     assert controller.estimates("prose")["alpha"] == pytest.approx(0.6)  # acceptance is left to the requests
 
     cheap = SpeculationController()
-    cheap.calibrate(pass_costs(c=0.01, cost_of_pass=1.2))
+    cheap.calibrate(pass_costs(c=0.01, v1=1.2))
     assert cheap.plan("code").mode == "speculative"
+    # Faded costs are not missing costs: no calibration mid-service (it would stall a request for seconds).
+    for _ in range(60):
+        cheap.observe("prose", Observation(single_passes=90, single_ms=9000))
+    assert 0 < cheap.state()["costs"]["verify_passes"] < 0.1 and not cheap.needs_calibration
     with pytest.raises(ValueError, match="got accepted=3, judged=4"):
-        cheap.calibrate(replace(pass_costs(c=0.01, cost_of_pass=1.2), accepted=3, judged=4))
+        cheap.calibrate(replace(pass_costs(c=0.01, v1=1.2), accepted=3, judged=4))
 
 
 def test_the_drafters_prefill_weighs_against_the_requests_length() -> None:
