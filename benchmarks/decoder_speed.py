@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("decoder.speculative").setLevel(logging.INFO)  # the pairs' calibrated costs
     if args.threads:
         torch.set_num_threads(args.threads)
     workloads = builtin_workloads()

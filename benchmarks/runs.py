@@ -89,15 +89,6 @@ def decode_once(
 
 def controlled_decoder(target: LoadedModel, drafter: Drafter) -> SpeculativeDecoder:
     """A decoder with a fresh controller whose pair costs are timed at start, as the sidecar does, not in a request."""
-    controller = SpeculationController(seed=0)
-    decoder = SpeculativeDecoder(target, drafter, controller=controller)
-    started = time.perf_counter()
-    decoder.calibrate()
-    costs = controller.pair_costs()
-    print(
-        f"calibrated {target.name} ({target.version}) with {drafter.name or drafter.kind} drafts in "
-        f"{time.perf_counter() - started:.1f} s: t1 {costs['t1_ms']:.1f} ms, c {costs['c']:.3f}, "
-        f"v(1) {controller.verification_cost(1):.2f}, v(4) {controller.verification_cost(4):.2f}",
-        flush=True,
-    )
+    decoder = SpeculativeDecoder(target, drafter, controller=SpeculationController(seed=0))
+    decoder.calibrate()  # logged by decoder.speculative at INFO
     return decoder

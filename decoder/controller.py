@@ -249,6 +249,14 @@ class SpeculationController:
         """c, b/t1, t1 (ms) and the drafter's prefill per prompt token (over t1): the model pair's, shared by all."""
         return self._costs.terms(self.priors)
 
+    def cost_summary(self) -> str:
+        """The pair's costs in one line, for logs: t1, c, the prefill and v at 1 and gamma_max drafts."""
+        terms, widest = self.pair_costs(), self.gamma_max
+        return (
+            f"t1 {terms['t1_ms']:.1f} ms, c {terms['c']:.3f}, prefill {terms['prefill_per_token']:.3f} t1 a prompt "
+            f"token, v(1) {self.verification_cost(1):.2f}, v({widest}) {self.verification_cost(widest):.2f}"
+        )
+
     @property
     def needs_calibration(self) -> bool:
         """True until any verification pass has been measured (by :meth:`calibrate` or by requests).

@@ -148,22 +148,28 @@ class SpeculativeDecoder:
     def calibrate(self, rounds: int = CALIBRATION_ROUNDS) -> Observation | None:
         """Time the pair's passes (decoder/calibration.py) and give them to the controller.
 
-        Runs by itself before the first request the controller plans; call it at start-up to keep
-        that time out of the first request. ``None`` without a controller or a drafter.
+        ``None`` without a controller or a drafter. :meth:`calibrate_if_needed` is the usual entry.
         """
         if self.controller is None or self.drafter is None:
             return None
         started = time.perf_counter()
         observation = measure_pair_costs(self.target, self.drafter, self.controller.gamma_max, rounds)
         self.controller.calibrate(observation)
-        costs = self.controller.pair_costs()
         logger.info(
-            "calibrated %s with %s drafts in %.1f s: t1 %.1f ms, c %.3f, v(1) %.2f, v(%d) %.2f",
-            self.target.name, self.drafter.name or self.drafter.kind, time.perf_counter() - started,
-            costs["t1_ms"], costs["c"], self.controller.verification_cost(1),
-            self.controller.gamma_max, self.controller.verification_cost(self.controller.gamma_max),
+            "calibrated %s (%s) with %s drafts in %.1f s: %s", self.target.name, self.target.version,
+            self.drafter.name or self.drafter.kind, time.perf_counter() - started, self.controller.cost_summary(),
         )  # fmt: skip
         return observation
+
+    def calibrate_if_needed(self) -> Observation | None:
+        """Calibrate when ``auto_calibrate`` is on and the controller has never measured the pair.
+
+        Runs by itself before the first request the controller plans; call it at start-up to keep
+        that time out of the first request. ``None`` when nothing was timed.
+        """
+        if not self.auto_calibrate or self.controller is None or not self.controller.needs_calibration:
+            return None
+        return self.calibrate()
 
     def generate(self, prompt: Prompt, **options: Any) -> GenerationResult:
         """Decode one request; ``options`` are those of :meth:`stream`."""
@@ -223,8 +229,7 @@ class SpeculativeDecoder:
         measure_t1 = False
         replan: Replan | None = None
         if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
-            if self.auto_calibrate and self.controller.needs_calibration:
-                self.calibrate()
+            self.calibrate_if_needed()
             plan = self.controller.plan(workload, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens)
             if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
                 replan = partial(self.controller.replan, workload)

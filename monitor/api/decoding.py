@@ -154,16 +154,13 @@ class DecodeWorker:
 
     def _calibrate(self) -> None:
         """Time the model pair before the first request, not during it; a restored controller knows it already."""
-        controller = self.decoder.controller
-        if controller is None or not controller.needs_calibration or not self.decoder.auto_calibrate:
-            return
         try:
-            self.decoder.calibrate()
+            timed = self.decoder.calibrate_if_needed()
         except Exception:  # the worker must live on; the first request will try again and report the error
             log.exception("timing the model pair before the first request failed")
             return
-        if self.state_path is not None:
-            save_controller(controller, self.state_path)
+        if timed is not None and self.decoder.controller is not None and self.state_path is not None:
+            save_controller(self.decoder.controller, self.state_path)
 
 
 def stop_list(stop: str | Sequence[str] | None) -> list[str]:

@@ -85,6 +85,8 @@ def test_a_pair_known_to_lose_never_drafts(tiny_target: LoadedModel, tiny_draft:
 
 def test_calibration_without_a_controller_or_drafter_is_a_no_op(tiny_target: LoadedModel) -> None:
     assert SpeculativeDecoder(tiny_target, NgramDrafter()).calibrate() is None
+    off = SpeculativeDecoder(tiny_target, NgramDrafter(), controller=SpeculationController(), auto_calibrate=False)
+    assert off.calibrate_if_needed() is None and off.controller is not None and off.controller.needs_calibration
     assert SpeculativeDecoder(tiny_target, None, controller=SpeculationController()).calibrate() is None
 
 

@@ -107,6 +107,7 @@ def test_a_calibrated_pair_that_cannot_pay_starts_plain() -> None:
     assert not controller.needs_calibration
     assert controller.verification_cost(1) == pytest.approx(1.35)
     assert controller.pair_costs()["c"] == pytest.approx(0.7)
+    assert controller.cost_summary() == "t1 100.0 ms, c 0.700, prefill 0.000 t1 a prompt token, v(1) 1.35, v(8) 3.80"
     for workload in ("code", "prose", "german"):
         plan = controller.plan(workload)
         assert plan.mode == "plain" and not plan.measure_t1
