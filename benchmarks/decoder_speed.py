@@ -168,19 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("decoder.speculative").setLevel(logging.INFO)  # the pairs' calibrated costs
     if args.threads:
         torch.set_num_threads(args.threads)
-    workloads = builtin_workloads()
+    prompts = {w: p[: args.prompts] for w, p in builtin_workloads().items()}
     if args.quantization:
-        return quantization_main(args, workloads)
+        return quantization_main(args, prompts)
     if args.agreement:
-        return agreement_main(args, workloads)
+        return agreement_main(args, prompts)
     sections = []
-    prompts = {w: p[: args.prompts] for w, p in workloads.items()}
     target, methods = smollm_methods(args.max_new_tokens)
     cells = run_pair("smollm2-135m + ngram", methods, target, prompts, args.repeats)
     sections.append(table("smollm2-135m, ngram drafter", cells, "draftwatch plain", None))
     del target, methods
     if not args.skip_qwen:
-        qwen_prompts = {w: p[:1] for w, p in workloads.items() if w in ("code", "code-edit")} if args.quick else prompts
+        qwen_prompts = {w: p[:1] for w, p in prompts.items() if w in ("code", "code-edit")} if args.quick else prompts
         max_new = min(args.max_new_tokens, 48) if args.quick else args.max_new_tokens
         target, methods = qwen_methods(max_new)
         cells = run_pair("qwen-coder-1.5b + 0.5b", methods, target, qwen_prompts, args.repeats)
@@ -201,10 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     return publish(args, "Decoder speed (benchmarks/decoder_speed.py)", body)
 
 
-def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]]) -> int:
+def quantization_main(args: argparse.Namespace, prompts: dict[str, list[str]]) -> int:
     from benchmarks.decoder_quant import quantization_section
 
-    prompts = {w: p[: args.prompts] for w, p in workloads.items()}
     max_new = args.max_new_tokens
     sections = [
         quantization_section("smollm2-135m, ngram drafter", "smollm2-135m", None, prompts, max_new, args.repeats)
@@ -212,7 +210,7 @@ def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]])
     print(sections[-1], flush=True)  # a long run keeps what it measured even if a later part fails
     if not args.skip_qwen:
         quick = ("code", "code-edit", "prose")
-        qwen_prompts = {w: p[:1] for w, p in workloads.items() if w in quick} if args.quick else prompts
+        qwen_prompts = {w: p[:1] for w, p in prompts.items() if w in quick} if args.quick else prompts
         sections.append(quantization_section("qwen-coder-1.5b target, qwen-coder-0.5b draft", "qwen-coder-1.5b",
                                              "qwen-coder-0.5b", qwen_prompts, max_new, args.repeats))  # fmt: skip
     body = (
@@ -226,10 +224,9 @@ def quantization_main(args: argparse.Namespace, workloads: dict[str, list[str]])
     return publish(args, "Decoder speed per weight format (benchmarks/decoder_speed.py --quantization)", body)
 
 
-def agreement_main(args: argparse.Namespace, workloads: dict[str, list[str]]) -> int:
+def agreement_main(args: argparse.Namespace, prompts: dict[str, list[str]]) -> int:
     from benchmarks.decoder_quant import agreement_section
 
-    prompts = {w: p[: args.prompts] for w, p in workloads.items()}
     targets = ["smollm2-135m"] + ([] if args.skip_qwen else ["qwen-coder-1.5b"])
     sections = [agreement_section(spec, spec, prompts, args.agreement_tokens) for spec in targets]
     body = (

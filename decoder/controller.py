@@ -303,7 +303,7 @@ class SpeculationController:
         """
         state = self._state(workload)
         gamma, step_speedup = self.best_gamma(workload)
-        speedup = self.request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens)
+        speedup = self._request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens)
         if self.holdout_share and self._rng.random() < self.holdout_share:
             return Plan("holdout", gamma, speedup)
         if speedup >= 1.0:
@@ -314,7 +314,7 @@ class SpeculationController:
             return Plan("speculative", gamma, speedup)  # a probe: has the drafter recovered?
         return Plan("plain", gamma, speedup)
 
-    def request_speedup(
+    def _request_speedup(
         self, workload: str, step_speedup: float, prompt_tokens: int, max_new_tokens: int | None = None
     ) -> float:
         """A whole request's speedup: ``1 / (1 / S + D / T)``, the drafter's prefill ``D`` spread over ``T`` tokens."""
