@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from inspect import signature
 import shlex
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def test_controller_paragraph_quotes_the_code() -> None:
     from scipy.stats import norm
 
     from decoder.calibration import CALIBRATION_ROUNDS
+    from decoder.speculative import SpeculativeDecoder
     from decoder.controller import Priors, SpeculationController, wilson_upper
     from decoder.speculative import REPLAN_STEPS
 
@@ -73,4 +75,6 @@ def test_controller_paragraph_quotes_the_code() -> None:
     assert f"re-plans every {REPLAN_STEPS} steps" in text
     assert "at a 90 % upper bound of α" in text
     assert f"{CALIBRATION_ROUNDS} rounds of every pass size" in text
+    assert "`decoder.calibrate_if_needed()`" in text and callable(SpeculativeDecoder.calibrate_if_needed)
+    assert "`auto_calibrate=False`" in text and "auto_calibrate" in signature(SpeculativeDecoder).parameters
     assert wilson_upper.__defaults__ == (pytest.approx(norm.ppf(0.90), abs=1e-4),)  # z of a one-sided 90 % bound
