@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from inspect import signature
 import shlex
+from inspect import signature
 from pathlib import Path
 
 import pytest
@@ -64,9 +64,8 @@ def test_controller_paragraph_quotes_the_code() -> None:
     from scipy.stats import norm
 
     from decoder.calibration import CALIBRATION_ROUNDS
-    from decoder.speculative import SpeculativeDecoder
     from decoder.controller import Priors, SpeculationController, wilson_upper
-    from decoder.speculative import REPLAN_STEPS
+    from decoder.speculative import REPLAN_STEPS, SpeculativeDecoder
 
     text = " ".join(README.read_text().split())
     controller = SpeculationController()
