@@ -61,6 +61,25 @@ def validate_workload(tag: str) -> str:
     return tag
 
 
+def decode_ms_per_token(latency_ms: float | None, ttft_ms: float | None, output_tokens: int) -> float | None:
+    """Milliseconds per output token after the first: ``(latency - TTFT) / (output_tokens - 1)``.
+
+    The one speed figure every comparison of speculative with plain decoding uses. Prompt reading
+    (TTFT) is left out: plain and speculative decoding share it, and it can dominate a short
+    answer to a long prompt. The embedded decoder's draft model reads the prompt after the first
+    token, so that cost lands here, charged to speculation. ``None`` without both timings or with
+    fewer than two output tokens.
+
+    >>> decode_ms_per_token(100.0, 60.0, 9)
+    5.0
+    >>> decode_ms_per_token(100.0, None, 9) is None, decode_ms_per_token(100.0, 60.0, 1) is None
+    (True, True)
+    """
+    if latency_ms is None or ttft_ms is None or output_tokens < 2:
+        return None
+    return max(latency_ms - ttft_ms, 0.0) / (output_tokens - 1)
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -116,10 +135,8 @@ class RequestRecord:
         return 1.0 + self.num_accepted_tokens / self.num_spec_steps
 
     @property
-    def ms_per_output_token(self) -> float | None:
-        if self.latency_ms is None or self.output_tokens == 0:
-            return None
-        return self.latency_ms / self.output_tokens
+    def decode_ms_per_token(self) -> float | None:
+        return decode_ms_per_token(self.latency_ms, self.ttft_ms, self.output_tokens)
 
     @property
     def tokens_per_second(self) -> float | None:

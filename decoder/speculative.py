@@ -306,11 +306,6 @@ class SpeculativeDecoder:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         seq = _Sequence(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=DynamicCache())
         drafter = self.drafter if stats.mode == "speculative" else None
-        if drafter is not None:
-            started = time.perf_counter()
-            drafter.begin(prompt_ids)
-            stats.draft_prefill_seconds = time.perf_counter() - started
-            stats.draft_prefill_tokens = len(prompt_ids)
         first = prefill(self.target, seq, params, generator)
         seq.tokens.append(first)
         output.append(first)
@@ -319,6 +314,13 @@ class SpeculativeDecoder:
             yield "stop"
             return
         yield None
+        if drafter is not None:
+            # After the first token, not before: TTFT stays the target's prompt reading, as in plain
+            # decoding, and the draft model's prompt reading lands in the decode phase it serves.
+            started = time.perf_counter()
+            drafter.begin(prompt_ids)
+            stats.draft_prefill_seconds = time.perf_counter() - started
+            stats.draft_prefill_tokens = len(prompt_ids)
         gamma_now = stats.gamma
         while len(output) < max_new_tokens:
             if (

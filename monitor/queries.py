@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, func, select
 from sqlalchemy.engine import Engine
 
+from decoder.record import decode_ms_per_token
 from monitor.db import bins
 from monitor.db.models import DeploymentEventRow, RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.db.rollups import SUM_COLUMNS, minute_of
@@ -304,7 +305,7 @@ def request_samples(
                 ts_start=ts,
                 mode=m,
                 acceptance_rate=accepted / drafted if drafted else None,
-                ms_per_token=latency / output if latency is not None and output else None,
+                ms_per_token=decode_ms_per_token(latency, ttft, output),
                 ttft_ms=ttft,
             )
             for rid, ts, m, drafted, accepted, latency, output, ttft in conn.execute(query)

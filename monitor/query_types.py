@@ -86,8 +86,8 @@ class WorkloadSummary:
     ttft_p50_ms: float | None
     ttft_p95_ms: float | None
     tokens_per_second: float | None
-    # Mean ms per output token of holdout (plain) traffic over that of speculative traffic:
-    # above 1 speculation is faster. None without both populations.
+    # Mean decode-phase ms per token (after the first) of holdout traffic over that of speculative
+    # traffic: above 1 speculation is faster. None without both populations.
     measured_speedup: float | None
     holdout_requests: int
 
@@ -131,7 +131,7 @@ class RequestSample:
     ts_start: datetime
     mode: str
     acceptance_rate: float | None
-    ms_per_token: float | None
+    ms_per_token: float | None  # decode phase: RequestRecord.decode_ms_per_token
     ttft_ms: float | None
 
 

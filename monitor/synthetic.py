@@ -50,7 +50,8 @@ def synthetic_record(
         accepted += run
     output = 1 + accepted + (steps if gamma else rng.randint(8, 64))
     ms_per_token = (8.0 if mode == "speculative" else 11.0) * rng.uniform(0.8, 1.25)
-    latency = ms_per_token * output
+    ttft = rng.uniform(20.0, 80.0)
+    latency = ttft + ms_per_token * (output - 1)
     ts_start = start + spacing * index
     return RequestRecord(
         request_id=f"{prefix}-{index}",
@@ -71,7 +72,7 @@ def synthetic_record(
         num_accepted_tokens=accepted,
         accepted_per_position=per_position,
         acceptance_histogram=histogram,
-        ttft_ms=rng.uniform(20.0, 80.0),
+        ttft_ms=ttft,
         latency_ms=latency,
         draft_ms=latency * 0.2 if gamma else 0.0,
         verify_ms=latency * 0.7 if gamma else 0.0,

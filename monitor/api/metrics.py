@@ -43,7 +43,11 @@ FAMILIES: Final = (
     ),
     ("draftwatch_prompt_tokens_total", "Prompt tokens of recorded requests.", "counter"),
     ("draftwatch_generation_tokens_total", "Output tokens of recorded requests.", "counter"),
-    ("draftwatch_time_per_output_token_seconds", "Request latency per output token.", "histogram"),
+    (
+        "draftwatch_time_per_output_token_seconds",
+        "Time per output token after the first (TTFT left out, as in vLLM's metric of that name).",
+        "histogram",
+    ),
     ("draftwatch_time_to_first_token_seconds", "Time to first token.", "histogram"),
 )
 
@@ -113,7 +117,7 @@ class Metrics:
                 c["draftwatch_spec_decode_num_accepted_tokens_per_pos_total"][(*wl, ("position", str(position)))] += (
                     accepted
                 )
-        tpot = rec.ms_per_output_token
+        tpot = rec.decode_ms_per_token
         if tpot is not None:
             self._histogram("draftwatch_time_per_output_token_seconds", wl, TPOT_BUCKETS).observe(tpot / 1000)
         if rec.ttft_ms is not None:

@@ -184,9 +184,10 @@ class RollupMinuteRow(Base):
     # request-weighted acceptance: sum of per-request rates over requests that drafted anything
     n_drafting: Mapped[int] = mapped_column(BigInteger)
     sum_acceptance_rate: Mapped[float] = mapped_column(Float)
-    # latency per output token, over requests with a latency and at least one output token
+    # decode-phase ms per token (RequestRecord.decode_ms_per_token), over requests that have one
     n_timed: Mapped[int] = mapped_column(BigInteger)
     sum_ms_per_token: Mapped[float] = mapped_column(Float)
+    # whole-request throughput, over requests with a latency and at least one output token
     sum_timed_latency_ms: Mapped[float] = mapped_column(Float)
     sum_timed_output_tokens: Mapped[int] = mapped_column(BigInteger)
     n_ttft: Mapped[int] = mapped_column(BigInteger)

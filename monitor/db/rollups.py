@@ -89,12 +89,13 @@ def compute(records: Iterable[RequestRecord]) -> RollupDelta:
             v["n_drafting"] += 1
             v["sum_acceptance_rate"] += rec.num_accepted_tokens / rec.num_draft_tokens
         if rec.latency_ms is not None and rec.output_tokens > 0:
-            ms_per_token = rec.latency_ms / rec.output_tokens
-            v["n_timed"] += 1
-            v["sum_ms_per_token"] += ms_per_token
             v["sum_timed_latency_ms"] += rec.latency_ms
             v["sum_timed_output_tokens"] += rec.output_tokens
-            entry.bins[(bins.MS_PER_TOKEN, bins.value_bin(ms_per_token))] += 1
+        decode = rec.decode_ms_per_token
+        if decode is not None:
+            v["n_timed"] += 1
+            v["sum_ms_per_token"] += decode
+            entry.bins[(bins.MS_PER_TOKEN, bins.value_bin(decode))] += 1
         if rec.ttft_ms is not None:
             v["n_ttft"] += 1
             v["sum_ttft_ms"] += rec.ttft_ms

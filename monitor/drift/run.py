@@ -130,11 +130,7 @@ def _histograms(sample: Sample) -> np.ndarray[Any, np.dtype[np.float64]]:
 
 
 def _latency(sample: Sample, metric: str) -> np.ndarray[Any, np.dtype[np.float64]]:
-    if metric == "ms_per_token":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            values = sample.latency_ms / sample.output_tokens
-    else:
-        values = getattr(sample, metric)
+    values = sample.decode_ms_per_token if metric == "ms_per_token" else getattr(sample, metric)
     return np.asarray(values[np.isfinite(values)], dtype=float)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from sqlalchemy import Text, case, cast, func, select
 from sqlalchemy.engine import Connection
 
+from decoder.record import decode_ms_per_token
 from monitor.db.models import RequestRow, RollupMinuteRow
 from monitor.db.rollups import minute_of
 from monitor.drift.stats import FloatArray
@@ -92,6 +93,15 @@ class Sample:
     def __len__(self) -> int:
         return len(self.mode)
 
+    @property
+    def decode_ms_per_token(self) -> FloatArray:
+        """Per request, :func:`decoder.record.decode_ms_per_token`; NaN where it is undefined."""
+        values = []
+        for latency, ttft, output in zip(self.latency_ms, self.ttft_ms, self.output_tokens, strict=True):
+            value = decode_ms_per_token(_known(latency), _known(ttft), int(output))
+            values.append(np.nan if value is None else value)
+        return np.array(values, dtype=float)
+
     def where(self, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Sample:
         index = np.flatnonzero(mask)
         values = {name: getattr(self, name)[index] for name in self.__dataclass_fields__ if name != "histograms"}
@@ -104,6 +114,10 @@ class Sample:
             if name != "histograms"
         }
         return Sample(**values, histograms=self.histograms + other.histograms)
+
+
+def _known(value: float) -> float | None:
+    return None if np.isnan(value) else float(value)
 
 
 _COLUMNS = (

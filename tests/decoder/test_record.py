@@ -38,7 +38,14 @@ def test_valid_record_and_derived_figures() -> None:
     assert record.acceptance_rate == pytest.approx(5 / 9)
     assert record.mean_acceptance_length == pytest.approx(1 + 5 / 3)
     assert record.tokens_per_second == pytest.approx(90.0)
-    assert record.ms_per_output_token == pytest.approx(100 / 9)
+    assert record.decode_ms_per_token is None  # no TTFT: the decode phase cannot be told apart
+
+
+def test_decode_speed_leaves_prompt_reading_out() -> None:
+    # 9 tokens in 100 ms, 60 of them before the first token: 40 ms over the 8 tokens after it.
+    assert valid(ttft_ms=60.0).decode_ms_per_token == pytest.approx(40 / 8)
+    assert valid(ttft_ms=60.0, output_tokens=1, num_spec_steps=0, num_draft_tokens=0, num_accepted_tokens=0,
+                 accepted_per_position=[], acceptance_histogram=[]).decode_ms_per_token is None  # fmt: skip
 
 
 @pytest.mark.parametrize(

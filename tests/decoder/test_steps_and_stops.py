@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -180,3 +181,19 @@ def test_every_request_reaches_the_sink_failures_included(tiny_target: LoadedMod
 
     # A sink that fails never fails the request.
     assert SpeculativeDecoder(tiny_target, None, sink=broken_sink).generate("a", max_new_tokens=2).token_ids
+
+
+def test_the_draft_models_prompt_reading_is_decode_time_not_ttft(tiny_target: LoadedModel) -> None:
+    """Plain decoding shares the target's prompt reading, not the drafter's: TTFT holds only the former."""
+
+    class SlowReader(NgramDrafter):
+        def begin(self, prompt_ids: Sequence[int]) -> None:
+            time.sleep(0.3)
+            super().begin(prompt_ids)
+
+    record = SpeculativeDecoder(tiny_target, SlowReader(), gamma=2).generate(
+        "a b c a b c", max_new_tokens=8, mode="speculative"
+    ).record
+    assert record.ttft_ms is not None and record.latency_ms is not None and record.draft_ms is not None
+    assert record.ttft_ms < 300 <= record.latency_ms - record.ttft_ms
+    assert record.draft_ms >= 300  # still charged to the drafter

@@ -38,7 +38,8 @@ def record(
         histogram[run] += 1
         accepted += run
     output = 1 + accepted + steps if spec else rng.randint(20, 60)
-    latency = ms_per_token * rng.lognormvariate(0.0, 0.25) * output
+    ttft = rng.lognormvariate(3.5, 0.3)
+    latency = ttft + ms_per_token * rng.lognormvariate(0.0, 0.25) * (output - 1)
     return RequestRecord(
         request_id=f"{workload}-{seed}-{index}-{int(ts.timestamp() * 1000)}",
         ts_start=ts,
@@ -58,7 +59,7 @@ def record(
         num_accepted_tokens=accepted,
         accepted_per_position=per_position,
         acceptance_histogram=histogram,
-        ttft_ms=rng.lognormvariate(3.5, 0.3),
+        ttft_ms=ttft,
         latency_ms=latency,
         draft_ms=latency * 0.15 if spec else 0.0,
         verify_ms=latency * 0.75 if spec else 0.0,

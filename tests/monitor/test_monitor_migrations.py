@@ -81,3 +81,42 @@ def test_cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("downgrade", "base") == 0
     assert run("downgrade", "nonsense") == 1
     assert "nonsense" in capsys.readouterr().err
+
+
+def _speed_rollups(engine: Any) -> tuple[dict[tuple[str, str], tuple[int, float]], dict[tuple[str, int], int]]:
+    from sqlalchemy import select
+
+    from monitor.db.models import RollupBinRow, RollupMinuteRow
+
+    m, b = RollupMinuteRow, RollupBinRow
+    with engine.connect() as conn:
+        timed = conn.execute(select(m.workload, m.mode, m.n_timed, m.sum_ms_per_token))
+        minutes = {(w, mode): (n, s) for w, mode, n, s in timed}
+        counts = conn.execute(select(b.workload, b.bin, b.count).where(b.metric == "ms_per_token"))
+        bins = {(w, i): c for w, i, c in counts}
+    return minutes, bins
+
+
+def test_decode_speed_revision_recomputes_stored_rollups(db_url: str) -> None:
+    from monitor.db.writer import write_batch
+    from tests.monitor.records import api_record
+
+    engine = create_engine(db_url)
+    migrate.upgrade(engine)
+    # 12 tokens in 500 ms, 40 of them before the first token: decode 460/11, whole request 500/12.
+    records = [api_record("a"), api_record("b", workload="code", ttft_ms=None), api_record("c", output_tokens=1)]
+    with engine.begin() as conn:
+        write_batch(conn, records, "batch-1", "test")
+    written = _speed_rollups(engine)
+    assert written[0][("chat", "speculative")] == (1, pytest.approx(460 / 11))
+    assert written[0][("code", "speculative")] == (0, 0.0)  # no TTFT: no decode phase to time
+
+    migrate.downgrade(engine, "0003")
+    old = _speed_rollups(engine)[0]
+    assert old[("chat", "speculative")][0] == 2  # 'a' and 'c' (one token) had a whole-request figure
+    assert old[("chat", "speculative")][1] == pytest.approx(500 / 12 + 500 / 1)
+    assert old[("code", "speculative")] == (1, pytest.approx(500 / 12))
+
+    migrate.upgrade(engine)
+    assert _speed_rollups(engine) == written
+    engine.dispose()

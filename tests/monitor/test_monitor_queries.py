@@ -50,7 +50,7 @@ def test_workload_summaries_match_the_records(engine: Engine, loaded: list[Reque
         )
         steps = sum(r.num_spec_steps for r in mine)
         assert summary.mean_acceptance_length == pytest.approx(1 + sum(r.num_accepted_tokens for r in mine) / steps)
-        per_token = [r.ms_per_output_token for r in mine]
+        per_token = [r.decode_ms_per_token for r in mine]
         for q, got in (
             (0.5, summary.ms_per_token_p50),
             (0.95, summary.ms_per_token_p95),
@@ -60,8 +60,8 @@ def test_workload_summaries_match_the_records(engine: Engine, loaded: list[Reque
         assert summary.ttft_p95_ms == pytest.approx(quantile([r.ttft_ms for r in mine], 0.95), rel=0.05)  # type: ignore[misc]
         tokens = sum(r.output_tokens for r in mine)
         assert summary.tokens_per_second == pytest.approx(tokens * 1000 / sum(r.latency_ms for r in mine))  # type: ignore[misc]
-        hold_ms = statistics.mean(r.ms_per_output_token or 0.0 for r in hold)
-        speedup = hold_ms / statistics.mean(r.ms_per_output_token or 0.0 for r in spec)
+        hold_ms = statistics.mean(r.decode_ms_per_token or 0.0 for r in hold)
+        speedup = hold_ms / statistics.mean(r.decode_ms_per_token or 0.0 for r in spec)
         assert summary.measured_speedup == pytest.approx(speedup)
         assert summary.holdout_requests == len(hold)
     only_spec = queries.workload_summary(engine, "code", T0, END, mode="speculative")
@@ -103,3 +103,36 @@ def test_positions_lengths_samples_and_catalogue(engine: Engine, loaded: list[Re
     ]
     events = queries.deployment_events(engine, T0, END)
     assert {(e.kind, e.role) for e in events} == {("first_seen", "target"), ("first_seen", "draft")}
+
+
+def test_measured_speedup_is_the_decode_phase_of_its_construction(engine: Engine, tmp_path: Path) -> None:
+    """Speculation decodes at 10 ms per token and plain at 15, so the speedup is 1.5 by construction.
+
+    Every request first reads a long prompt for 800 ms, and speculative answers are short (20 tokens)
+    where plain ones are long (200): latency / output tokens would say 49.5 ms against 19 ms, a
+    speedup of 0.38 that is all prompt reading.
+    """
+    from tests.monitor.records import api_record
+
+    def scripted(i: int, mode: str, output: int, per_token: float) -> RequestRecord:
+        return api_record(
+            f"{mode}-{i}",
+            ts_start=T0 + timedelta(seconds=i),
+            ts_end=T0 + timedelta(seconds=i + 5),
+            workload="rag",
+            mode=mode,
+            output_tokens=output,
+            ttft_ms=800.0,
+            latency_ms=800.0 + per_token * (output - 1),
+            **({} if mode == "speculative" else {"num_speculative_tokens": 0, "num_spec_steps": 0,
+               "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_position": [],
+               "acceptance_histogram": []}),  # fmt: skip
+        )
+
+    records = [scripted(i, "speculative", 20, 10.0) for i in range(40)]
+    records += [scripted(i, "holdout", 200, 15.0) for i in range(40, 60)]
+    with Recorder(engine, tmp_path / "spool") as recorder:
+        recorder.store_batch(records)
+    summary = queries.workload_summary(engine, "rag", T0, END)
+    assert summary is not None and summary.measured_speedup == pytest.approx(1.5)
+    assert summary.ms_per_token_mean == pytest.approx((40 * 10.0 + 20 * 15.0) / 60)
