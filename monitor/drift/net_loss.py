@@ -1,35 +1,53 @@
 """Net loss: is speculation slower than plain decoding for this workload?
 
-Measured, when there is enough holdout traffic (requests the controller decoded without
-speculation): speedup = mean ms per output token of holdout over that of speculative requests in
-the same window, with a bootstrap interval (both populations resampled). The p-value is a
-one-sided Mann–Whitney U test that speculative requests take more ms per token than holdout ones.
-"Speculation is slower than plain" (decision ``drift``) needs q below the level **and** the
-interval's upper bound below 1.
+Both forms compare decode-phase speed (:func:`decoder.record.decode_ms_per_token`, ms per token
+after the first) of the workload's speculative requests with that of requests decoded without
+speculation, on the same target. Whatever the drafter costs (a model's passes and prompt reading,
+an n-gram lookup's near-nothing, the longer verification pass every drafter makes the target run)
+is inside the speculative requests' time: a cheap drafter with poor acceptance shows as the loss
+it is, which no cost model of α, c and γ alone can promise.
 
-Estimated, when holdout is thin: Leviathan et al. (2023), speedup = (1 - α^(γ+1)) / ((1 - α)(γc + 1))
-from the measured per-token acceptance α (maximum likelihood under their i.i.d. model: accepted
-drafts over accepted drafts plus rejections), the draft-to-target cost ratio c (draft ms per drafted
-token over verify ms per step) and γ. Its interval comes from resampling requests. The result is
-flagged ``estimate`` and has no p-value; it decides ``drift`` when its upper bound is below 1.
-The model ignores per-step overheads, so it errs towards optimism: an estimated loss is credible.
+Like for like. A token late in a long context costs more than an early one, so both populations
+are split into strata by context length (prompt + output tokens; quartiles of the speculative
+requests, fewer when the comparison population is small) and the speedup is
 
-Error rates: with the measured form the false-alarm rate is at most the BH level (the MWU test)
-and additionally needs a 95 % interval wholly below 1.
+    Σ_s w_s · mean(plain ms/token in s)  /  Σ_s w_s · mean(speculative ms/token in s)
+
+with w_s the speculative requests' share of stratum s: what plain decoding would have cost for the
+speculative traffic's own length mix, over what speculation cost. Strata without requests of both
+kinds are left out, as are plain requests whose context is more than 1.25x longer or shorter than
+every speculative one's (``n_ref`` and ``n_cur`` count the requests used, ``detail`` the strata). Stratifying, not
+matching: with a small holdout, matching discards most speculative requests; strata keep them all.
+The interval resamples within strata (both populations).
+
+* **Measured** (``measured``): the comparison population is the workload's **holdout** requests
+  of the current window, a random share of its own traffic. The p-value is the van Elteren
+  stratified Wilcoxon test (one-sided: speculative requests take more ms per token). "Speculation
+  is slower than plain" (decision ``drift``) needs q below the level **and** the interval's upper
+  bound below 1.
+* **Estimate** (``estimated``): when the workload has too few holdout requests in the window, the
+  comparison population is every request of the same **target** decoded without speculation
+  (holdout or plain, any workload) over the reference and current windows. Plain requests are the
+  controller's choice, not a random draw, so the result is flagged ``estimate``, has no p-value and
+  decides ``drift`` only when its interval's upper bound is below 1.
+
+Error rates (``benchmarks/drift_quality.py``, simulated, see ``benchmarks/RESULTS.md``): at most
+the BH level for the measured form under no change (the rank test), with the interval rule on
+top; the estimate has no p-value, its false-alarm rate is what the interval rule gives.
 
 >>> rng = np.random.default_rng(6)
 >>> spec, hold = rng.lognormal(3.2, 0.2, 300), rng.lognormal(3.0, 0.2, 60)   # speculation ~20 % slower
->>> r = NetLoss().measured(spec, hold)
+>>> r = NetLoss().measured(spec, np.full(300, 200.0), hold, np.full(60, 200.0))
 >>> round(r.effect, 2), r.ci[1] < 1, r.passes_floor
 (0.8, True, True)
->>> est = NetLoss().estimated(accepted=np.full(100, 30.0), rejections=np.full(100, 10.0),
-...     draft_ms=np.full(100, 8.0), drafted=np.full(100, 40.0), verify_ms=np.full(100, 400.0),
-...     steps=np.full(100, 10.0), gamma=4)
->>> round(est.effect, 3), est.note
-(2.991, 'estimate (Leviathan et al.): α=0.750, c=0.005, γ=4')
+>>> est = NetLoss().estimated(spec, np.full(300, 200.0), hold, np.full(60, 200.0))
+>>> round(est.effect, 2), est.p is None, est.decision
+(0.8, True, 'drift')
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as st
@@ -37,16 +55,79 @@ from scipy import stats as st
 from monitor.drift.result import Decision, DriftResult, insufficient
 from monitor.drift.stats import FloatArray, bootstrap_means, percentile_interval
 
+# At most this many strata, and at least this many comparison requests per stratum.
+MAX_STRATA = 4
+PER_STRATUM = 10
+# Plain requests count only within this factor of the speculative requests' context lengths.
+SUPPORT = 1.25
 
-def leviathan_speedup(alpha: FloatArray | float, gamma: int, c: FloatArray | float) -> FloatArray:
-    """Expected walltime improvement: tokens per step over the cost of a step in target passes."""
-    a = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0 - 1e-9)
-    tokens_per_step = (1.0 - a ** (gamma + 1)) / (1.0 - a)
-    return np.asarray(tokens_per_step / (gamma * np.asarray(c, dtype=float) + 1.0), dtype=float)
+
+@dataclass(frozen=True, slots=True)
+class Strata:
+    """Speculative and plain ms-per-token values grouped by context-length stratum."""
+
+    spec: list[FloatArray]
+    plain: list[FloatArray]
+    edges: list[float]
+
+    @classmethod
+    def split(cls, spec: FloatArray, spec_ctx: FloatArray, plain: FloatArray, plain_ctx: FloatArray) -> Strata:
+        # Common support: a plain request far longer or shorter than any speculative one says
+        # nothing about what the speculative traffic would have cost without speculation.
+        low, high = spec_ctx.min() / SUPPORT, spec_ctx.max() * SUPPORT
+        inside = (plain_ctx >= low) & (plain_ctx <= high)
+        plain, plain_ctx = plain[inside], plain_ctx[inside]
+        k = max(1, min(MAX_STRATA, len(plain) // PER_STRATUM))
+        edges = list(np.unique(np.quantile(spec_ctx, np.linspace(0, 1, k + 1)[1:-1]))) if k > 1 else []
+        spec_bin, plain_bin = np.searchsorted(edges, spec_ctx, "right"), np.searchsorted(edges, plain_ctx, "right")
+        groups = [(spec[spec_bin == s], plain[plain_bin == s]) for s in range(len(edges) + 1)]
+        kept = [(a, b) for a, b in groups if len(a) and len(b)]
+        return cls([a for a, _ in kept], [b for _, b in kept], [float(e) for e in edges])
+
+    @property
+    def weights(self) -> FloatArray:
+        sizes = np.array([len(a) for a in self.spec], dtype=float)
+        result: FloatArray = sizes / sizes.sum()
+        return result
+
+    def means(self) -> tuple[float, float]:
+        """Stratum-weighted mean ms per token: plain, speculative."""
+        w = self.weights
+        return float(w @ [b.mean() for b in self.plain]), float(w @ [a.mean() for a in self.spec])
+
+    def speedup_draws(self, n_boot: int) -> FloatArray:
+        w = self.weights
+        plain = np.stack([bootstrap_means(b, n_boot, f"plain{i}") for i, b in enumerate(self.plain)], axis=1)
+        spec = np.stack([bootstrap_means(a, n_boot, f"spec{i}") for i, a in enumerate(self.spec)], axis=1)
+        draws: FloatArray = (plain @ w) / (spec @ w)
+        return draws
+
+    def van_elteren(self) -> tuple[float, float]:
+        """Stratified Wilcoxon (van Elteren 1960): z and the one-sided p that speculation is slower.
+
+        Each stratum's U statistic is weighted by 1 / (n_s + 1), which is locally most powerful when
+        the shift is the same in every stratum; ties are corrected per stratum.
+        """
+        num, var = 0.0, 0.0
+        for a, b in zip(self.spec, self.plain, strict=True):
+            n1, n2 = len(a), len(b)
+            n = n1 + n2
+            ranks = st.rankdata(np.concatenate([a, b]))
+            u = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+            _, ties = np.unique(ranks, return_counts=True)
+            tie = (ties**3 - ties).sum() / (n * (n - 1)) if n > 1 else 0.0
+            w = 1.0 / (n + 1)
+            num += w * (u - n1 * n2 / 2)
+            var += w * w * n1 * n2 / 12 * (n + 1 - tie)
+        z = num / np.sqrt(var) if var > 0 else 0.0
+        return float(z), float(st.norm.sf(z))
+
+    def used(self) -> tuple[int, int]:
+        return sum(len(a) for a in self.spec), sum(len(b) for b in self.plain)
 
 
 class NetLoss:
-    """Speedup of speculation over holdout (measured) or Leviathan's formula (estimate)."""
+    """Decode-phase speedup of speculation over plain decoding, stratified by context length."""
 
     test = "net_loss"
     metric = "speedup"
@@ -54,80 +135,66 @@ class NetLoss:
     def __init__(
         self, *, min_requests: int = 30, min_holdout: int = 30, n_boot: int = 500, ci_level: float = 0.95
     ) -> None:
+        if min_requests < 2 or min_holdout < 2:
+            raise ValueError(f"min_requests and min_holdout must be at least 2, got {min_requests}, {min_holdout}")
         self.min_requests = min_requests
         self.min_holdout = min_holdout
         self.n_boot = n_boot
         self.ci_level = ci_level
 
-    def measured(self, speculative_ms_per_token: FloatArray, holdout_ms_per_token: FloatArray) -> DriftResult:
-        spec = np.asarray(speculative_ms_per_token, dtype=float)
-        hold = np.asarray(holdout_ms_per_token, dtype=float)
-        if len(spec) < self.min_requests or len(hold) < self.min_holdout:
-            return insufficient(self.test, self.metric, len(hold), len(spec), self.min_holdout)
-        draws = bootstrap_means(hold, self.n_boot, "ref") / bootstrap_means(spec, self.n_boot, "cur")
-        speedup = float(hold.mean() / spec.mean())
-        ci = percentile_interval(draws, self.ci_level)
-        u = st.mannwhitneyu(spec, hold, alternative="greater", method="asymptotic")
-        # n_ref is the holdout (plain) population, n_cur the speculative one.
-        return DriftResult(
-            self.test,
-            self.metric,
-            len(hold),
-            len(spec),
-            float(u.statistic),
-            float(u.pvalue),
-            speedup,
-            ci,
-            "no_drift",
-            passes_floor=ci[1] < 1.0,
-            note="measured: holdout vs speculative ms per output token",
-            detail={"holdout_ms_per_token": float(hold.mean()), "speculative_ms_per_token": float(spec.mean())},
-        )
+    def measured(
+        self, spec: FloatArray, spec_ctx: FloatArray, holdout: FloatArray, holdout_ctx: FloatArray
+    ) -> DriftResult:
+        """Speculative against holdout requests of the same workload and window; n_ref is the holdout."""
+        strata = self._strata(spec, spec_ctx, holdout, holdout_ctx)
+        if strata is None:
+            return insufficient(self.test, self.metric, len(holdout), len(spec), self.min_holdout)
+        z, p = strata.van_elteren()
+        return self._result(strata, z, p, "no_drift", "measured: holdout vs speculative decode ms per token")
 
     def estimated(
-        self,
-        *,
-        accepted: FloatArray,
-        rejections: FloatArray,
-        draft_ms: FloatArray,
-        drafted: FloatArray,
-        verify_ms: FloatArray,
-        steps: FloatArray,
-        gamma: int,
-        n_holdout: int = 0,
+        self, spec: FloatArray, spec_ctx: FloatArray, plain: FloatArray, plain_ctx: FloatArray
     ) -> DriftResult:
-        """Per-request sums in, one flagged estimate out; ``n_holdout`` is reported as n_ref."""
-        sums = (accepted, rejections, draft_ms, drafted, verify_ms, steps)
-        cols = np.stack([np.asarray(v, dtype=float) for v in sums])
-        n = cols.shape[1]
-        if n < self.min_requests or gamma < 1:
-            return insufficient(self.test, self.metric, n_holdout, n, self.min_requests)
+        """Speculative requests against the target's plain and holdout requests; flagged, no p-value."""
+        strata = self._strata(spec, spec_ctx, plain, plain_ctx)
+        if strata is None:
+            return insufficient(self.test, self.metric, len(plain), len(spec), self.min_holdout)
+        result = self._result(strata, None, None, "no_drift", "estimate: the target's plain decoding vs speculative")
+        decision: Decision = "drift" if result.passes_floor else "no_drift"
+        return result.replace(decision=decision, detail={**result.detail, "estimate": True})
 
-        def speedup(sums: FloatArray) -> FloatArray:
-            acc, rej, dms, dtok, vms, stp = sums
-            alpha = acc / np.maximum(acc + rej, 1e-12)
-            c = np.where((dtok > 0) & (vms > 0), (dms / np.maximum(dtok, 1e-12)) / (vms / np.maximum(stp, 1e-12)), 0.0)
-            return leviathan_speedup(alpha, gamma, c)
+    def _strata(
+        self, spec: FloatArray, spec_ctx: FloatArray, plain: FloatArray, plain_ctx: FloatArray
+    ) -> Strata | None:
+        spec, plain = np.asarray(spec, dtype=float), np.asarray(plain, dtype=float)
+        if len(spec) < self.min_requests or len(plain) < self.min_holdout:
+            return None
+        strata = Strata.split(spec, np.asarray(spec_ctx, dtype=float), plain, np.asarray(plain_ctx, dtype=float))
+        used_spec, used_plain = strata.used()
+        if used_spec < self.min_requests or used_plain < self.min_holdout:
+            return None
+        return strata
 
-        totals = cols.sum(axis=1)
-        point = float(speedup(totals))
-        draws = speedup(bootstrap_means(cols.T, self.n_boot, "cur").T * n)
-        ci = percentile_interval(draws, self.ci_level)
-        acc, rej, dms, dtok, vms, stp = totals
-        alpha = acc / max(acc + rej, 1e-12)
-        c = (dms / dtok) / (vms / stp) if dtok > 0 and vms > 0 and stp > 0 else 0.0
-        decision: Decision = "drift" if ci[1] < 1.0 else "no_drift"
+    def _result(self, strata: Strata, z: float | None, p: float | None, decision: Decision, note: str) -> DriftResult:
+        ci = percentile_interval(strata.speedup_draws(self.n_boot), self.ci_level)
+        used_spec, used_plain = strata.used()
+        plain_mean, spec_mean = strata.means()
         return DriftResult(
             self.test,
             self.metric,
-            n_holdout,
-            n,
-            None,
-            None,
-            point,
+            used_plain,
+            used_spec,
+            z,
+            p,
+            plain_mean / spec_mean,
             ci,
             decision,
             passes_floor=ci[1] < 1.0,
-            note=f"estimate (Leviathan et al.): α={alpha:.3f}, c={c:.3f}, γ={gamma}",
-            detail={"estimate": True, "alpha": float(alpha), "c": float(c), "gamma": gamma},
+            note=note,
+            detail={
+                "plain_ms_per_token": plain_mean,
+                "speculative_ms_per_token": spec_mean,
+                "strata": len(strata.spec),
+                "context_edges": strata.edges,
+            },
         )

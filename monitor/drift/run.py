@@ -153,22 +153,33 @@ def _net_loss(
         start, end = windows.cur_start, windows.cur_end
         size = config.sample_size
         holdout = sample_requests(conn, workload, pair, start, end, size, mode="holdout", any_drafter=True)
-    hold_ms, spec_ms = _latency(holdout, "ms_per_token"), _latency(spec, "ms_per_token")
-    if len(hold_ms) >= config.min_holdout:
-        return test.measured(spec_ms, hold_ms)
-    drafting = spec.where((spec.drafted > 0) & np.isfinite(spec.draft_ms) & np.isfinite(spec.verify_ms))
-    full_steps = np.array([h[-1] if h else 0 for h in drafting.histograms], dtype=float)
-    gamma = int(np.median(drafting.gamma)) if len(drafting) else 0
-    return test.estimated(
-        accepted=drafting.accepted,
-        rejections=drafting.steps - full_steps,
-        draft_ms=drafting.draft_ms,
-        drafted=drafting.drafted,
-        verify_ms=drafting.verify_ms,
-        steps=drafting.steps,
-        gamma=gamma,
-        n_holdout=len(hold_ms),
+    spec_ms, spec_ctx = _decode_speed(spec)
+    hold_ms, hold_ctx = _decode_speed(holdout)
+    measured = test.measured(spec_ms, spec_ctx, hold_ms, hold_ctx)
+    if measured.decision != "insufficient_data":
+        return measured
+    # Too little comparable holdout for the workload: compare with all of the target's plain decoding.
+    plain = sample_requests(
+        conn,
+        None,
+        pair,
+        windows.ref_start,
+        windows.cur_end,
+        config.sample_size,
+        mode=("holdout", "plain"),
+        any_drafter=True,
     )
+    plain_ms, plain_ctx = _decode_speed(plain)
+    return test.estimated(spec_ms, spec_ctx, plain_ms, plain_ctx)
+
+
+def _decode_speed(
+    sample: Sample,
+) -> tuple[np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.float64]]]:
+    """Decode ms per token and context length of the requests that have a decode speed."""
+    speed = sample.decode_ms_per_token
+    known = np.isfinite(speed)
+    return speed[known], sample.context_tokens[known]
 
 
 def run_drift(

@@ -94,6 +94,11 @@ class Sample:
         return len(self.mode)
 
     @property
+    def context_tokens(self) -> FloatArray:
+        """Prompt plus output tokens: the context a request's last token was decoded in."""
+        return self.prompt_tokens + self.output_tokens
+
+    @property
     def decode_ms_per_token(self) -> FloatArray:
         """Per request, :func:`decoder.record.decode_ms_per_token`; NaN where it is undefined."""
         values = []
@@ -139,36 +144,41 @@ _COLUMNS = (
 
 def sample_requests(
     conn: Connection,
-    workload: str,
+    workload: str | None,
     pair: Pair,
     start: datetime,
     end: datetime,
     limit: int,
     *,
-    mode: str | None = None,
+    mode: str | tuple[str, ...] | None = None,
     any_drafter: bool = False,
     only_pair: bool = False,
 ) -> Sample:
     """Up to ``limit`` finished (non-error) requests of one workload and pair in ``[start, end)``.
 
-    ``any_drafter`` matches the target model only (holdout traffic may be recorded with drafter
-    ``none``). ``only_pair`` says the caller knows this is the workload's only pair and no mode is
-    asked for: the ids are then picked from the ``(workload, ts_start)`` index alone (on SQLite a
-    covering index scan, several times faster than visiting every row of the window). Error
-    requests are dropped after the pick, so the sample can fall short of ``limit`` by their share.
+    ``workload`` None reads every workload. ``any_drafter`` matches the target model only (holdout
+    and plain traffic may be recorded with drafter ``none``). ``mode`` is one mode or several.
+    ``only_pair`` says the caller knows this is the workload's only pair and no mode is asked for:
+    the ids are then picked from the ``(workload, ts_start)`` index alone (on SQLite a covering
+    index scan, several times faster than visiting every row of the window). Error requests are
+    dropped after the pick, so the sample can fall short of ``limit`` by their share.
     """
     r = RequestRow
     hashed = ((r.id % HASH_MODULUS) * HASH_MULTIPLIER) % HASH_MODULUS
-    inner = select(r.id).where(r.workload == workload, r.ts_start >= start, r.ts_start < end)
-    if not (only_pair and mode is None):
+    inner = select(r.id).where(r.ts_start >= start, r.ts_start < end)
+    if workload is not None:
+        inner = inner.where(r.workload == workload)
+    if not (only_pair and mode is None and workload is not None):
         inner = inner.where(r.target_model == pair.target_model)
         if not any_drafter:
             inner = inner.where(
                 r.drafter == pair.drafter,
                 r.draft_model.is_(None) if pair.draft_model is None else r.draft_model == pair.draft_model,
             )
-        if mode is not None:
+        if isinstance(mode, str):
             inner = inner.where(r.mode == mode)
+        elif mode is not None:
+            inner = inner.where(r.mode.in_(mode))
     inner = inner.order_by(hashed).limit(limit)
     query = select(*_COLUMNS).where(r.id.in_(inner.scalar_subquery()), r.finish_reason != "error")
     rows = conn.execute(query).all()

@@ -83,22 +83,18 @@ def test_traffic_mix_and_prompt_length() -> None:
 def test_net_loss_needs_the_upper_bound_below_one() -> None:
     rng = np.random.default_rng(14)
     test = NetLoss()
-    slower = test.measured(rng.lognormal(3.3, 0.2, 400), rng.lognormal(3.0, 0.2, 100))
+
+    def ctx(n: int) -> np.ndarray:
+        return rng.integers(50, 500, n).astype(float)
+
+    slower = test.measured(rng.lognormal(3.3, 0.2, 400), ctx(400), rng.lognormal(3.0, 0.2, 100), ctx(100))
     assert slower.effect < 1 and slower.ci[1] < 1 and decide(slower) == "drift"  # type: ignore[index,operator]
-    faster = test.measured(rng.lognormal(2.7, 0.2, 400), rng.lognormal(3.0, 0.2, 100))
+    faster = test.measured(rng.lognormal(2.7, 0.2, 400), ctx(400), rng.lognormal(3.0, 0.2, 100), ctx(100))
     assert faster.effect > 1 and decide(faster) == "no_drift"  # type: ignore[operator]
-    assert test.measured(rng.lognormal(3, 0.2, 400), rng.lognormal(3, 0.2, 5)).decision == "insufficient_data"
-    # Estimate: low acceptance and an expensive drafter (c = 0.5) lose; flagged, no p-value.
-    n = 200
-    est = test.estimated(
-        accepted=np.full(n, 4.0),
-        rejections=np.full(n, 9.0),
-        draft_ms=np.full(n, 400.0),
-        drafted=np.full(n, 40.0),
-        verify_ms=np.full(n, 200.0),
-        steps=np.full(n, 10.0),
-        gamma=4,
-    )
+    few = test.measured(rng.lognormal(3, 0.2, 400), ctx(400), rng.lognormal(3, 0.2, 5), ctx(5))
+    assert few.decision == "insufficient_data"
+    # Estimate: flagged, no p-value, decided by the interval alone.
+    est = test.estimated(rng.lognormal(3.3, 0.2, 400), ctx(400), rng.lognormal(3.0, 0.2, 100), ctx(100))
     assert est.p is None and est.detail["estimate"] and est.decision == "drift" and est.ci[1] < 1  # type: ignore[index]
 
 
