@@ -191,9 +191,11 @@ def test_the_draft_models_prompt_reading_is_decode_time_not_ttft(tiny_target: Lo
             time.sleep(0.3)
             super().begin(prompt_ids)
 
-    record = SpeculativeDecoder(tiny_target, SlowReader(), gamma=2).generate(
-        "a b c a b c", max_new_tokens=8, mode="speculative"
-    ).record
+    record = (
+        SpeculativeDecoder(tiny_target, SlowReader(), gamma=2)
+        .generate("a b c a b c", max_new_tokens=8, mode="speculative")
+        .record
+    )
     assert record.ttft_ms is not None and record.latency_ms is not None and record.draft_ms is not None
     assert record.ttft_ms < 300 <= record.latency_ms - record.ttft_ms
     assert record.draft_ms >= 300  # still charged to the drafter

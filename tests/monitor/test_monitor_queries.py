@@ -114,6 +114,10 @@ def test_measured_speedup_is_the_decode_phase_of_its_construction(engine: Engine
     """
     from tests.monitor.records import api_record
 
+    counts = ("num_speculative_tokens", "num_spec_steps", "num_draft_tokens", "num_accepted_tokens")
+    plain_counts: dict[str, object] = {name: 0 for name in counts}
+    plain_counts.update(accepted_per_position=[], acceptance_histogram=[])
+
     def scripted(i: int, mode: str, output: int, per_token: float) -> RequestRecord:
         return api_record(
             f"{mode}-{i}",
@@ -124,9 +128,7 @@ def test_measured_speedup_is_the_decode_phase_of_its_construction(engine: Engine
             output_tokens=output,
             ttft_ms=800.0,
             latency_ms=800.0 + per_token * (output - 1),
-            **({} if mode == "speculative" else {"num_speculative_tokens": 0, "num_spec_steps": 0,
-               "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_position": [],
-               "acceptance_histogram": []}),  # fmt: skip
+            **({} if mode == "speculative" else plain_counts),
         )
 
     records = [scripted(i, "speculative", 20, 10.0) for i in range(40)]
