@@ -146,6 +146,9 @@ def load_model(
 ) -> LoadedModel:
     """Load a preset name, a ``.gguf`` file, a local model directory or a Hugging Face model id.
 
+    ``progress`` shows progress bars on stderr for fetching and quantizing (the GGUF conversion
+    shows transformers' own).
+
     ``quantize`` is ``"none"``, ``"int8"`` or ``"int4"`` (weight-only, see decoder/quantize.py);
     the default is measured per device (``$DRAFTWATCH_QUANTIZE`` overrides it). A quantized model
     carries ``+int4`` / ``+int8`` in its version, so the monitor sees a quantization change as a
@@ -174,7 +177,7 @@ def load_model(
     if mode != "none":
         from decoder.quantized_store import quantize_loaded
 
-        quantize_loaded(loaded.model, loaded.version, mode, device)
+        quantize_loaded(loaded.model, loaded.version, mode, device, progress=progress)
         loaded.quantization = mode
         loaded.version = f"{loaded.version or 'unversioned'}+{mode}"
     elif device.type == "cpu":

@@ -27,6 +27,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from decoder.kernels import kernels_for
 
@@ -190,19 +191,39 @@ def int4_qparams(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, t
     step reproduces them almost exactly, where plain min-max would re-round every one of them.
     """
     out_features, in_features = weight.shape
-    groups = weight.float().reshape(-1, group_size)  # (out * in / g, g)
+    groups = weight.detach().float().reshape(-1, group_size)  # (out * in / g, g); in-place passes need no grad
+    q = torch.empty(groups.shape, dtype=torch.int32)
+    scales = torch.empty(groups.shape[0], 1)
+    lows = torch.empty(groups.shape[0], 1)
+    # The search makes about 70 element-wise passes; over a block that stays in the CPU's cache they
+    # ran 6x faster than over a whole layer's float copy from memory (quantizing the Qwen 1.5B took
+    # minutes). Every group is computed with the same operations, so the result does not change.
+    for start in range(0, groups.shape[0], QPARAMS_BLOCK_GROUPS):
+        block = slice(start, start + QPARAMS_BLOCK_GROUPS)
+        q[block], scales[block], lows[block] = _int4_search(groups[block])
+    zeros = lows + scales * 8.0
+    return q.reshape(out_features, in_features), scales.reshape(out_features, -1), zeros.reshape(out_features, -1)
+
+
+QPARAMS_BLOCK_GROUPS = 8192  # 1 MiB of float32 per pass at a group size of 32
+
+
+def _int4_search(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """groups (n, g) float32 -> levels (n, g) in 0..15 as floats, the best step (n, 1) and the minimum (n, 1)."""
     low, high = groups.amin(dim=1, keepdim=True), groups.amax(dim=1, keepdim=True)
-    span = (high - low).clamp(min=1e-6)  # (groups, 1)
+    span = (high - low).clamp(min=1e-6)  # (n, 1)
     best_scale, best_error = span / 15.0, torch.full_like(span, float("inf"))
+    shifted = groups - low
+    work = torch.empty_like(groups)  # one buffer for every pass: no allocation per operation
     for steps in range(15, 7, -1):
         scale = span / steps
-        q = torch.round((groups - low) / scale).clamp(0, 15)
-        error = ((q * scale + low - groups) ** 2).sum(dim=1, keepdim=True)  # (groups, 1)
+        torch.div(shifted, scale, out=work)
+        work.round_().clamp_(0, 15).mul_(scale).add_(low).sub_(groups).square_()
+        error = work.sum(dim=1, keepdim=True)  # (n, 1)
         better = error < best_error * (1 - 1e-6)  # ties keep the wider span (more headroom, same error)
         best_scale, best_error = torch.where(better, scale, best_scale), torch.where(better, error, best_error)
-    q = torch.round((groups - low) / best_scale).clamp(0, 15).to(torch.int32).reshape(out_features, in_features)
-    zeros = low + best_scale * 8.0
-    return q, best_scale.reshape(out_features, -1), zeros.reshape(out_features, -1)
+    levels = torch.div(shifted, best_scale, out=work).round_().clamp_(0, 15)
+    return levels, best_scale, low
 
 
 def int4_dequantized(weight: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -250,13 +271,18 @@ DEFAULT_GROUP_SIZE = 32  # the GGUF 4-bit formats' own block size; 64 lost 10 po
 
 
 def quantize_model(
-    model: nn.Module, mode: Quantization, group_size: int = DEFAULT_GROUP_SIZE, head_mode: Quantization | None = None
+    model: nn.Module,
+    mode: Quantization,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    head_mode: Quantization | None = None,
+    progress: bool = False,
 ) -> dict[str, QuantizedLinear]:
     """Replace the linear layers of ``model`` in place; return the new modules by name.
 
     ``head_mode`` is the output head's format (default: ``HEAD_MODE[mode]``). Embeddings, norms
     and attention arithmetic keep the model's dtype. With tied embeddings the head gets its own
-    quantized copy and the (float) embedding table stays for the lookup.
+    quantized copy and the (float) embedding table stays for the lookup. ``progress`` shows a
+    bar per layer on stderr (a billion-parameter model takes tens of seconds on a CPU).
     """
     head_mode = HEAD_MODE[mode] if head_mode is None else head_mode
     for value in (mode, head_mode):
@@ -268,7 +294,8 @@ def quantize_model(
     head = get_head() if callable(get_head) else None
     replaced: dict[str, QuantizedLinear] = {}
     skipped: list[str] = []
-    for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    for name, linear in tqdm(linears, desc=f"quantizing to {mode}", unit="layer", disable=not progress):
         layer_mode = head_mode if linear is head else mode
         if layer_mode == "none" or (layer_mode == "int4" and not Int4Linear.fits(linear, group_size)):
             skipped.append(name)

@@ -89,8 +89,12 @@ def quantize_loaded(
     device: torch.device,
     group_size: int = DEFAULT_GROUP_SIZE,
     head_mode: Quantization | None = None,
+    progress: bool = False,
 ) -> None:
-    """Quantize ``model`` in place, through the cache when the weights have a version to key it by."""
+    """Quantize ``model`` in place, through the cache when the weights have a version to key it by.
+
+    ``progress`` shows the quantization's progress bar (a cached model loads without one).
+    """
     dtype = next(model.parameters()).dtype
     head_mode = HEAD_MODE[mode] if head_mode is None else head_mode
     path = None
@@ -104,7 +108,7 @@ def quantize_loaded(
             except (OSError, ValueError, KeyError, AttributeError, RuntimeError) as error:
                 # A torn or foreign file: quantize again and overwrite it.
                 logger.warning("ignoring unreadable quantized cache %s: %s", path, error)
-    replaced = quantize_model(model, mode, group_size, head_mode)
+    replaced = quantize_model(model, mode, group_size, head_mode, progress=progress)
     if path is not None:
         _save_packed(replaced, path)
 

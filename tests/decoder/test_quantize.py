@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder
+from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder, quantize
 from decoder.quality import agreement
 from decoder.quantize import (
     Int4Linear,
@@ -65,6 +65,19 @@ def test_quantized_linear_against_float_references(dtype: torch.dtype, mode: str
     with torch.no_grad():
         rows = torch.cat([layer(x[:, i : i + 1]) for i in range(7)], dim=1)
     assert torch.equal(rows, got)
+
+
+def test_int4_search_does_not_depend_on_its_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Blocks keep the search in the CPU's cache; a block edge inside a row must not change any group.
+    weight = make_linear(torch.bfloat16, out_features=48, in_features=256).weight  # 384 groups of 32
+    whole = quantize.int4_qparams(weight, 32)
+    monkeypatch.setattr(quantize, "QPARAMS_BLOCK_GROUPS", 5)
+    blocked = quantize.int4_qparams(weight, 32)
+    assert all(torch.equal(a, b) for a, b in zip(whole, blocked, strict=True))
+    q, scales, zeros = blocked
+    assert q.shape == (48, 256) and scales.shape == zeros.shape == (48, 8)
+    # Levels span the grid: each group's minimum sits on level 0.
+    assert int(q.min()) == 0 and int(q.max()) == 15 and bool((q.reshape(-1, 32).amin(dim=1) == 0).all())
 
 
 def test_kernels_pass_their_own_check_on_this_cpu() -> None:
