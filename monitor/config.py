@@ -144,7 +144,7 @@ def _parse_fraction(raw: Any) -> float:
 
 
 # Per-workload effect floors of the drift tests, e.g. "chat:acceptance=0.08,latency=0.2;code:acceptance=0.1".
-FLOOR_KEYS: Final = ("acceptance", "latency", "length", "psi")
+FLOOR_KEYS: Final = ("acceptance", "latency", "psi")
 
 
 def _parse_workload_floors(raw: Any) -> tuple[tuple[str, str, float], ...]:
@@ -465,7 +465,7 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "drift_workload_floors",
         _parse_workload_floors,
         _const(()),
-        "per-workload floors, 'chat:acceptance=0.08,latency=0.2;code:psi=0.5' (keys: acceptance, latency, length, psi)",
+        "per-workload floors, 'chat:acceptance=0.08,latency=0.2;code:psi=0.5' (keys: acceptance, latency, psi)",
     ),
     SettingSpec(
         "webhooks",

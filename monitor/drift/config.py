@@ -26,7 +26,7 @@ class DriftConfig:
     n_boot: int = 500
     ci_level: float = 0.95
     floors: dict[str, float] = field(
-        default_factory=lambda: {"acceptance": 0.05, "latency": 0.10, "length": 0.05, "psi": 0.25, "mix": 0.10}
+        default_factory=lambda: {"acceptance": 0.05, "latency": 0.10, "psi": 0.25, "mix": 0.10}
     )
     workload_floors: dict[str, dict[str, float]] = field(default_factory=dict)
     # Online detector: per-run cap on new requests fed per workload and pair (the newest ones).
@@ -47,7 +47,6 @@ class DriftConfig:
             floors={
                 "acceptance": settings.drift_acceptance_floor,
                 "latency": settings.drift_latency_floor,
-                "length": 0.05,
                 "psi": 0.25,
                 "mix": 0.10,
             },

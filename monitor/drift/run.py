@@ -22,7 +22,6 @@ from sqlalchemy.engine import Connection, Engine
 
 from monitor.config import Settings
 from monitor.drift.acceptance import AcceptanceDrift
-from monitor.drift.acceptance_length import AcceptanceLengthDrift
 from monitor.drift.config import DriftConfig
 from monitor.drift.detectors import update_detector
 from monitor.drift.latency import METRICS as LATENCY_METRICS
@@ -93,10 +92,7 @@ def _workload_tests(
     results = [
         AcceptanceDrift(floor=floor("acceptance"), n_boot=config.n_boot, **common).compare(
             drafting_ref.accepted / drafting_ref.drafted, drafting_cur.accepted / drafting_cur.drafted
-        ),
-        AcceptanceLengthDrift(floor=floor("length"), n_boot=config.n_boot, **common).compare(
-            _histograms(drafting_ref), _histograms(drafting_cur)
-        ),
+        )
     ]
     for metric in LATENCY_METRICS:
         test = LatencyRegression(metric, floor=floor("latency"), n_boot=config.n_boot, seed=s(metric), **common)
@@ -119,14 +115,6 @@ def _workload_tests(
         )
         for r in results
     ]
-
-
-def _histograms(sample: Sample) -> np.ndarray[Any, np.dtype[np.float64]]:
-    width = max((len(h) for h in sample.histograms), default=1)
-    out = np.zeros((len(sample.histograms), max(width, 1)))
-    for i, h in enumerate(sample.histograms):
-        out[i, : len(h)] = h
-    return out
 
 
 def _latency(sample: Sample, metric: str) -> np.ndarray[Any, np.dtype[np.float64]]:

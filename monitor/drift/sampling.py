@@ -12,14 +12,13 @@ picked in a subquery; when a workload has a single pair, that subquery only touc
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 import numpy as np
-from sqlalchemy import Text, case, cast, func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
 from decoder.record import decode_ms_per_token
@@ -80,15 +79,10 @@ class Sample:
     mode: np.ndarray[Any, np.dtype[np.str_]]
     drafted: FloatArray
     accepted: FloatArray
-    steps: FloatArray
-    gamma: FloatArray
     output_tokens: FloatArray
     prompt_tokens: FloatArray
     latency_ms: FloatArray  # NaN when unknown
     ttft_ms: FloatArray
-    draft_ms: FloatArray
-    verify_ms: FloatArray
-    histograms: list[list[int]]
 
     def __len__(self) -> int:
         return len(self.mode)
@@ -109,16 +103,7 @@ class Sample:
 
     def where(self, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Sample:
         index = np.flatnonzero(mask)
-        values = {name: getattr(self, name)[index] for name in self.__dataclass_fields__ if name != "histograms"}
-        return Sample(**values, histograms=[self.histograms[i] for i in index])
-
-    def concat(self, other: Sample) -> Sample:
-        values = {
-            name: np.concatenate([getattr(self, name), getattr(other, name)])
-            for name in self.__dataclass_fields__
-            if name != "histograms"
-        }
-        return Sample(**values, histograms=self.histograms + other.histograms)
+        return Sample(**{name: getattr(self, name)[index] for name in self.__dataclass_fields__})
 
 
 def _known(value: float) -> float | None:
@@ -129,16 +114,10 @@ _COLUMNS = (
     RequestRow.mode,
     RequestRow.num_draft_tokens,
     RequestRow.num_accepted_tokens,
-    RequestRow.num_spec_steps,
-    RequestRow.num_speculative_tokens,
     RequestRow.output_tokens,
     RequestRow.prompt_tokens,
     RequestRow.latency_ms,
     RequestRow.ttft_ms,
-    RequestRow.draft_ms,
-    RequestRow.verify_ms,
-    # Raw JSON text: one json.loads over all rows beats the JSON type's per-row decoding.
-    cast(RequestRow.acceptance_histogram, Text),
 )
 
 
@@ -182,14 +161,13 @@ def sample_requests(
     inner = inner.order_by(hashed).limit(limit)
     query = select(*_COLUMNS).where(r.id.in_(inner.scalar_subquery()), r.finish_reason != "error")
     rows = conn.execute(query).all()
-    numeric_names = [name for name in Sample.__dataclass_fields__ if name not in ("mode", "histograms")]
+    numeric_names = [name for name in Sample.__dataclass_fields__ if name != "mode"]
     if not rows:
         empty = {name: np.zeros(0) for name in numeric_names}
-        return Sample(mode=np.array([], dtype=str), histograms=[], **empty)
+        return Sample(mode=np.array([], dtype=str), **empty)
     cols = list(zip(*rows, strict=True))
     numeric = {
         name: np.array([np.nan if v is None else v for v in col], dtype=float)
-        for name, col in zip(numeric_names, cols[1:11], strict=True)
+        for name, col in zip(numeric_names, cols[1:], strict=True)
     }
-    histograms = json.loads("[" + ",".join(h or "[]" for h in cols[11]) + "]")
-    return Sample(mode=np.array(cols[0], dtype=str), histograms=histograms, **numeric)
+    return Sample(mode=np.array(cols[0], dtype=str), **numeric)

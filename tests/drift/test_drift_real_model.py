@@ -121,7 +121,7 @@ def test_switching_prompts_is_found_for_that_workload_only(records: list[Request
     store(engine, records)
     config = DriftConfig(current_window=timedelta(hours=1), reference_window=timedelta(hours=24), min_requests=8)
     run = run_drift(engine, None, NOW, config=config)
-    acceptance = {(r.workload, r.test): r for r in run.results if r.test in ("acceptance", "acceptance_length")}
+    acceptance = {(r.workload, r.test): r for r in run.results if r.test == "acceptance"}
     fix = acceptance[("fix", "acceptance")]
     assert fix.decision == "drift" and fix.effect is not None and fix.effect < -0.2, fix
     assert {w for (w, _t), r in acceptance.items() if r.decision == "drift"} == {"fix"}

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from monitor.drift.acceptance import AcceptanceDrift
-from monitor.drift.acceptance_length import AcceptanceLengthDrift
 from monitor.drift.latency import LatencyRegression
 from monitor.drift.net_loss import NetLoss
 from monitor.drift.page_hinkley import PageHinkley
@@ -26,11 +25,6 @@ def acceptance(rng: np.random.Generator, mean: float, n: int) -> np.ndarray:
     return rng.beta(mean * 8, (1 - mean) * 8, n)
 
 
-def histograms(rng: np.random.Generator, alpha: float, n: int) -> np.ndarray:
-    runs = np.minimum(rng.geometric(1 - alpha, (n, 12)) - 1, 4)
-    return np.stack([np.bincount(r, minlength=5) for r in runs])
-
-
 def test_acceptance_aa_change_minimum_and_floor() -> None:
     rng = np.random.default_rng(10)
     test = AcceptanceDrift()
@@ -44,14 +38,6 @@ def test_acceptance_aa_change_minimum_and_floor() -> None:
     assert decide(AcceptanceDrift(floor=0.02).compare(acceptance(rng, 0.6, 5000), acceptance(rng, 0.57, 5000))) == (
         "drift"
     )
-
-
-def test_acceptance_length_histograms() -> None:
-    rng = np.random.default_rng(11)
-    test = AcceptanceLengthDrift()
-    assert decide(test.compare(histograms(rng, 0.7, 300), histograms(rng, 0.7, 300))) == "no_drift"
-    assert decide(test.compare(histograms(rng, 0.7, 300), histograms(rng, 0.45, 300))) == "drift"
-    assert test.compare(histograms(rng, 0.7, 10), histograms(rng, 0.7, 300)).decision == "insufficient_data"
 
 
 def test_latency_one_sided_with_p95_floor() -> None:
