@@ -131,6 +131,19 @@ def parse_duration(raw: Any) -> timedelta:
     return timedelta(seconds=value)
 
 
+def format_duration(value: timedelta) -> str:
+    """The largest whole unit that reads ``value`` exactly: the inverse of :func:`parse_duration`.
+
+    >>> format_duration(timedelta(hours=2)), format_duration(timedelta(seconds=90))
+    ('2h', '90s')
+    """
+    seconds = int(value.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def _parse_fraction(raw: Any) -> float:
     if isinstance(raw, bool):
         raise ValueError("expected a number between 0 and 1")
@@ -410,6 +423,15 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         parse_duration,
         _const(timedelta(hours=1)),
         "length of the current window of a drift run, e.g. 15m, 6h (default: 1h)",
+    ),
+    SettingSpec(
+        "drift.max_current_window",
+        "DRAFTWATCH_DRIFT_MAX_CURRENT_WINDOW",
+        "drift_max_current_window",
+        parse_duration,
+        _const(timedelta(hours=8)),
+        "longest the current window of a workload widens to (doubling) while it holds fewer than drift.min_requests "
+        "speculative requests; equal to drift.current_window turns widening off (default: 8h)",
     ),
     SettingSpec(
         "drift.reference_window",
@@ -729,6 +751,7 @@ class Settings:
     api_decode_queue_size: int
     holdout_share: float
     drift_current_window: timedelta
+    drift_max_current_window: timedelta
     drift_reference_window: timedelta
     drift_fdr_level: float
     drift_min_requests: int

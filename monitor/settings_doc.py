@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from monitor.config import SETTINGS, Settings
+from monitor.config import SETTINGS, Settings, format_duration
 
 # Defaults are resolved against a neutral home, so the table reads the same on every machine.
 _NEUTRAL_ENVIRONMENT = {"HOME": "~"}
@@ -26,11 +26,7 @@ def format_default(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, timedelta):
-        seconds = int(value.total_seconds())
-        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-            if seconds % size == 0:
-                return f"{seconds // size}{unit}"
-        return f"{seconds}s"
+        return format_duration(value)
     if isinstance(value, tuple | list):
         if not value:
             return "(none)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from decoder.record import RequestRecord
@@ -45,6 +45,18 @@ def minute_of(ts: datetime) -> datetime:
     """
     ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
     return ts.replace(second=0, microsecond=0)
+
+
+def minute_after(ts: datetime) -> datetime:
+    """The first minute boundary at or after ``ts``: where a range of whole rollup buckets ends.
+
+    >>> minute_after(datetime(2026, 3, 1, 12, 34, 5, tzinfo=UTC)).isoformat()
+    '2026-03-01T12:35:00+00:00'
+    >>> minute_after(datetime(2026, 3, 1, 12, 34, tzinfo=UTC)).isoformat()
+    '2026-03-01T12:34:00+00:00'
+    """
+    start = minute_of(ts)
+    return start if start == ts else start + timedelta(minutes=1)
 
 
 def rollup_key(rec: RequestRecord) -> RollupKey:

@@ -18,6 +18,7 @@ from monitor.config import Settings
 @dataclass(frozen=True, slots=True)
 class DriftConfig:
     current_window: timedelta = timedelta(hours=1)
+    max_current_window: timedelta = timedelta(hours=8)
     reference_window: timedelta = timedelta(days=1)
     level: float = 0.01
     min_requests: int = 30
@@ -39,6 +40,7 @@ class DriftConfig:
             per_workload.setdefault(workload, {})[key] = value
         return cls(
             current_window=settings.drift_current_window,
+            max_current_window=settings.drift_max_current_window,
             reference_window=settings.drift_reference_window,
             level=settings.drift_fdr_level,
             min_requests=settings.drift_min_requests,

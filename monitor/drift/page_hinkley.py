@@ -11,6 +11,10 @@ alarms grows like exp(2 · delta · threshold), about 20,000 requests at the def
 threshold 50); a shift of s standard deviations is found after about threshold / (s - delta)
 requests, e.g. ~125 requests for a 10-point drop when per-request rates have sd 0.2.
 
+Warm-up: the first ``min_instances`` (100) requests after a start or a reset only estimate the
+mean and spread that standardise the rest, and the detector cannot fire; the drift run reports it
+as ``insufficient_data`` until then. At 40 speculative requests an hour that is 2.5 hours.
+
 The state is a small dict (:meth:`state`, :meth:`from_state`) that the drift run stores in the
 database, so the detector carries on across runs and processes.
 

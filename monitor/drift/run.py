@@ -20,7 +20,7 @@ import numpy as np
 from sqlalchemy import insert
 from sqlalchemy.engine import Connection, Engine
 
-from monitor.config import Settings
+from monitor.config import Settings, format_duration
 from monitor.drift.acceptance import AcceptanceDrift
 from monitor.drift.config import DriftConfig
 from monitor.drift.detectors import update_detector
@@ -75,10 +75,9 @@ def _seed(seed: int, *parts: object) -> int:
 def _workload_tests(
     conn: Connection, config: DriftConfig, base: Windows, workload: str, pair: Pair, seed: int, only_pair: bool
 ) -> list[DriftResult]:
-    windows = workload_windows(conn, base, workload, pair)
+    windows, cur = _current(conn, config, workload_windows(conn, base, workload, pair), workload, pair, only_pair)
     limit = config.sample_size
     ref = sample_requests(conn, workload, pair, windows.ref_start, windows.ref_end, limit, only_pair=only_pair)
-    cur = sample_requests(conn, workload, pair, windows.cur_start, windows.cur_end, limit, only_pair=only_pair)
     common: dict[str, Any] = {"min_requests": config.min_requests, "ci_level": config.ci_level}
 
     def floor(key: str) -> float:
@@ -115,6 +114,40 @@ def _workload_tests(
         )
         for r in results
     ]
+
+
+def _current(
+    conn: Connection, config: DriftConfig, windows: Windows, workload: str, pair: Pair, only_pair: bool
+) -> tuple[Windows, Sample]:
+    """The current window's sample, widened (doubling, the reference moving with it) at low volume.
+
+    A workload with fewer than ``min_requests`` speculative requests in the current window looks
+    further back, up to ``max_current_window``, rather than staying ``insufficient_data`` run after
+    run. Each run still tests each workload once, so BH's control over the run is unchanged; the
+    price is a slower reaction, which the note states. Windows moved by a version change or a
+    pinned baseline are not widened: they must not reach across the boundary they were set at.
+    """
+    cur = sample_requests(
+        conn, workload, pair, windows.cur_start, windows.cur_end, config.sample_size, only_pair=only_pair
+    )
+    if windows.note is not None:
+        return windows, cur
+    length, reference = windows.cur_end - windows.cur_start, windows.ref_end - windows.ref_start
+    span = length
+    while _speculative(cur) < config.min_requests and span < config.max_current_window:
+        span = min(2 * span, config.max_current_window)
+        start = windows.cur_end - span
+        note = (
+            f"current window widened to {format_duration(span)}: fewer than {config.min_requests} "
+            f"speculative requests in the last {format_duration(length)}"
+        )
+        windows = Windows(start - reference, start, start, windows.cur_end, note)
+        cur = sample_requests(conn, workload, pair, start, windows.cur_end, config.sample_size, only_pair=only_pair)
+    return windows, cur
+
+
+def _speculative(sample: Sample) -> int:
+    return int(((sample.mode == "speculative") & (sample.drafted > 0)).sum())
 
 
 def _latency(sample: Sample, metric: str) -> np.ndarray[Any, np.dtype[np.float64]]:

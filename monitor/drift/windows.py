@@ -26,7 +26,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from monitor.db.models import DeploymentEventRow
-from monitor.db.rollups import minute_of
+from monitor.db.rollups import minute_after
 from monitor.drift.models import DriftBaselineRow
 from monitor.queries import Pair
 
@@ -42,9 +42,7 @@ class Windows:
 
 def rolling_windows(now: datetime, current: timedelta, reference: timedelta) -> Windows:
     """The default windows: current ends at ``now`` rounded up to a minute, reference just before."""
-    end = minute_of(now)
-    if end < now:
-        end += timedelta(minutes=1)
+    end = minute_after(now)
     cur_start = end - current
     return Windows(cur_start - reference, cur_start, cur_start, end)
 

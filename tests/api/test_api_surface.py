@@ -105,6 +105,13 @@ def test_reads_workloads_series_and_metrics(client: TestClient) -> None:
     assert client.get("/readyz").json()["status"] == "ready"
 
 
+def test_read_ranges_are_whole_minutes_and_say_so(client: TestClient) -> None:
+    found = client.get(
+        "/v1/workloads", params={"since": "2026-03-01T12:00:30Z", "until": "2026-03-01T12:05:10Z"}, headers=auth(READ)
+    ).json()
+    assert (found["since"], found["until"]) == ("2026-03-01T12:00:00Z", "2026-03-01T12:06:00Z")
+
+
 def test_read_errors(client: TestClient) -> None:
     h = auth(READ)
     cases = [
@@ -114,6 +121,9 @@ def test_read_errors(client: TestClient) -> None:
         ("/v1/workloads/code/series", {"step": "1m", "since": "2000-01-01T00:00:00Z"}, "step"),
         ("/v1/workloads/code/series", {"metric": "vibes"}, "metric"),
         ("/v1/workloads/bad%20tag/series", {}, "tag"),
+        ("/v1/workloads", {"until": "0001-01-01T00:00:00Z"}, "until"),
+        ("/v1/workloads", {"since": "0001-01-01T00:00:00+05:00"}, "since"),
+        ("/v1/workloads", {"until": "9999-12-31T23:59:30Z"}, "until"),
     ]
     for path, params, field in cases:
         response = client.get(path, params=params, headers=h)

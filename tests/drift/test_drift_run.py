@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from monitor.cli import main
 from monitor.config import Settings
+from monitor.drift.config import DriftConfig
 from monitor.drift.models import DetectorStateRow, DriftResultRow
 from monitor.drift.queries import latest_results, latest_run, pin_baseline
 from monitor.drift.run import DriftRun, run_drift
@@ -145,3 +146,24 @@ def test_cli_rejects_a_bad_duration(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["drift", "run", "--current", "soon"])
     assert "15m, 6h or 7d" in capsys.readouterr().err
+
+
+def test_low_volume_widens_the_current_window_until_it_can_decide(engine: Engine) -> None:
+    """12 requests an hour: 1 h holds too few to test, 4 h enough; the result says how far back it looked."""
+    now = T0 + timedelta(hours=30)
+    changed = now - timedelta(hours=4)
+    store(
+        engine,
+        window_stream(T0, changed, 26 * 12, workload="quiet", alpha=0.75)
+        + window_stream(changed, now, 4 * 12, workload="quiet", alpha=0.4, seed=1),
+    )
+    result = run_drift(engine, None, now, current=timedelta(hours=1), reference=timedelta(hours=24))
+    acceptance = next(r for r in result.results if r.test == "acceptance")
+    assert acceptance.decision == "drift" and acceptance.n_cur == 48
+    assert acceptance.note == "current window widened to 4h: fewer than 30 speculative requests in the last 1h"
+    assert acceptance.cur_start == changed and acceptance.ref_end == changed
+    assert acceptance.ref_start == changed - timedelta(hours=24)
+
+    config = DriftConfig(current_window=timedelta(hours=1), max_current_window=timedelta(hours=1))
+    unwidened = run_drift(engine, None, now, config=config, store=False)
+    assert next(r for r in unwidened.results if r.test == "acceptance").decision == "insufficient_data"
