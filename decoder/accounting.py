@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from decoder.controller import Observation
+from decoder.holdout import HoldoutReason
 from decoder.record import Mode, RequestRecord, utc_now
 
 
@@ -33,6 +34,7 @@ class RequestStats:
     draft_prefill_tokens: int = 0
     verify_seconds: float = 0.0
     stopped_mid_step: bool = False
+    holdout_reason: HoldoutReason | None = None
     # For the controller: drafts the target judged, and target passes with and without drafts.
     judged: int = 0
     verify_passes: int = 0
@@ -119,6 +121,7 @@ class RequestStats:
             draft_ms=(self.draft_prefill_seconds + self.draft_seconds) * 1000,
             verify_ms=self.verify_seconds * 1000,
             stopped_mid_step=self.stopped_mid_step,
+            holdout_reason=self.holdout_reason,
             **identity,  # type: ignore[arg-type]
         )
         return record.check()

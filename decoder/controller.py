@@ -38,10 +38,12 @@ losing first request or probe stops drafting early instead of paying for a whole
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
+
+from decoder.holdout import Holdout, HoldoutPolicy, HoldoutReason
 
 PlanMode = Literal["speculative", "plain", "holdout"]
 MIN_WEIGHT = 0.5  # forgotten sums below this many passes count as not measured
@@ -55,6 +57,7 @@ class Plan:
     gamma: int
     expected_speedup: float
     measure_t1: bool = False  # run the first step without drafts: t1 has not been measured lately
+    holdout_reason: HoldoutReason | None = None  # why a holdout request was held out (decoder/holdout.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,12 +185,15 @@ class SpeculationController:
         Largest number of drafts per step.
     forgetting : float
         Share of the old sums forgotten per observed request, in ``(0, 1]``; larger follows drift faster.
-    holdout_share : float
-        Share of requests decoded without speculation and recorded as ``holdout`` (control traffic).
+    holdout : HoldoutPolicy
+        Which requests decode without speculation and are recorded as ``holdout`` (control traffic):
+        a floor share, and a per-workload target per window reached at a higher share.
     probe_every : int
         While speculation is off for a workload, every ``probe_every``-th request speculates anyway.
     seed : int
         Seeds the holdout draws, so a run is reproducible.
+    clock : callable
+        Wall-clock seconds, for counting a workload's holdout requests in the policy's window.
 
     Examples
     --------
@@ -212,26 +218,24 @@ class SpeculationController:
         self,
         gamma_max: int = 8,
         forgetting: float = 0.1,
-        holdout_share: float = 0.0,
+        holdout: HoldoutPolicy | None = None,
         probe_every: int = 10,
         seed: int = 0,
         priors: Priors | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not 1 <= gamma_max <= 32:
             raise ValueError(f"gamma_max must be in 1..32, got {gamma_max!r}")
         if not 0 < forgetting <= 1:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
-        if not 0 <= holdout_share <= 1:
-            raise ValueError(f"holdout_share must be in [0, 1], got {holdout_share!r}")
         if probe_every < 1:
             raise ValueError(f"probe_every must be >= 1, got {probe_every!r}")
         self.gamma_max = gamma_max
         self.forgetting = forgetting
-        self.holdout_share = holdout_share
+        self.holdout = Holdout(holdout or HoldoutPolicy(), seed, clock)
         self.probe_every = probe_every
         self.seed = seed
         self.priors = priors or Priors()
-        self._rng = random.Random(seed)
         self._workloads: dict[str, WorkloadState] = {}
         self._costs = PairCosts()
 
@@ -304,8 +308,9 @@ class SpeculationController:
         state = self._state(workload)
         gamma, step_speedup = self.best_gamma(workload)
         speedup = self._request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens)
-        if self.holdout_share and self._rng.random() < self.holdout_share:
-            return Plan("holdout", gamma, speedup)
+        reason = self.holdout.draw(workload)
+        if reason is not None:
+            return Plan("holdout", gamma, speedup, holdout_reason=reason)
         if speedup >= 1.0:
             state.mode, state.gamma = "speculative", gamma
             return Plan("speculative", gamma, speedup, measure_t1=self._costs.single_passes < MIN_WEIGHT)
@@ -366,27 +371,32 @@ class SpeculationController:
         return {
             "gamma_max": self.gamma_max,
             "forgetting": self.forgetting,
-            "holdout_share": self.holdout_share,
+            "holdout": asdict(self.holdout.policy),
             "probe_every": self.probe_every,
             "seed": self.seed,
             "priors": asdict(self.priors),
-            "rng": _encode_rng(self._rng.getstate()),
+            "holdout_draws": self.holdout.state(),
             "costs": asdict(self._costs),
             "workloads": {name: asdict(state) for name, state in self._workloads.items()},
         }
 
     @classmethod
-    def from_state(cls, data: dict[str, Any]) -> SpeculationController:
-        """The controller :meth:`state` described; a state from before costs were shared has them summed."""
+    def from_state(cls, data: dict[str, Any], holdout: HoldoutPolicy | None = None) -> SpeculationController:
+        """The controller :meth:`state` described, with ``holdout`` instead of the saved policy if given.
+
+        A state from before costs were shared has them summed; one from before holdout targets
+        (``holdout_share`` and ``rng``) resumes its draws with a share-only policy.
+        """
+        saved = HoldoutPolicy(**data["holdout"]) if "holdout" in data else HoldoutPolicy(data["holdout_share"])
         controller = cls(
             gamma_max=data["gamma_max"],
             forgetting=data["forgetting"],
-            holdout_share=data["holdout_share"],
+            holdout=holdout or saved,
             probe_every=data["probe_every"],
             seed=data["seed"],
             priors=Priors(**data["priors"]),
         )
-        controller._rng.setstate(_decode_rng(data["rng"]))
+        controller.holdout.restore(data.get("holdout_draws") or {"rng": data["rng"], "recent": {}})
         workloads = {name: dict(values) for name, values in data["workloads"].items()}
         costs = data.get("costs") or _pooled_costs(workloads.values())
         controller._costs = PairCosts(**costs)
@@ -445,13 +455,3 @@ def wilson_upper(share: float, trials: float, z: float = 1.2816) -> float:
     centre = share + z2 / (2 * trials)
     spread = z * math.sqrt(share * (1 - share) / trials + z2 / (4 * trials * trials))
     return min(1.0, (centre + spread) / (1 + z2 / trials))
-
-
-def _encode_rng(state: tuple[Any, ...]) -> list[Any]:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _decode_rng(data: list[Any]) -> tuple[Any, ...]:
-    version, internal, gauss = data
-    return (version, tuple(internal), gauss)

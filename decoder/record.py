@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+from decoder.holdout import HOLDOUT_REASONS, HoldoutReason
+
 Mode = Literal["speculative", "plain", "holdout"]
 FinishReason = Literal["stop", "length", "error"]
 
@@ -117,6 +119,7 @@ class RequestRecord:
     source: str = "embedded"
     prompt_hash: str | None = None
     stopped_mid_step: bool = False
+    holdout_reason: HoldoutReason | None = None  # at which rate a holdout request was drawn (decoder/holdout.py)
 
     # Derived figures: computed, never stored twice.
 
@@ -158,6 +161,12 @@ class RequestRecord:
                 raise RecordError(name, "must not contain NUL characters")
         if self.mode not in MODES:
             raise RecordError("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
+        if self.holdout_reason is not None and (self.mode != "holdout" or self.holdout_reason not in HOLDOUT_REASONS):
+            raise RecordError(
+                "holdout_reason",
+                f"{self.holdout_reason!r} needs mode holdout (got {self.mode!r}) "
+                f"and one of {', '.join(HOLDOUT_REASONS)}",
+            )
         if self.finish_reason not in FINISH_REASONS:
             raise RecordError("finish_reason", f"{self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
         for name in (

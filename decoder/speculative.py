@@ -227,13 +227,15 @@ class SpeculativeDecoder:
                 f"target's context of {self.max_positions} tokens"
             )
         measure_t1 = False
+        holdout_reason = None
         replan: Replan | None = None
         if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
             self.calibrate_if_needed()
             plan = self.controller.plan(workload, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens)
             if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
                 replan = partial(self.controller.replan, workload)
-            mode = plan.mode if mode is None else mode
+            if mode is None:
+                mode, holdout_reason = plan.mode, plan.holdout_reason
             gamma = plan.gamma if gamma is None else gamma
             measure_t1 = plan.measure_t1
         mode = "speculative" if mode is None else mode
@@ -242,7 +244,7 @@ class SpeculativeDecoder:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
         if mode == "speculative" and self.drafter is None:
             mode = "plain"
-        stats = RequestStats(gamma=gamma, mode=mode)
+        stats = RequestStats(gamma=gamma, mode=mode, holdout_reason=holdout_reason)
         if request_id:
             stats.request_id = request_id
         stats.prompt_tokens = len(prompt_ids)

@@ -27,6 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from decoder.holdout import HoldoutPolicy
 from monitor.alerts.rules import DEFAULT_RULES, Rule, parse_rules
 from monitor.webhooks.receivers import WebhookReceiver, parse_hosts, parse_webhooks
 
@@ -414,7 +415,26 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "holdout_share",
         _parse_share,
         _const(0.05),
-        "share of served requests decoded without speculation (mode holdout) to measure the speedup (default: 0.05)",
+        "share of a workload's requests decoded without speculation (mode holdout) to measure the speedup, once it "
+        "has decoder.holdout_target of them in the last drift.current_window (default: 0.05)",
+    ),
+    SettingSpec(
+        "decoder.holdout_target",
+        "DRAFTWATCH_HOLDOUT_TARGET",
+        "holdout_target",
+        _parse_int(0),
+        _const(30),
+        "holdout requests per workload and drift.current_window that the measured net-loss test needs; below it a "
+        "workload's requests are held out at decoder.holdout_max_share (default: 30, as drift.min_requests; 0: off)",
+    ),
+    SettingSpec(
+        "decoder.holdout_max_share",
+        "DRAFTWATCH_HOLDOUT_MAX_SHARE",
+        "holdout_max_share",
+        _parse_share,
+        _const(0.2),
+        "share held out while a workload is below decoder.holdout_target: the most a small workload pays for "
+        "measuring its speedup (default: 0.2)",
     ),
     SettingSpec(
         "drift.current_window",
@@ -750,6 +770,8 @@ class Settings:
     api_request_timeout_s: float
     api_decode_queue_size: int
     holdout_share: float
+    holdout_target: int
+    holdout_max_share: float
     drift_current_window: timedelta
     drift_max_current_window: timedelta
     drift_reference_window: timedelta
@@ -812,6 +834,16 @@ class Settings:
             key = sorted(file_values)[0]
             raise ConfigError(f"{config_file}: {key}={file_values[key]!r}: unknown setting")
         return cls(**resolved)
+
+    @property
+    def holdout_policy(self) -> HoldoutPolicy:
+        """The decoder's holdout: a floor share, and a target per workload and drift window."""
+        return HoldoutPolicy(
+            share=self.holdout_share,
+            target=self.holdout_target,
+            max_share=self.holdout_max_share,
+            window_s=self.drift_current_window.total_seconds(),
+        )
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (tests and CLI flags)."""

@@ -79,7 +79,7 @@ def create_app(
             state.worker = DecodeWorker(
                 decoder,
                 queue_size=settings.api_decode_queue_size,
-                holdout_share=settings.holdout_share,
+                holdout=settings.holdout_policy,
                 seed=decode_seed,
                 state_path=settings.data_dir / STATE_FILE,
             ).start()

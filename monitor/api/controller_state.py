@@ -9,25 +9,25 @@ import tempfile
 from pathlib import Path
 
 from decoder.controller import SpeculationController
+from decoder.holdout import HoldoutPolicy
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "controller-state.json"
 
 
-def load_controller(path: Path, holdout_share: float, seed: int = 0) -> SpeculationController:
-    """The controller saved at ``path`` (with today's holdout share), or a fresh one when there is none."""
+def load_controller(path: Path, holdout: HoldoutPolicy, seed: int = 0) -> SpeculationController:
+    """The controller saved at ``path`` (with today's holdout policy), or a fresh one when there is none."""
     try:
         data = json.loads(path.read_text())
-        data["holdout_share"] = holdout_share
-        controller = SpeculationController.from_state(data)
+        controller = SpeculationController.from_state(data, holdout)
         log.info("speculation controller resumed from %s (%d workloads)", path, len(data.get("workloads", {})))
         return controller
     except FileNotFoundError:
-        return SpeculationController(holdout_share=holdout_share, seed=seed)
+        return SpeculationController(holdout=holdout, seed=seed)
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("ignoring unreadable controller state %s (%s); starting afresh", path, error)
-        return SpeculationController(holdout_share=holdout_share, seed=seed)
+        return SpeculationController(holdout=holdout, seed=seed)
 
 
 def save_controller(controller: SpeculationController, path: Path) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from decoder.controller import SpeculationController
+from decoder.holdout import HoldoutPolicy
 from decoder.record import RequestRecord
 from decoder.speculative import Prompt, SpeculativeDecoder
 from monitor.api.controller_state import load_controller, save_controller
@@ -73,7 +74,7 @@ class DecodeWorker:
         decoder: SpeculativeDecoder,
         *,
         queue_size: int,
-        holdout_share: float,
+        holdout: HoldoutPolicy,
         seed: int = 0,
         state_path: Path | None = None,
     ) -> None:
@@ -81,9 +82,9 @@ class DecodeWorker:
         self.state_path = state_path
         if decoder.drafter is not None and decoder.controller is None:
             decoder.controller = (
-                load_controller(state_path, holdout_share, seed)
+                load_controller(state_path, holdout, seed)
                 if state_path is not None
-                else SpeculationController(holdout_share=holdout_share, seed=seed)
+                else SpeculationController(holdout=holdout, seed=seed)
             )
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._run, name="draftwatch-decoder", daemon=True)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from decoder.holdout import HoldoutReason
 from decoder.record import WORKLOAD_PATTERN, RecordError, RequestRecord
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
 from monitor.db.rows import MAX_COUNT, MAX_ERROR_TEXT, MAX_SPECULATIVE_TOKENS, MAX_TEXT
@@ -105,6 +106,7 @@ class EventIn(BaseModel):
     source: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_clean_text)] = "api"
     prompt_hash: Annotated[str | None, Field(max_length=128), AfterValidator(_clean_optional)] = None
     stopped_mid_step: StrictBool = False
+    holdout_reason: HoldoutReason | None = None
 
 
 class EventBatchIn(BaseModel):

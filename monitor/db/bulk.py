@@ -119,6 +119,7 @@ def copy_line(rec: RequestRecord, ingested: str) -> str:
                 _text(rec.source),
                 _text(rec.prompt_hash),
                 "t" if rec.stopped_mid_step else "f",
+                _text(rec.holdout_reason),
                 ingested,
             )
         )
@@ -183,6 +184,7 @@ def sqlite_row(rec: RequestRecord, ingested: str) -> tuple[Any, ...]:
         rec.source,
         rec.prompt_hash,
         int(rec.stopped_mid_step),
+        rec.holdout_reason,
         ingested,
     )
 

@@ -114,6 +114,7 @@ class RequestRow(Base):
     source: Mapped[str]
     prompt_hash: Mapped[str | None]
     stopped_mid_step: Mapped[bool] = mapped_column(Boolean)
+    holdout_reason: Mapped[str | None] = mapped_column(String(16))
     ingested_at: Mapped[datetime]
 
     __table_args__ = (

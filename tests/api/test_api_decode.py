@@ -86,6 +86,7 @@ def test_holdout_share_and_the_metrics(tmp_path: Path, sqlite_url: str) -> None:
     with TestClient(create_app(settings, decoder=tiny_decoder())) as client:
         body = client.post("/v1/generate", json={"prompt": PROMPT, "max_new_tokens": 4}, headers=H).json()
         assert body["record"]["mode"] == "holdout" and body["record"]["num_draft_tokens"] == 0
+        assert body["record"]["holdout_reason"] == "target"  # the first of the workload's 30 per window
         client.app.state.api.recorder.flush(10)  # type: ignore[attr-defined]
         text = client.get("/metrics", headers=auth(READ)).text
         assert 'draftwatch_requests_total{workload="default",mode="holdout"} 1' in text

@@ -11,8 +11,9 @@ import pytest
 from scipy.stats import binom
 
 from decoder import LoadedModel, ModelDrafter, SpeculativeDecoder
-from decoder.controller import Observation, SpeculationController, expected_speedup
+from decoder.controller import Observation, Plan, SpeculationController, expected_speedup
 from decoder.drafters.base import Proposal
+from decoder.holdout import HoldoutPolicy
 from decoder.sampling import SamplingParams
 from decoder.speculative import REPLAN_STEPS
 
@@ -194,7 +195,7 @@ def test_costs_are_shared_so_a_new_workload_starts_from_them() -> None:
 
 
 def test_replan_counts_the_running_request_and_changes_nothing() -> None:
-    controller = SpeculationController(holdout_share=0.5, seed=4)
+    controller = SpeculationController(holdout=HoldoutPolicy(share=0.5), seed=4)
     for _ in range(5):
         controller.observe("code", measured(alpha=0.8, c=0.05))
     before = json.dumps(controller.state())
@@ -256,10 +257,43 @@ def test_useless_drafter_switches_off_then_probes_and_recovers() -> None:
 
 def test_holdout_share_within_binomial_bounds() -> None:
     n, share = 4000, 0.05
-    controller = SpeculationController(holdout_share=share, seed=3)
+    controller = SpeculationController(holdout=HoldoutPolicy(share=share), seed=3)
     holdouts = sum(controller.plan("w").mode == "holdout" for _ in range(n))
     low, high = binom.ppf(0.0005, n, share), binom.ppf(0.9995, n, share)  # 99.9 % interval
     assert low <= holdouts <= high
+
+
+def test_holdout_reaches_its_target_for_a_small_workload_and_costs_a_big_one_little() -> None:
+    """Target 30 holdout requests an hour at up to 20 %, floor 1 %: 40 requests an hour against 10,000."""
+    now = [0.0]
+    policy = HoldoutPolicy(share=0.01, target=30, max_share=0.2, window_s=3600)
+    controller = SpeculationController(holdout=policy, seed=5, clock=lambda: now[0])
+
+    def hour(workload: str, requests: int) -> list[Plan]:
+        plans = []
+        for _ in range(requests):
+            now[0] += 3600 / requests
+            plans.append(controller.plan(workload))
+        return plans
+
+    small = [p for _ in range(3) for p in hour("small", 40) if p.mode == "holdout"]
+    # Always below target: every holdout is a target draw at 20 %; 120 requests, 99.9 % binomial interval.
+    assert {p.holdout_reason for p in small} == {"target"}
+    assert binom.ppf(0.0005, 120, 0.2) <= len(small) <= binom.ppf(0.9995, 120, 0.2)
+    big = [p for p in hour("big", 10_000) if p.mode == "holdout"]
+    by_reason = {reason: sum(p.holdout_reason == reason for p in big) for reason in ("target", "share")}
+    assert by_reason["target"] == 30  # reached within the first ~150 requests, then the floor
+    assert binom.ppf(0.0005, 9850, 0.01) <= by_reason["share"] <= binom.ppf(0.9995, 9850, 0.01)
+
+
+def test_a_state_saved_before_holdout_targets_resumes_its_draws() -> None:
+    controller = SpeculationController(holdout=HoldoutPolicy(share=0.3), seed=6)
+    state = json.loads(json.dumps(controller.state()))
+    old = {k: v for k, v in state.items() if k not in ("holdout", "holdout_draws")}
+    old.update(holdout_share=0.3, rng=state["holdout_draws"]["rng"])
+    restored = SpeculationController.from_state(old)
+    assert restored.holdout.policy == HoldoutPolicy(share=0.3)
+    assert [restored.plan("w").mode for _ in range(50)] == [controller.plan("w").mode for _ in range(50)]
 
 
 def test_deterministic_under_a_seed_and_serialisable() -> None:
@@ -271,8 +305,8 @@ def test_deterministic_under_a_seed_and_serialisable() -> None:
             controller.observe("w", measured(alpha=0.3 + 0.02 * (i % 10), c=0.2), plan.mode)
         return out
 
-    first = SpeculationController(holdout_share=0.2, seed=9)
-    second = SpeculationController(holdout_share=0.2, seed=9)
+    first = SpeculationController(holdout=HoldoutPolicy(share=0.2), seed=9)
+    second = SpeculationController(holdout=HoldoutPolicy(share=0.2), seed=9)
     assert run(first, 40) == run(second, 40)
     restored = SpeculationController.from_state(json.loads(json.dumps(first.state())))
     assert run(restored, 40) == run(first, 40)
@@ -280,8 +314,10 @@ def test_deterministic_under_a_seed_and_serialisable() -> None:
 
 
 def test_constructor_errors_name_the_value() -> None:
-    with pytest.raises(ValueError, match="holdout_share must be in \\[0, 1\\], got 1.5"):
-        SpeculationController(holdout_share=1.5)
+    with pytest.raises(ValueError, match="holdout share must be in \\[0, 1\\], got 1.5"):
+        HoldoutPolicy(share=1.5)
+    with pytest.raises(ValueError, match="holdout target must be a non-negative integer, got -1"):
+        HoldoutPolicy(target=-1)
     with pytest.raises(ValueError, match="gamma_max must be in 1..32, got 0"):
         SpeculationController(gamma_max=0)
 

@@ -65,6 +65,7 @@ def test_decode_speed_leaves_prompt_reading_out() -> None:
         ({"output_tokens": 7}, "output_tokens"),
         ({"ts_end": datetime(2026, 11, 30, 11, 0, tzinfo=UTC)}, "ts_end"),
         ({"request_id": ""}, "request_id"),
+        ({"holdout_reason": "target"}, "holdout_reason"),  # a speculative request was not held out
     ],
 )
 def test_broken_records_name_the_field(overrides: dict[str, Any], field: str) -> None:
