@@ -2,11 +2,12 @@
 
 Status, first match wins:
 
-* ``net loss``: speculation is slower than plain decoding: the measured speedup (holdout) or, with
-  too little holdout, the estimated one is below 1, or the newest drift run's net-loss test said so;
+* ``net loss``: speculation is slower than plain decoding: the measured speedup (holdout in the
+  range) or, with too little holdout, the newest drift run's net-loss figure (else the cost-model
+  estimate) is below 1, or the newest drift run's net-loss test said so;
 * ``regression``: the newest drift run found a latency regression for the workload;
-* ``drift``: the newest drift run found any other drift (acceptance, acceptance length, prompt
-  length, the online detector);
+* ``drift``: the newest drift run found any other drift (acceptance, prompt length, the online
+  detector);
 * ``insufficient data``: fewer than :data:`MIN_REQUESTS` requests in the range;
 * ``ok``.
 
@@ -48,7 +49,7 @@ class OverviewRow:
     acceptance_change: float | None  # points (fraction) against the reference window
     mean_acceptance_length: float | None
     speedup: float | None
-    speedup_source: str  # "measured" (holdout), "estimated" (Leviathan et al.) or "—"
+    speedup_source: str  # "measured", "measured (drift run)", "estimated (drift run)", "estimated" (cost model) or "—"
     p95_ms_per_token: float | None
     p95_change: float | None  # relative change against the reference window
     gamma: int | None
@@ -99,13 +100,15 @@ def overview_rows(
     for s in current:
         ref = before.get(s.workload)
         setting = settings.get(s.workload)
+        mine = [f for f in findings if f.result.workload == s.workload]
         speedup, source = None, "—"
         if s.measured_speedup is not None and s.holdout_requests >= MIN_REQUESTS:
             speedup, source = s.measured_speedup, "measured"
+        elif (drift := _net_loss(mine)) is not None:
+            speedup, source = drift
         elif (est := estimates.get(s.workload)) is not None:
             gamma = setting.gamma if setting is not None and setting.gamma > 0 else est.gamma
             speedup, source = est.speedup(gamma), "estimated"
-        mine = [f for f in findings if f.result.workload == s.workload]
         row = OverviewRow(
             workload=s.workload,
             requests=s.requests,
@@ -122,6 +125,19 @@ def overview_rows(
         )
         rows.append(row.replace(status=status_of(row, mine)))
     return rows
+
+
+def _net_loss(findings: Sequence[StoredResult]) -> tuple[float, str] | None:
+    """The newest drift run's speedup for the workload: decode speed against plain decoding, like for like.
+
+    Preferred to the cost-model estimate: it measures what speculation cost, drafter and
+    verification overheads included (docs/statistics.md, *Net loss*).
+    """
+    for found in findings:
+        r = found.result
+        if r.test == "net_loss" and r.decision != "insufficient_data" and r.effect is not None:
+            return r.effect, "estimated (drift run)" if r.detail.get("estimate") else "measured (drift run)"
+    return None
 
 
 def table(rows: Sequence[OverviewRow]) -> list[dict[str, Any]]:
