@@ -150,6 +150,8 @@ class RequestRecord:
     def check(self) -> RequestRecord:
         """Raise :class:`RecordError` naming the first field that breaks the contract."""
         validate_workload(self.workload)
+        for name in ("ts_start", "ts_end"):
+            _check_utc(name, getattr(self, name))
         if not self.request_id or len(self.request_id) > 128:
             raise RecordError("request_id", f"must be 1-128 characters, got {self.request_id!r}")
         for name in ("request_id", "target_model", "drafter", "draft_model", "target_version", "draft_version",
@@ -248,6 +250,19 @@ class RequestRecord:
             return cls(**values)
         except TypeError as error:
             raise RecordError("record", str(error)) from error
+
+
+def _check_utc(name: str, value: datetime) -> None:
+    # The store keeps UTC: a time whose conversion leaves the calendar (9999-12-31T23:00-05:00 is
+    # year 10000 in UTC) could never be written, and would fail its whole batch after acceptance.
+    if value.tzinfo is None or value.tzinfo is UTC:
+        return
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise RecordError(
+            name, f"{value.isoformat()} falls outside years 1-9999 in UTC: send the time the request actually ran"
+        ) from None
 
 
 def _parse_timestamp(name: str, value: object) -> datetime:

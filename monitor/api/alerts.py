@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from monitor.alerts import queries
 from monitor.alerts.silences import create_silence, expire_silence, list_silences
 from monitor.api.auth import require
-from monitor.api.errors import ApiError, Problem, validation_error
+from monitor.api.errors import ApiError, Problem, off_calendar, validation_error
 from monitor.api.state import api_state
 
 router = APIRouter(tags=["alerts"])
@@ -44,8 +44,11 @@ class SilenceIn(BaseModel):
     comment: str = Field(min_length=1, max_length=2000)
 
 
-def _aware(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+def _utc(value: datetime, field: str) -> datetime:
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is a valid time, but past the calendar in UTC
+        raise off_calendar(("body", field)) from None
 
 
 @router.get("/v1/alerts", dependencies=read, summary="alerts, firing first")
@@ -78,13 +81,14 @@ def get_silences(request: Request, expired: bool = False) -> dict[str, Any]:
 @router.post("/v1/silences", dependencies=admin, status_code=201, summary="create a silence")
 def post_silence(request: Request, body: SilenceIn) -> dict[str, Any]:
     now = datetime.now(UTC)
-    starts = _aware(body.starts_at) if body.starts_at else now
+    starts = _utc(body.starts_at, "starts_at") if body.starts_at else now
+    ends = _utc(body.ends_at, "ends_at")
     try:
         silence = create_silence(
             api_state(request).engine,
             [m.model_dump() for m in body.matchers],
             starts,
-            _aware(body.ends_at),
+            ends,
             body.created_by,
             body.comment,
             now,

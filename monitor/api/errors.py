@@ -69,6 +69,12 @@ def validation_error(problems: Sequence[Problem], what: str = "request") -> ApiE
     )
 
 
+def off_calendar(loc: Loc) -> ApiError:
+    """422 for a time that cannot be converted to UTC or rounded to a minute (year 1 or 9999)."""
+    msg = "is too close to the edge of the calendar: use a time between 0001-01-02 and 9999-12-30"
+    return validation_error([Problem(loc=list(loc), msg=msg, type="value_error")])
+
+
 def problems_of(error: ValidationError, prefix: Loc = (), limit: int = 50) -> list[Problem]:
     """Pydantic's errors without the input values (never echo a body), at most ``limit`` of them."""
     return [

@@ -47,12 +47,13 @@ def _clean_text(value: str) -> str:
 
 def _plausible_time(value: datetime) -> datetime:
     value = value.replace(tzinfo=UTC) if value.tzinfo is None else value
+    # Both bounds are checked before converting: a time past the calendar in UTC
+    # (9999-12-31T23:00-05:00) cannot be converted, and comparing needs no conversion.
     if value < EARLIEST:
         raise ValueError(f"must not be before {EARLIEST.date().isoformat()}")
-    value = value.astimezone(UTC)
     if value > datetime.now(UTC) + MAX_FUTURE:
         raise ValueError(f"is more than {int(MAX_FUTURE.total_seconds() // 60)} minutes in the future")
-    return value
+    return value.astimezone(UTC)
 
 
 Text = Annotated[str, AfterValidator(_clean_text)]

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from decoder.record import WORKLOAD_PATTERN
 from monitor import queries
 from monitor.api.auth import require
-from monitor.api.errors import ErrorBody, Problem, validation_error
+from monitor.api.errors import ErrorBody, Problem, off_calendar, validation_error
 from monitor.api.state import ApiState, api_state
 from monitor.db.migrate import current_revision
 from monitor.db.rollups import minute_after, minute_of
@@ -61,19 +61,14 @@ def _range(since: datetime | None, until: datetime | None) -> tuple[datetime, da
     try:
         end = minute_after(_aware(until) if until is not None else datetime.now(UTC))
     except OverflowError:
-        raise _off_calendar("until") from None
+        raise off_calendar(("query", "until")) from None
     try:
         start = minute_of(_aware(since)) if since is not None else end - DEFAULT_RANGE
     except OverflowError:
-        raise _off_calendar("since" if since is not None else "until") from None
+        raise off_calendar(("query", "since" if since is not None else "until")) from None
     if start >= end:
         raise validation_error([Problem(loc=["query", "since"], msg="must be before until", type="value_error")])
     return start, end
-
-
-def _off_calendar(name: str) -> Exception:
-    msg = "is too close to the edge of the calendar: use a time between 0001-01-02 and 9999-12-30"
-    return validation_error([Problem(loc=["query", name], msg=msg, type="value_error")])
 
 
 def _aware(value: datetime) -> datetime:

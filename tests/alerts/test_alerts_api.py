@@ -61,6 +61,16 @@ def test_alerts_ack_silences_jobs(client: TestClient) -> None:
     assert client.get("/v1/notifications?status=dead", headers=auth(READ)).json() == {"notifications": []}
 
 
+def test_silence_times_past_the_calendar_in_utc_are_refused(client: TestClient) -> None:
+    ends = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    body = {"matchers": [{"name": "workload", "value": "code"}], "ends_at": ends, "created_by": "ada", "comment": "x"}
+    for field, edge in (("ends_at", "9999-12-31T23:00:00-05:00"), ("starts_at", "0001-01-01T00:00:00+05:00")):
+        response = client.post("/v1/silences", json={**body, field: edge}, headers=auth(ADMIN))
+        assert response.status_code == 422, (field, response.text)
+        assert response.json()["detail"][0]["loc"] == ["body", field]
+    assert client.get("/v1/silences", headers=auth(ADMIN)).json()["silences"] == []
+
+
 def test_single_head_and_models_match_migration(engine: Engine) -> None:
     assert len(ScriptDirectory.from_config(alembic_config()).get_heads()) == 1
 

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from monitor.api import create_app
 from tests.api.conftest import INGEST, auth, bodies, make_settings, records, stored
+from tests.api.test_api_adapters import LLAMACPP, VLLM
 
 H = auth(INGEST)
 
@@ -80,6 +81,23 @@ def test_field_level_problems_name_the_field(client: TestClient, count_rows: Cal
         assert fragment in problem["msg"], (change, problem)
         assert "input" not in problem  # bodies are never echoed
     assert count_rows() == 0  # all-or-nothing: the valid first record was never stored either
+
+
+def test_times_past_the_calendar_in_utc_are_refused(client: TestClient, count_rows: Callable[[], int]) -> None:
+    # A valid ISO 8601 time whose conversion to UTC falls after 9999-12-31: 422 naming the field, never a 500.
+    edge = "9999-12-31T23:00:00-05:00"
+    record = {**bodies(records(1, prefix="edge"))[0], "ts_end": edge}
+    cases: list[tuple[str, Any, list[Any]]] = [
+        ("/v1/events", record, ["body", "ts_end"]),
+        ("/v1/events", {"events": [record]}, ["body", "events", 0, "ts_end"]),
+        ("/v1/events/vllm", {**VLLM, "workload": "chat", "ts_end": edge}, ["body", "ts_end"]),
+        ("/v1/events/llamacpp", {**LLAMACPP, "workload": "c", "request_id": "l1", "ts_end": edge}, ["body", "ts_end"]),
+    ]
+    for path, body, loc in cases:
+        response = client.post(path, json=body, headers=H)
+        assert response.status_code == 422, (path, response.text)
+        assert response.json()["detail"][0]["loc"] == loc, (path, response.json())
+    assert count_rows() == 0
 
 
 def test_missing_required_fields_are_listed(client: TestClient) -> None:

@@ -66,6 +66,9 @@ def test_decode_speed_leaves_prompt_reading_out() -> None:
         ({"ts_end": datetime(2026, 11, 30, 11, 0, tzinfo=UTC)}, "ts_end"),
         ({"request_id": ""}, "request_id"),
         ({"holdout_reason": "target"}, "holdout_reason"),  # a speculative request was not held out
+        # Valid ISO times whose UTC conversion leaves the calendar: the store keeps UTC and could not write them.
+        ({"ts_end": datetime.fromisoformat("9999-12-31T23:00:00-05:00")}, "ts_end"),
+        ({"ts_start": datetime.fromisoformat("0001-01-01T00:00:00+05:00")}, "ts_start"),
     ],
 )
 def test_broken_records_name_the_field(overrides: dict[str, Any], field: str) -> None:
