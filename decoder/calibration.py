@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+from tqdm.auto import trange
 
 from decoder.controller import Observation
 from decoder.drafters.base import Drafter
@@ -52,6 +53,9 @@ def measure_pair_costs(
     kept (counted ``rounds`` times), so one pass slowed by another process does not set the cost.
     The passes run exactly as the decode loop runs them: on a KV cache over the text, row-stable,
     cropped back after each.
+
+    A progress bar per round goes to stderr when stderr is a terminal: a person waiting at one sees
+    the seconds pass (seconds to a minute, longer with a draft model), a service's log file gets none.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds!r}")
@@ -67,7 +71,7 @@ def measure_pair_costs(
         cache = DynamicCache()
         context = torch.tensor([ids[:-1]], dtype=torch.long, device=target.device)  # (1, n - 1)
         target_logits(target.model, context, cache, keep=1)  # the cache now holds all but the pending token
-        for _ in range(rounds + 1):
+        for _ in trange(rounds + 1, desc="timing the model pair", unit="round", disable=None):  # None: tty only
             for k in range(gamma_max + 1):
                 block = torch.tensor([ids[-1:] + ids[:k]], dtype=torch.long, device=target.device)  # (1, k + 1)
                 pass_ms[k].append(_timed_pass(target, block, cache))
