@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, Field
@@ -22,6 +22,9 @@ router = APIRouter(tags=["alerts"])
 read = [Depends(require("read"))]
 admin = [Depends(require("admin"))]
 AlertState = Literal["pending", "firing", "resolved", "inactive"]
+# Ids are BIGINT: a larger one is malformed (422), not merely absent, and could not even be looked up.
+MAX_ID: Final = 2**63 - 1
+RowId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 class AckIn(BaseModel):
@@ -62,7 +65,7 @@ def get_alerts(
 
 
 @router.post("/v1/alerts/{alert_id}/ack", dependencies=admin, summary="acknowledge an alert: no repeats")
-def ack_alert(request: Request, alert_id: Annotated[int, Path(ge=1)], body: AckIn) -> dict[str, Any]:
+def ack_alert(request: Request, alert_id: RowId, body: AckIn) -> dict[str, Any]:
     alert = queries.acknowledge(api_state(request).engine, alert_id, body.by, body.comment, datetime.now(UTC))
     if alert is None:
         raise ApiError(404, "not_found", f"no alert {alert_id}")
@@ -99,7 +102,7 @@ def post_silence(request: Request, body: SilenceIn) -> dict[str, Any]:
 
 
 @router.delete("/v1/silences/{silence_id}", dependencies=admin, summary="end a silence now")
-def delete_silence(request: Request, silence_id: Annotated[int, Path(ge=1)]) -> dict[str, Any]:
+def delete_silence(request: Request, silence_id: RowId) -> dict[str, Any]:
     if not expire_silence(api_state(request).engine, silence_id, datetime.now(UTC)):
         raise ApiError(404, "not_found", f"no active or future silence {silence_id}")
     return {"id": silence_id, "expired": True}

@@ -71,6 +71,20 @@ def test_silence_times_past_the_calendar_in_utc_are_refused(client: TestClient) 
     assert client.get("/v1/silences", headers=auth(ADMIN)).json()["silences"] == []
 
 
+def test_path_ids_beyond_bigint_are_refused(client: TestClient) -> None:
+    # Ids are BIGINT: one past 2**63 - 1 cannot even be looked up (SQLite OverflowError, PostgreSQL out of range).
+    h = auth(ADMIN)
+    for too_big in (2**63, 10**30):
+        for response, name in (
+            (client.delete(f"/v1/silences/{too_big}", headers=h), "silence_id"),
+            (client.post(f"/v1/alerts/{too_big}/ack", json={}, headers=h), "alert_id"),
+        ):
+            assert response.status_code == 422, response.text
+            assert response.json()["detail"][0]["loc"] == ["path", name]
+    assert client.delete(f"/v1/silences/{2**63 - 1}", headers=h).status_code == 404
+    assert client.post(f"/v1/alerts/{2**63 - 1}/ack", json={}, headers=h).status_code == 404
+
+
 def test_single_head_and_models_match_migration(engine: Engine) -> None:
     assert len(ScriptDirectory.from_config(alembic_config()).get_heads()) == 1
 
