@@ -15,13 +15,15 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the whole product on real models: decode, record, drift, alert, dashboard",
-        description="Starts the sidecar (embedded speculative decoder, holdout traffic, scheduler), a local "
+        description="Fetches the target, converts and quantizes it once and times the model pair, with progress "
+        "in this terminal; starts the sidecar (embedded speculative decoder, holdout traffic, scheduler), a local "
         "webhook receiver and the dashboard on a fresh SQLite database; drives the built-in workloads "
         "through the HTTP API; midway changes one workload's prompts so that its acceptance falls; waits "
         "for the drift test to find it and the alert to arrive; prints a summary. Default pair: "
-        "qwen-coder-1.5b verified against qwen-coder-0.5b drafts.",
+        "qwen-coder-1.5b with the n-gram drafter (prompt lookup; on a CPU a 0.5B draft model costs more than "
+        "it saves, so speculation would stay off).",
     )
-    parser.add_argument("--quick", action="store_true", help="smollm2-135m with the ngram drafter (a few minutes)")
+    parser.add_argument("--quick", action="store_true", help="smollm2-135m with the n-gram drafter (a few minutes)")
     parser.add_argument(
         "--exit", action="store_true", help="exit after the summary (status 0 only if the alert arrived)"
     )

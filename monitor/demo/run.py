@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
+import gc
 import itertools
 import json
 import logging
 import os
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -17,7 +20,12 @@ from typing import Any
 import httpx
 from tqdm.auto import tqdm
 
-from decoder.fetch import fetch_preset
+from decoder.cli import add_model_arguments, build_decoder
+from decoder.controller import SpeculationController
+from decoder.fetch import FetchError
+from decoder.loading import ModelLoadError
+from decoder.record import decode_ms_per_token
+from monitor.api.controller_state import STATE_FILE, save_controller
 from monitor.db.engine import create_engine
 from monitor.demo.processes import ProcessGroup, free_port
 from monitor.demo.receiver import Delivery, WebhookReceiver
@@ -30,36 +38,38 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Traffic:
-    """Per-workload acceptance of the requests the demo sent, for the progress bar."""
+    """Per-workload acceptance and decode speed of the requests the demo sent, for the progress bar and summary."""
 
     accepted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     drafted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # Speculative requests are the drift test's evidence on acceptance (holdout and plain ones draft nothing).
     speculative: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # (workload, mode) -> [milliseconds, output tokens], for the measured speedup
-    timing: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    # (workload, mode) -> [sum of per-request decode ms per token, requests that have one]
+    decode: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
 
     def add(self, workload: str, record: dict[str, Any]) -> None:
         self.requests[workload] += 1
         self.accepted[workload] += int(record["num_accepted_tokens"])
         self.drafted[workload] += int(record["num_draft_tokens"])
         self.speculative[workload] += record["mode"] == "speculative"
-        spent = self.timing[(workload, record["mode"])]
-        spent[0] += float(record["latency_ms"] or 0.0)
-        spent[1] += int(record["output_tokens"])
+        ms = decode_ms_per_token(record["latency_ms"], record["ttft_ms"], int(record["output_tokens"]))
+        if ms is not None:
+            spent = self.decode[(workload, record["mode"])]
+            spent[0] += ms
+            spent[1] += 1
 
     def acceptance(self, workload: str) -> float | None:
         return self.accepted[workload] / self.drafted[workload] if self.drafted[workload] else None
 
     def speedup(self, workload: str) -> float | None:
-        """Mean ms per token of held-out (plain) requests over that of the others; None without holdouts."""
-        held = self.timing.get((workload, "holdout"))
-        spec = [self.timing[key] for key in self.timing if key[0] == workload and key[1] != "holdout"]
-        spent, tokens = sum(s[0] for s in spec), sum(s[1] for s in spec)
-        if not held or not held[1] or not tokens:
+        """Mean decode ms per token of holdout requests over that of speculative ones; None until both modes
+        have one. Prompt reading (TTFT) is left out: it is the same work in both modes, and the prompts'
+        lengths differ."""
+        held, spec = self.decode.get((workload, "holdout")), self.decode.get((workload, "speculative"))
+        if not held or not held[1] or not spec or not spec[1]:
             return None
-        return (held[0] / held[1]) / (spent / tokens)
+        return (held[0] / held[1]) / (spec[0] / spec[1])
 
     def since(self, earlier: Traffic) -> Traffic:
         """The traffic added after ``earlier`` was copied from this one."""
@@ -67,9 +77,9 @@ class Traffic:
         for name in ("accepted", "drafted", "requests", "speculative"):
             mine, theirs = getattr(self, name), getattr(earlier, name)
             getattr(out, name).update({k: v - theirs.get(k, 0) for k, v in mine.items()})
-        for key, (ms, tokens) in self.timing.items():
-            old = earlier.timing.get(key, [0.0, 0.0])
-            out.timing[key] = [ms - old[0], tokens - old[1]]
+        for key, (ms, count) in self.decode.items():
+            old = earlier.decode.get(key, [0.0, 0.0])
+            out.decode[key] = [ms - old[0], count - old[1]]
         return out
 
     def copy(self) -> Traffic:
@@ -154,22 +164,54 @@ def drive(
             bar.update()
 
 
+def prepare_pair(scenario: Scenario, workdir: Path) -> str:
+    """Load the sidecar's model pair here, once, so that the slow first steps show in the terminal.
+
+    The sidecar runs as a child with its output in a log file. Loading the pair here first converts
+    and quantizes the models into the cache (minutes on the first run, with progress bars) and times
+    the pair (calibration) into the controller state that the sidecar resumes from its data directory
+    (with its own holdout settings); the sidecar then loads the prepared copies in seconds and plans
+    its first request from measured costs. A state already there (``--dir`` reused) is kept.
+    Returns the pair's costs in one line, or where they were measured before.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    add_model_arguments(parser)
+    decoder = build_decoder(parser.parse_args(scenario.model_arguments), progress=True)
+    state = workdir / STATE_FILE
+    if state.exists():
+        return f"the pair's costs as measured before, in {state}"
+    decoder.controller = SpeculationController()
+    decoder.calibrate()
+    save_controller(decoder.controller, state)
+    return decoder.controller.cost_summary()
+
+
 def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: bool, dashboard_port: int) -> int:
     """Run the demo; returns the exit status (0 when the acceptance alert arrived)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    for preset in scenario.models:
-        fetch_preset(preset)
+    print(f"draftwatch demo ({scenario.name}): {scenario.target} with the {scenario.drafter} drafter; "
+          f"data, logs and database in {workdir}", flush=True)  # fmt: skip
+    print(f"preparing {scenario.target}: fetch, convert and quantize once (minutes on the first run, "
+          "seconds later), then time the pair", flush=True)  # fmt: skip
+    clock = time.monotonic()
+    try:
+        costs = prepare_pair(scenario, workdir)
+    except (ModelLoadError, FetchError) as error:
+        print(f"draftwatch demo: {error}", file=sys.stderr)
+        return 1
+    gc.collect()  # the prepared model's gigabytes (its modules hold reference cycles), before the sidecar loads
+    print(f"models ready in {time.monotonic() - clock:.0f} s ({costs})", flush=True)
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
     receiver = WebhookReceiver(secret, on_delivery=print_delivery).start()
     api_port = free_port()
     group = ProcessGroup(demo_environment(scenario, workdir, api_port, receiver.url, secret), workdir)
     api = f"http://127.0.0.1:{api_port}"
     try:
-        print(f"draftwatch demo ({scenario.name}): data, logs and database in {workdir}", flush=True)
-        print(f"starting the sidecar: {scenario.target} {' '.join(scenario.drafter_arguments)} "
-              "(the first run de-quantizes the models once)", flush=True)  # fmt: skip
-        group.start("sidecar", ["serve", "--target", scenario.target, *scenario.drafter_arguments])
+        print("starting the sidecar (log: sidecar.log)", flush=True)
+        clock = time.monotonic()
+        group.start("sidecar", ["serve", *scenario.model_arguments])
         group.wait_http("sidecar", f"{api}/readyz", timeout=900)
+        print(f"sidecar ready in {time.monotonic() - clock:.0f} s", flush=True)
         dashboard_url = None
         if dashboard:
             group.start("dashboard", ["dashboard", "--port", str(dashboard_port)])

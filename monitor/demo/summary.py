@@ -19,7 +19,7 @@ def _rate(value: float | None) -> str:
 
 
 def _speedup(value: float | None) -> str:
-    return "   n/a (no holdout yet)" if value is None else f"{value:5.2f}x (measured)"
+    return "  n/a" if value is None else f"{value:5.2f}x"
 
 
 def print_summary(
@@ -32,13 +32,17 @@ def print_summary(
 ) -> None:
     print("\n==================== draftwatch demo: summary ====================")
     print(f"change: {scenario.change_description}\n")
-    print(f"{'workload':12} {'requests':>9} {'acceptance before':>18} {'after':>7}   speedup before / after")
+    print(f"{'workload':12} {'requests':>9} {'acceptance before':>18} {'after':>7}   decode speedup before / after")
     for workload in scenario.workloads:
         print(
             f"{workload:12} {before.requests.get(workload, 0):>4} / {after.requests.get(workload, 0):<4}"
             f" {_rate(before.acceptance(workload)):>18} {_rate(after.acceptance(workload)):>7}"
-            f"   {_speedup(before.speedup(workload))} / {_speedup(after.speedup(workload))}"
+            f"   {_speedup(before.speedup(workload)):>14} / {_speedup(after.speedup(workload))}"
         )
+    print(
+        "\ndecode speedup: mean decode ms per token ((latency - TTFT) / (output tokens - 1), per request) of the "
+        "holdout\nrequests over that of the speculative ones; n/a until both modes have a request"
+    )
     findings = [r.result for r in latest_results(engine, workload=scenario.changed) if r.result.decision == "drift"]
     print("\ndrift findings of the latest run for workload", repr(scenario.changed) + ":")
     if not findings:

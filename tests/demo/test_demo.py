@@ -12,8 +12,51 @@ from pathlib import Path
 import httpx
 import pytest
 
+from monitor.cli import build_parser
 from monitor.demo.receiver import WebhookReceiver
+from monitor.demo.run import Traffic
+from monitor.demo.scenario import FULL, QUICK
 from monitor.webhooks.signing import headers
+
+
+def record(mode: str, latency_ms: float | None, ttft_ms: float | None, output_tokens: int) -> dict[str, object]:
+    """The fields of a /v1/generate response's record that the demo reads."""
+    drafted = 8 if mode == "speculative" else 0
+    return {"mode": mode, "latency_ms": latency_ms, "ttft_ms": ttft_ms, "output_tokens": output_tokens,
+            "num_draft_tokens": drafted, "num_accepted_tokens": drafted * 3 // 4}  # fmt: skip
+
+
+def test_the_default_demo_drafts_with_ngrams_and_its_help_says_so() -> None:
+    # A 0.5B draft model costs more than it saves on a CPU: the controller decoded plain, no acceptance to watch.
+    for scenario in (FULL, QUICK):
+        assert scenario.model_arguments[-2:] == ("--drafter", "ngram")
+    assert FULL.model_arguments[:2] == ("--target", "qwen-coder-1.5b")
+    subcommands = next(a for a in build_parser()._actions if a.dest == "command")
+    description = " ".join(subcommands.choices["demo"].description.split())  # type: ignore[union-attr]
+    assert "qwen-coder-1.5b with the n-gram drafter" in description
+    assert "0.5b" not in description
+
+
+def test_speedup_compares_decode_speed_of_holdout_with_speculative_requests() -> None:
+    traffic = Traffic()
+    # Decode ms per token = (latency - TTFT) / (output tokens - 1): holdout 40 and 60 (mean 50) ...
+    traffic.add("extract", record("holdout", 1000.0, 200.0, 21))
+    traffic.add("extract", record("holdout", 1400.0, 200.0, 21))
+    # ... speculative 20, with a long prompt (TTFT) that a latency / tokens ratio would count.
+    traffic.add("extract", record("speculative", 2400.0, 2000.0, 21))
+    # Left out: plain requests, one token (no decode phase), no TTFT.
+    traffic.add("extract", record("plain", 100.0, 50.0, 21))
+    traffic.add("extract", record("speculative", 50.0, 40.0, 1))
+    traffic.add("extract", record("speculative", 5000.0, None, 21))
+    assert traffic.speedup("extract") == pytest.approx(50.0 / 20.0)
+    assert traffic.requests["extract"] == 6 and traffic.speculative["extract"] == 3
+    assert traffic.acceptance("extract") == pytest.approx(18 / 24)
+    before = traffic.copy()
+    traffic.add("extract", record("speculative", 1200.0, 200.0, 21))  # 50 ms a token
+    after = traffic.since(before)
+    assert after.speedup("extract") is None  # no holdout request since
+    assert traffic.speedup("extract") == pytest.approx(50.0 / 35.0)
+    assert Traffic().speedup("extract") is None
 
 
 def test_receiver_keeps_verified_deliveries_once_and_rejects_forged_ones() -> None:
