@@ -41,6 +41,7 @@ from decoder.record import RecordError, RequestRecord
 from monitor.config import FULL_QUEUE_POLICIES, Settings
 from monitor.db.engine import create_engine
 from monitor.db.rows import validate
+from monitor.log_safe import traceback_text
 from monitor.recorder_io import BatchSink, DeadLetter, is_transient
 from monitor.spool import Spool
 
@@ -275,8 +276,8 @@ class Recorder:
                 self._maybe_replay()
                 if batch:
                     self._write(batch)
-            except Exception:  # the thread must survive anything; the batch is not lost
-                log.exception("recorder writer failed on a batch of %d; spooling it", len(batch))
+            except Exception as error:  # the thread must survive anything; the batch is not lost
+                log.error("recorder writer failed on a batch of %d; spooling it\n%s", len(batch), traceback_text(error))
                 if batch:
                     self._sink.spool(batch, new_batch_id())
             finally:

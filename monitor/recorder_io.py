@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
 from monitor.db.writer import BatchOutcome, write_batch, write_batches
+from monitor.log_safe import describe, traceback_text
 from monitor.spool import Spool, SpooledBatch
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class BatchSink:
                 return None
             if raise_permanent:
                 raise
-            log.error("database refused a batch of %d (%s); writing records one by one", len(batch), error)
+            log.error("database refused a batch of %d (%s); writing records one by one", len(batch), describe(error))
             return self._isolate(batch, batch_id, origin)
         with self._lock:
             self.counts.written += outcome.stored
@@ -136,7 +137,7 @@ class BatchSink:
             if is_transient(error):
                 self._unavailable(error)
                 return False
-            log.error("database refused spooled batches (%s); writing records one by one", error)
+            log.error("database refused spooled batches (%s); writing records one by one", describe(error))
             return all(self._isolate(b.records, b.batch_id, "spool") is not None for b in group)
         with self._lock:
             self.counts.replayed += sum(o.stored for o in outcomes)
@@ -165,7 +166,7 @@ class BatchSink:
                     # already committed are skipped there as duplicates by request_id.
                     self._unavailable(error)
                     return None
-                log.error("record %s refused by the database: %s", rec.request_id, error)
+                log.error("database refused a record (%s); it is kept in %s", describe(error), self._dead_letter.path)
                 self._dead_letter.add(rec, error)
                 with self._lock:
                     self.counts.failed += 1
@@ -188,5 +189,5 @@ class BatchSink:
         if self._on_durable is not None and batch:
             try:
                 self._on_durable(batch, where)
-            except Exception:
-                log.exception("on_durable hook failed")
+            except Exception as error:
+                log.error("on_durable hook failed\n%s", traceback_text(error))

@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from monitor.log_safe import traceback_text
+
 log = logging.getLogger(__name__)
 
 Loc = tuple[str | int, ...]
@@ -109,8 +111,8 @@ def install(app: FastAPI) -> None:
         return ApiError(exc.status_code, code, str(exc.detail), headers=headers).response()
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # The traceback goes to the log (never the body); the path is logged, never the body.
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        # Method, path and a traceback without messages: an error's text may quote the request's values.
+        log.error("unhandled error on %s %s\n%s", request.method, request.url.path, traceback_text(exc))
         return ApiError(500, "internal_error", "the server failed to handle the request").response()
 
     app.add_exception_handler(ApiError, on_api_error)

@@ -2,7 +2,8 @@
 
 SQLite (the embedded default) gets WAL, a busy timeout and foreign keys on every connection;
 PostgreSQL goes through psycopg 3 with pre-ping, so that connections broken by a server restart are
-replaced instead of failing the next batch.
+replaced instead of failing the next batch. Both hide a statement's parameters from its errors (and
+from ``echo``): they are request and record values, which logs never carry.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def create_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Engin
     """An engine for ``url`` with draftwatch's connection settings; creates a SQLite file's directory."""
     parsed = normalize_url(url)
     backend = parsed.get_backend_name()
+    kwargs.setdefault("hide_parameters", True)
     if backend == "sqlite":
         path = sqlite_path(parsed)
         if path is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from monitor.db.migrate import alembic_config
 from monitor.db.models import Base
 from tests.alerts.conftest import make_settings, minutes, result
 from tests.api.conftest import ADMIN, READ, TOKENS, auth
+from tests.faults import refuse_value
 
 OURS = {"alerts", "silences", "notifications", "scheduler_lease", "job_runs"}
 
@@ -83,6 +85,21 @@ def test_path_ids_beyond_bigint_are_refused(client: TestClient) -> None:
             assert response.json()["detail"][0]["loc"] == ["path", name]
     assert client.delete(f"/v1/silences/{2**63 - 1}", headers=h).status_code == 404
     assert client.post(f"/v1/alerts/{2**63 - 1}/ack", json={}, headers=h).status_code == 404
+
+
+def test_a_500_logs_no_request_values(client: TestClient, engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    # The database refuses the ack: PostgreSQL quotes the row in its DETAIL, SQLAlchemy the parameters.
+    refuse_value(engine, "alerts", "acked_by", "by-value-5d1")
+    (alert,) = client.get("/v1/alerts", headers=auth(READ)).json()["alerts"]
+    quiet = TestClient(client.app, raise_server_exceptions=False)  # the running app, answering as a server would
+    with caplog.at_level(logging.INFO):
+        body = {"by": "by-value-5d1", "comment": "comment-value-5d1"}
+        response = quiet.post(f"/v1/alerts/{alert['id']}/ack", json=body, headers=auth(ADMIN))
+    assert response.status_code == 500 and response.json()["error"] == "internal_error"
+    assert "value-5d1" not in response.text
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "/v1/alerts" in errors[0].getMessage() and "IntegrityError" in caplog.text
+    assert "value-5d1" not in caplog.text
 
 
 def test_single_head_and_models_match_migration(engine: Engine) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from monitor.db.engine import create_engine
 from monitor.db.migrate import upgrade
 from monitor.db.models import RequestRow, RollupMinuteRow
 from monitor.recorder import Recorder, RecorderClosedError, RecorderFullError
-from tests.monitor.records import stream
+from tests.faults import refuse_value
+from tests.monitor.records import api_record, stream
 from tests.pg import PG_URL, drop_pg_database
 
 
@@ -55,6 +57,24 @@ def test_from_settings(engine: Engine, tmp_path: Path) -> None:
         for rec in stream(20):
             recorder.record(rec)
     assert stored_count(engine) == (20, 20)
+
+
+def test_a_refused_record_leaves_no_field_values_in_the_log(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # PostgreSQL quotes the failing row in its DETAIL and SQLAlchemy appends the statement's parameters.
+    refuse_value(engine, "requests", "drafter", "drafter-value-7f3")
+    secrets = {"request_id": "id-value-7f3", "prompt_hash": "hash-value-7f3", "target_model": "model-value-7f3"}
+    refused = api_record(drafter="drafter-value-7f3", **secrets)
+    with caplog.at_level(logging.DEBUG), Recorder(engine, tmp_path / "spool", batch_size=10) as recorder:
+        for rec in [*stream(3), refused]:
+            recorder.record(rec)
+        assert recorder.flush(20)
+        assert (recorder.stats().written, recorder.stats().failed) == (3, 1)
+    assert "refused a batch" in caplog.text and "refused a record" in caplog.text
+    assert "value-7f3" not in caplog.text
+    rejected = list((tmp_path / "spool").glob("rejected-*.jsonl"))
+    assert len(rejected) == 1 and str(rejected[0]) in caplog.text  # where the operator finds the record
 
 
 class _Stalled:
