@@ -24,6 +24,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 Handler = Callable[[argparse.Namespace], int]
+# The HTTP client logs every request's full URL at INFO: a webhook's path can be its credential
+# (Slack's is). Delivery logs what matters (receiver, host, outcome) itself.
+QUIET_LOGGERS: tuple[str, ...] = ("httpx", "httpcore")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,10 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(level: str) -> None:
+    """Logs to stderr at ``level``; the HTTP client's loggers stay at WARNING whatever the level."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -5,7 +5,9 @@ notification arrives once per webhook-id and in order per alert."""
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from standardwebhooks.webhooks import Webhook
 
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.models import NotificationRow
+from monitor.cli import main
 from monitor.webhooks.delivery import deliver_pending
 from monitor.webhooks.receivers import parse_webhooks
 from tests.alerts.conftest import SECRET, Receiver, make_settings, minutes, result
@@ -138,6 +141,41 @@ def test_permanent_failures_and_limits_dead_letter(engine: Engine, tmp_path: Pat
     _resolve(engine, blocked, "code")
     seen = len(receiver.seen)
     assert deliver_pending(engine, blocked).dead == 1 and len(receiver.seen) == seen
+
+
+@pytest.fixture
+def http_log_levels() -> Iterator[None]:
+    """Give back the levels ``draftwatch``'s logging setup gives the HTTP client's loggers."""
+    saved = {name: logging.getLogger(name).level for name in ("httpx", "httpcore")}
+    yield
+    for name, level in saved.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.usefixtures("http_log_levels")
+def test_info_logs_never_show_a_webhook_path(
+    engine: Engine,
+    tmp_path: Path,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A Slack URL's path is its credential; httpx logs each request's full URL at INFO.
+    hooks = [{"url": f"http://127.0.0.1:{receiver.port}/services/T000/B000/path-secret-9c2", "format": "slack"}]
+    env = {
+        "HOME": str(tmp_path),
+        "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"),
+        "DRAFTWATCH_DATABASE_URL": _url(engine),
+    }
+    for name, value in {**env, "DRAFTWATCH_WEBHOOKS": json.dumps(hooks)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DRAFTWATCH_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    _fire(engine, make_settings(tmp_path, _url(engine), hooks))
+    with caplog.at_level(logging.INFO):
+        assert main(["--log-level", "INFO", "alerts", "deliver"]) == 0
+    assert len(receiver.seen) == 1
+    assert "path-secret-9c2" not in caplog.text and "/services/" not in caplog.text
 
 
 def test_config_refuses_bad_receivers_and_hides_secrets() -> None:
