@@ -43,6 +43,11 @@ def register(subparsers: Any) -> None:
     run.add_argument("--now", type=_time, default=None, help="end of the current window (default: now)")
     run.add_argument("--all", action="store_true", help="table: also list no_drift and insufficient_data rows")
     run.add_argument("--no-alerts", action="store_true", help="do not raise alerts for this run")
+    run.add_argument(
+        "--fail-on-drift",
+        action="store_true",
+        help="exit with status 1 when any result is drift (for cron and CI gates); 0 otherwise",
+    )
     run.set_defaults(handler=_run)
 
     baseline = subparsers.add_parser("baseline", help="pin or unpin a workload's drift reference window")
@@ -68,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
 
             evaluate_alerts(engine, settings, result.results)
         print(json.dumps(result.to_json(), indent=1) if args.json else format_table(result, everything=args.all))
-        return 0
+        return 1 if args.fail_on_drift and result.drifts else 0
 
     return run_with_engine(args, "drift run", action)
 

@@ -137,6 +137,9 @@ def test_cli_json_and_baseline_pin(engine: Engine, capsys: pytest.CaptureFixture
     assert any(r["workload"] == "chat" and r["decision"] == "drift" for r in out["results"])
     assert main(["drift", "run", "--database-url", url, "--now", NOW.isoformat(), "--reference", "1d"]) == 0
     table = capsys.readouterr().out
+    gate = ["drift", "run", "--database-url", url, "--reference", "1d", "--no-alerts", "--fail-on-drift"]
+    assert main([*gate, "--now", NOW.isoformat()]) == 1  # chat dropped
+    assert main([*gate, "--now", (NOW + timedelta(days=30)).isoformat()]) == 0  # nothing in the windows
     assert "drift" in table and "chat" in table
     assert main(["baseline", "pin", "--workload", "chat", "--at", "2026-03-01T12:00", "--database-url", url]) == 0
     assert "2026-03-01T12:00:00+00:00" in capsys.readouterr().out
