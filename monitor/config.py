@@ -243,10 +243,6 @@ class SettingSpec:
     # Secret values (API tokens) are never quoted in error messages.
     secret: bool = False
 
-    @property
-    def toml_path(self) -> tuple[str, ...]:
-        return tuple(self.name.split("."))
-
 
 def _default_data_dir(_: dict[str, Any], environ: Mapping[str, str]) -> Path:
     # XDG first, as Linux desktop tools do; HOME comes from the injected mapping so tests stay hermetic.

@@ -60,10 +60,6 @@ class Sums:
             return None
         return self.sum_timed_output_tokens * 1000.0 / self.sum_timed_latency_ms
 
-    @property
-    def ttft_mean_ms(self) -> float | None:
-        return self.sum_ttft_ms / self.n_ttft if self.n_ttft else None
-
     def __add__(self, other: Sums) -> Sums:
         return Sums(**{c: getattr(self, c) + getattr(other, c) for c in SUM_COLUMNS})
 

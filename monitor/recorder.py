@@ -42,7 +42,7 @@ from monitor.config import FULL_QUEUE_POLICIES, Settings
 from monitor.db.engine import create_engine
 from monitor.db.rows import validate
 from monitor.log_safe import traceback_text
-from monitor.recorder_io import BatchSink, DeadLetter, is_transient
+from monitor.recorder_io import BatchSink, DeadLetter
 from monitor.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -332,8 +332,3 @@ class Recorder:
 
 def new_batch_id() -> str:
     return uuid.uuid4().hex
-
-
-def is_database_error_transient(error: BaseException) -> bool:
-    """Re-exported for callers that write on their own: see :func:`monitor.recorder_io.is_transient`."""
-    return is_transient(error)

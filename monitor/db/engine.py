@@ -77,7 +77,3 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
-
-
-def is_postgresql(engine: Engine) -> bool:
-    return engine.dialect.name == "postgresql"

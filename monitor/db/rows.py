@@ -8,7 +8,6 @@ in the database and block a batch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -117,7 +116,3 @@ def from_row(row: Any) -> RequestRecord:
 
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def is_finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)

@@ -1,4 +1,4 @@
-"""Resampling helpers shared by the drift tests: bootstrap intervals, quantile draws, PSI, TVD.
+"""Resampling helpers shared by the drift tests: bootstrap intervals, quantile draws, PSI.
 
 All randomness comes from a ``numpy.random.Generator`` the caller seeds, so a run is reproducible.
 Quantile intervals use the exact bootstrap distribution of an order statistic (a binomial sum over
@@ -113,11 +113,6 @@ def quantile_ratio(
         ratio = cur_point / ref_point if ref_point > 0 else math.inf
         draws = np.where(ref_draws > 0, cur_draws / np.where(ref_draws > 0, ref_draws, 1.0), np.inf)
     return float(ratio), percentile_interval(draws, ci_level)
-
-
-def tvd(p: FloatArray, q: FloatArray) -> float:
-    """Total variation distance between two (unnormalised) distributions on the same categories."""
-    return float(0.5 * np.abs(p / p.sum() - q / q.sum()).sum())
 
 
 def psi_bins(ref: FloatArray, n_bins: int = 10) -> FloatArray:

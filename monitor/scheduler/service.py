@@ -52,10 +52,6 @@ class SchedulerService:
             },
         )
 
-    @property
-    def is_leader(self) -> bool:
-        return self.lease.held
-
     def start(self) -> SchedulerService:
         every = intervals(self.settings)
         for name in self.jobs:
