@@ -41,11 +41,11 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from decoder.holdout import Holdout, HoldoutPolicy, HoldoutReason
+from decoder.record import Mode
 
-PlanMode = Literal["speculative", "plain", "holdout"]
 MIN_WEIGHT = 0.5  # forgotten sums below this many passes count as not measured
 
 
@@ -53,7 +53,7 @@ MIN_WEIGHT = 0.5  # forgotten sums below this many passes count as not measured
 class Plan:
     """What the next request of a workload should do."""
 
-    mode: PlanMode
+    mode: Mode
     gamma: int
     expected_speedup: float
     measure_t1: bool = False  # run the first step without drafts: t1 has not been measured lately
@@ -173,7 +173,7 @@ class WorkloadState:
     requests: int = 0
     plain_streak: int = 0  # plain requests since the last speculative one
     gamma: int = 0
-    mode: PlanMode = "speculative"
+    mode: Mode = "speculative"
 
 
 class SpeculationController:
@@ -352,7 +352,7 @@ class SpeculationController:
             )
         self._costs.fold(observation, keep=1.0)
 
-    def observe(self, workload: str, observation: Observation, mode: PlanMode = "speculative") -> None:
+    def observe(self, workload: str, observation: Observation, mode: Mode = "speculative") -> None:
         """Fold one finished request into the sums, forgetting a share of the old ones."""
         state = self._state(workload)
         keep = 1.0 - self.forgetting

@@ -18,13 +18,12 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from decoder.record import RequestRecord
+from decoder.record import Mode, RequestRecord
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
 from monitor.api.events import (
     Count,
     EventIn,
     Millis,
-    Mode,
     OptionalText,
     ShortText,
     Timestamp,

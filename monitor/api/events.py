@@ -21,7 +21,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from decoder.holdout import HoldoutReason
-from decoder.record import WORKLOAD_PATTERN, RecordError, RequestRecord
+from decoder.record import WORKLOAD_PATTERN, Mode, RecordError, RequestRecord
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
 from monitor.db.rows import MAX_COUNT, MAX_ERROR_TEXT, MAX_SPECULATIVE_TOKENS, MAX_TEXT
 
@@ -69,7 +69,6 @@ Count = Annotated[StrictInt, Field(ge=0, le=MAX_COUNT)]
 Millis = Annotated[float | None, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
 Timestamp = Annotated[datetime, AfterValidator(_plausible_time)]
 Workload = Annotated[str, Field(min_length=1, max_length=64, pattern=WORKLOAD_PATTERN.pattern)]
-Mode = Literal["speculative", "plain", "holdout"]
 FinishReason = Literal["stop", "length", "error"]
 
 

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 from sqlalchemy import text
 
-from decoder.record import WORKLOAD_PATTERN
+from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor import queries
 from monitor.api.auth import require
 from monitor.api.errors import ErrorBody, Problem, off_calendar, validation_error
@@ -44,7 +44,6 @@ SeriesMetric = Literal[
     "ms_per_token_p95",
     "tokens_per_second",
 ]
-Mode = Literal["speculative", "plain", "holdout"]
 _STEP: Final = re.compile(r"^(\d{1,6})([mhd]?)$")
 READ_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "no or unknown bearer token"},
