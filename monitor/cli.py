@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
+from importlib.metadata import version
 
 # Modules that contribute sub-commands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="draftwatch",
         description="Monitoring and drift detection for speculative decoding.",
     )
+    parser.add_argument("--version", action="version", version=f"draftwatch {version('draftwatch')}")
     parser.add_argument(
         "--log-level",
         default="WARNING",

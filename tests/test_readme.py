@@ -77,3 +77,14 @@ def test_controller_paragraph_quotes_the_code() -> None:
     assert "`decoder.calibrate_if_needed()`" in text and callable(SpeculativeDecoder.calibrate_if_needed)
     assert "`auto_calibrate=False`" in text and "auto_calibrate" in signature(SpeculativeDecoder).parameters
     assert wilson_upper.__defaults__ == (pytest.approx(norm.ppf(0.90), abs=1e-4),)  # z of a one-sided 90 % bound
+
+
+def test_version_is_the_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    from monitor.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"draftwatch {version('draftwatch')}"
