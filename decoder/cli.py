@@ -22,6 +22,7 @@ def register(subparsers: Any) -> None:
     models = subparsers.add_parser("models", help="list and fetch the offline model presets")
     models_sub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     listing = models_sub.add_parser("list", help="list presets and whether they are in the cache")
+    listing.add_argument("--json", action="store_true", help="print a JSON list: name, bytes, fetched, path")
     listing.set_defaults(handler=_models_list)
     fetch = models_sub.add_parser("fetch", help="download, assemble and verify a preset into the cache")
     fetch.add_argument("name", choices=sorted(PRESETS), help="preset to fetch")
@@ -105,6 +106,19 @@ def summary(record: RequestRecord) -> str:
 
 
 def _models_list(args: argparse.Namespace) -> int:
+    if args.json:
+        listing = [
+            {
+                "name": name,
+                "bytes": preset.size,
+                "fetched": is_fetched(preset),
+                "path": str(preset_path(preset)),
+                "description": preset.description,
+            }
+            for name, preset in sorted(PRESETS.items())
+        ]
+        print(json.dumps(listing, indent=1))
+        return 0
     for name, preset in sorted(PRESETS.items()):
         state = "fetched" if is_fetched(preset) else "not fetched"
         print(f"{name:18} {preset.size / 1e6:7.0f} MB  {state:12} {preset.description}")

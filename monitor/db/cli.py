@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -24,6 +25,7 @@ def register(subparsers: Any) -> None:
     upgrade.set_defaults(handler=_upgrade)
 
     current = commands.add_parser("current", help="print the schema revision of the database")
+    current.add_argument("--json", action="store_true", help="print {current, head, up_to_date} as JSON")
     current.set_defaults(handler=_current)
 
     downgrade = commands.add_parser("downgrade", help="migrate the schema down to REV ('base' empties it)")
@@ -39,6 +41,9 @@ def _run(args: argparse.Namespace, action: str) -> int:
             print(f"database at revision {migrate.downgrade(engine, args.revision) or 'base'}")
         else:
             current, head = migrate.current_revision(engine), migrate.head_revision()
+            if args.json:
+                print(json.dumps({"current": current, "head": head, "up_to_date": current == head}))
+                return 0
             state = "up to date" if current == head else f"newest is {head}"
             print(f"{current or 'base (empty)'} ({state})")
         return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,10 @@ def test_models_list_shows_every_preset(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     for name in PRESETS:
         assert name in out
+    assert main(["models", "list", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in listing] == sorted(PRESETS)
+    assert all(p["fetched"] == is_fetched(PRESETS[p["name"]]) for p in listing)
 
 
 def test_help_of_every_decoder_command_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 from typing import Any
 
@@ -78,6 +79,9 @@ def test_cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run("upgrade") == 0
     assert run("current") == 0
     assert "(up to date)" in capsys.readouterr().out
+    assert run("current", "--json") == 0
+    head = migrate.head_revision()
+    assert json.loads(capsys.readouterr().out) == {"current": head, "head": head, "up_to_date": True}
     assert run("downgrade", "base") == 0
     assert run("downgrade", "nonsense") == 1
     assert "nonsense" in capsys.readouterr().err
