@@ -106,6 +106,8 @@ def create_app(
     app.add_middleware(
         LimitsMiddleware, max_body_bytes=settings.api_max_body_bytes, timeout_s=settings.api_request_timeout_s
     )
+    # Added last, so outermost: it also answers for an error in the limits middleware.
+    app.add_middleware(errors.UnhandledErrorMiddleware)
     for module in (ingest, generate, openai_chat, reads, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)

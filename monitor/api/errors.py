@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from monitor.log_safe import traceback_text
 
@@ -90,7 +91,10 @@ _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_lar
 
 
 def install(app: FastAPI) -> None:
-    """Route every exception to the one error shape."""
+    """Route the API's own and the framework's exceptions to the one error shape.
+
+    Anything else is :class:`UnhandledErrorMiddleware`'s, which the app installs outermost.
+    """
 
     async def on_api_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -110,12 +114,45 @@ def install(app: FastAPI) -> None:
         headers: dict[str, Any] = dict(exc.headers or {})
         return ApiError(exc.status_code, code, str(exc.detail), headers=headers).response()
 
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # Method, path and a traceback without messages: an error's text may quote the request's values.
-        log.error("unhandled error on %s %s\n%s", request.method, request.url.path, traceback_text(exc))
-        return ApiError(500, "internal_error", "the server failed to handle the request").response()
-
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_request_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_unexpected)
+
+
+class ResponseCutShortError(RuntimeError):
+    """Raised to the server for an error after the response began: it then closes the connection."""
+
+
+class UnhandledErrorMiddleware:
+    """The last line: an exception nothing else handled becomes one logged 500 with the JSON error body.
+
+    Not an exception handler for ``Exception``: Starlette runs that one in its outermost middleware,
+    which re-raises after answering, so the server logged the traceback a second time and, the
+    response being out, reset the keep-alive connection without ``Connection: close``: the client's
+    next request on it failed. Here the exception ends with the answer. The log line carries method,
+    path and a traceback without messages (an error's text may quote the request's values).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            log.error("unhandled error on %s %s\n%s", scope["method"], scope["path"], traceback_text(error))
+            if started:
+                # Part of a response is out: only a closed connection tells the client it is incomplete.
+                raise ResponseCutShortError("the response was cut short by the error logged before") from None
+            response = ApiError(500, "internal_error", "the server failed to handle the request").response()
+            await response(scope, receive, send)
