@@ -193,6 +193,16 @@ class RequestRecord:
                 "num_accepted_tokens",
                 f"{self.num_accepted_tokens} accepted exceeds {self.num_draft_tokens} drafted",
             )
+        # Each step drafts at most num_speculative_tokens. Where either is 0 the bound is unknown: a
+        # stack that reports drafts but not steps (llama.cpp), or no draft length.
+        most = self.num_spec_steps * self.num_speculative_tokens
+        if self.mode == "speculative" and most and self.num_draft_tokens > most:
+            raise RecordError(
+                "num_draft_tokens",
+                f"{self.num_draft_tokens} drafted exceeds num_spec_steps x num_speculative_tokens = "
+                f"{self.num_spec_steps} x {self.num_speculative_tokens} = {most}: a step drafts at most "
+                "num_speculative_tokens",
+            )
         self._check_counts("accepted_per_position", self.num_accepted_tokens, "num_accepted_tokens")
         self._check_counts("acceptance_histogram", self.num_spec_steps, "num_spec_steps")
         if self.accepted_per_position and len(self.accepted_per_position) > self.num_speculative_tokens:

@@ -47,6 +47,7 @@ def _mutated(change: dict[str, Any]) -> dict[str, Any]:
 PROBLEMS: list[tuple[dict[str, Any], str, str]] = [
     ({"num_accepted_tokens": 10**6}, "num_accepted_tokens", "exceeds"),
     ({"num_draft_tokens": -1}, "num_draft_tokens", "greater than or equal"),
+    ({"num_draft_tokens": 10**7}, "num_draft_tokens", "num_spec_steps x num_speculative_tokens"),
     ({"accepted_per_position": [1]}, "accepted_per_position", "sums to"),
     ({"acceptance_histogram": [1, 2]}, "acceptance_histogram", ""),
     ({"ttft_ms": "fast"}, "ttft_ms", "number"),

@@ -66,6 +66,8 @@ def test_decode_speed_leaves_prompt_reading_out() -> None:
         ({"ts_end": datetime(2026, 11, 30, 11, 0, tzinfo=UTC)}, "ts_end"),
         ({"request_id": ""}, "request_id"),
         ({"holdout_reason": "target"}, "holdout_reason"),  # a speculative request was not held out
+        ({"num_draft_tokens": 10}, "num_draft_tokens"),  # 3 steps of at most 3 drafts
+        ({"num_draft_tokens": 10**7, "num_spec_steps": 1, "acceptance_histogram": [0, 0, 0, 1]}, "num_draft_tokens"),
         # Valid ISO times whose UTC conversion leaves the calendar: the store keeps UTC and could not write them.
         ({"ts_end": datetime.fromisoformat("9999-12-31T23:00:00-05:00")}, "ts_end"),
         ({"ts_start": datetime.fromisoformat("0001-01-01T00:00:00+05:00")}, "ts_start"),
@@ -76,6 +78,13 @@ def test_broken_records_name_the_field(overrides: dict[str, Any], field: str) ->
         valid(**overrides).check()
     assert caught.value.field == field
     assert str(caught.value).startswith(f"{field}: ")
+
+
+def test_drafts_are_bounded_only_where_steps_and_draft_length_are_known() -> None:
+    # llama.cpp reports drafts but not steps; a record without num_speculative_tokens does not say the bound.
+    no_steps = {"num_spec_steps": 0, "acceptance_histogram": [], "source": "proxy:llamacpp"}
+    valid(num_draft_tokens=80, **no_steps).check()
+    valid(num_draft_tokens=80, num_speculative_tokens=0, accepted_per_position=[], acceptance_histogram=[]).check()
 
 
 def test_round_trip_through_dict() -> None:
