@@ -144,6 +144,8 @@ def deliver_pending(
             if receiver is None or (config.allowed_hosts and receiver.host not in config.allowed_hosts):
                 why: str | None = "receiver no longer configured" if receiver is None else "host not allowed"
                 _finish(engine, row.id, "dead", None, why, t)
+                where = "" if receiver is None else f" ({receiver.safe_url}, not in delivery.allowed_hosts)"
+                log.warning("webhook %s%s: dead letter %s: %s", row.receiver, where, row.id, why)
                 report.dead += 1
                 continue
             claimed = _claim(engine, row.id, worker, t + timedelta(seconds=config.timeout_s) + CLAIM_MARGIN, t)

@@ -122,7 +122,9 @@ def test_receiver_outage_every_notification_arrives_once_in_order(
     assert sorted(order.values()) == [["firing"], ["firing", "resolved"]]
 
 
-def test_permanent_failures_and_limits_dead_letter(engine: Engine, tmp_path: Path, receiver: Receiver) -> None:
+def test_permanent_failures_and_limits_dead_letter(
+    engine: Engine, tmp_path: Path, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = make_settings(tmp_path, _url(engine), [{"url": receiver.url}], DRAFTWATCH_DELIVERY_MAX_ATTEMPTS="2")
     _fire(engine, settings)
     receiver.script = [404]
@@ -140,7 +142,10 @@ def test_permanent_failures_and_limits_dead_letter(engine: Engine, tmp_path: Pat
     blocked = make_settings(tmp_path, _url(engine), [{"url": receiver.url}], **only)
     _resolve(engine, blocked, "code")
     seen = len(receiver.seen)
-    assert deliver_pending(engine, blocked).dead == 1 and len(receiver.seen) == seen
+    with caplog.at_level(logging.WARNING):
+        assert deliver_pending(engine, blocked).dead == 1 and len(receiver.seen) == seen
+    (warning,) = [r.getMessage() for r in caplog.records if "host not allowed" in r.getMessage()]
+    assert f"127.0.0.1:{receiver.port}" in warning and "/hook" not in warning  # the host, never the path
 
 
 @pytest.fixture
