@@ -22,6 +22,18 @@ from monitor.cli_common import add_settings_arguments, settings_or_report
 log = logging.getLogger(__name__)
 
 
+class PathOnly(logging.Filter):
+    """Cuts the query string off uvicorn's access lines: it can carry what should never be logged (a
+    token a client put in the URL). Its argument order is uvicorn's, which its own formatter reads too:
+    client address, method, path with query, HTTP version, status."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
+            record.args = (*args[:2], args[2].partition("?")[0], *args[3:])
+        return True
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
@@ -78,13 +90,15 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    # Access lines carry method, path and status only: no query, no bodies, no Authorization header.
+    # uvicorn's logging setup replaces the logger's handlers but keeps its filters.
+    logging.getLogger("uvicorn.access").addFilter(PathOnly())
     try:
         uvicorn.run(
             app,
             host=settings.api_host,
             port=settings.api_port,
             log_level=logging.getLevelName(logging.getLogger().level).lower(),
-            # Access lines carry method, path and status only: no bodies, no Authorization header.
             access_log=logging.getLogger().level <= logging.INFO,
             server_header=False,
         )

@@ -21,7 +21,8 @@ from tests.api.test_api_decode import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(tmp_path: Path, db_url: str, port: int) -> subprocess.Popen[bytes]:
+def start(tmp_path: Path, db_url: str, port: int, *options: str) -> subprocess.Popen[bytes]:
+    """``draftwatch [options] serve`` on ``port``, once it answers ready; its stdout and stderr in one pipe."""
     env = {
         **os.environ,
         "HOME": str(tmp_path),
@@ -30,15 +31,15 @@ def start(tmp_path: Path, db_url: str, port: int) -> subprocess.Popen[bytes]:
         "DRAFTWATCH_API_TOKENS": TOKENS,
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "serve", "--port", str(port), "--no-scheduler"],
+        [sys.executable, "-m", "monitor.cli", *options, "serve", "--port", str(port), "--no-scheduler"],
         env=env,
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return process
@@ -104,3 +105,17 @@ def test_kill_minus_9_loses_no_acknowledged_event(tmp_path: Path, db_url: str) -
     assert len(ids) == len(set(ids))  # exactly once
     assert set(acknowledged) <= set(ids)  # every acknowledged event is there
     assert rollup_requests == len(ids)  # and counted once in the rollups
+
+
+def test_access_log_shows_method_path_and_status_not_the_query(tmp_path: Path, sqlite_url: str) -> None:
+    # A query string can carry what a client should never have put in a URL (a token, say).
+    port = free_port()
+    server = start(tmp_path, sqlite_url, port, "--log-level", "INFO")
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", params={"token": "query-value-41a"}).status_code == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        output, _ = server.communicate(timeout=30)
+    log = output.decode()
+    assert '"GET /healthz HTTP/1.1" 200' in log
+    assert "query-value-41a" not in log and "/healthz?" not in log
