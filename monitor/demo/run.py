@@ -104,7 +104,7 @@ def demo_environment(scenario: Scenario, workdir: Path, api_port: int, webhook_u
         "DRAFTWATCH_SCHEDULER_DELIVERY_INTERVAL": "2s",
         "DRAFTWATCH_SCHEDULER_LEASE_TTL_S": "10",
         "DRAFTWATCH_SCHEDULER_HEARTBEAT_S": "2",
-        "DRAFTWATCH_DRIFT_CURRENT_WINDOW": "2m",
+        "DRAFTWATCH_DRIFT_CURRENT_WINDOW": scenario.current_window,
         "DRAFTWATCH_DRIFT_REFERENCE_WINDOW": "15m",
         "DRAFTWATCH_DRIFT_MIN_REQUESTS": str(scenario.min_per_window),
         "DRAFTWATCH_ALERTS_FOR_RUNS": "1",
@@ -180,6 +180,7 @@ def prepare_pair(scenario: Scenario, workdir: Path) -> str:
     state = workdir / STATE_FILE
     if state.exists():
         return f"the pair's costs as measured before, in {state}"
+    print("timing the model pair (calibration)", flush=True)
     decoder.controller = SpeculationController()
     decoder.calibrate()
     save_controller(decoder.controller, state)
@@ -193,6 +194,9 @@ def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: 
           f"data, logs and database in {workdir}", flush=True)  # fmt: skip
     print(f"preparing {scenario.target}: fetch, convert and quantize once (minutes on the first run, "
           "seconds later), then time the pair", flush=True)  # fmt: skip
+    # Before transformers' bars start, reading a GGUF file's tokenizer and building the model take a
+    # minute with nothing on screen; decoder.loading says what is going on at INFO.
+    logging.getLogger("decoder.loading").setLevel(logging.INFO)
     clock = time.monotonic()
     try:
         costs = prepare_pair(scenario, workdir)

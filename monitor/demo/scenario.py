@@ -21,6 +21,9 @@ class Scenario:
     min_per_window: int  # requests per workload and window before a drift test speaks
     after_timeout: float  # how long to keep sending changed traffic while waiting for the alert
     drift_interval: str
+    # The drift run's current window: long enough to hold min_per_window speculative requests of the
+    # changed workload at the pair's speed, short enough that the traffic before the change leaves it soon.
+    current_window: str
 
     @property
     def drafter(self) -> str:
@@ -59,6 +62,7 @@ QUICK = Scenario(
     min_per_window=10,
     after_timeout=150.0,
     drift_interval="10s",
+    current_window="2m",
 )
 
 # The n-gram drafter, not the 0.5B draft model: on a CPU the draft model costs more than it saves,
@@ -70,9 +74,14 @@ FULL = Scenario(
     drafter_arguments=("--drafter", "ngram"),
     workloads=("code-edit", "extract", "prose"),
     changed="extract",
-    max_new_tokens=40,
+    # As in the quick run: a request costs its prompt's prefill plus about one pass per new token,
+    # and the drift test needs the changed workload's requests soon after the change.
+    max_new_tokens=32,
     before_seconds=100.0,
     min_per_window=6,
     after_timeout=300.0,
     drift_interval="20s",
+    # With other work on this 2-core machine a request took 9-12 s, and 2 minutes held only 4
+    # speculative extract requests (fewer than min_per_window): no test spoke, no alert came.
+    current_window="3m",
 )

@@ -9,6 +9,7 @@ from sqlalchemy.engine import Engine
 from monitor.demo.receiver import Delivery
 from monitor.demo.scenario import Scenario
 from monitor.drift.queries import latest_results
+from monitor.drift.result import DriftResult
 
 if TYPE_CHECKING:
     from monitor.demo.run import Traffic
@@ -20,6 +21,17 @@ def _rate(value: float | None) -> str:
 
 def _speedup(value: float | None) -> str:
     return "  n/a" if value is None else f"{value:5.2f}x"
+
+
+def finding_line(result: DriftResult) -> str:
+    """One finding; estimates and the online detector decide without a p-value, so theirs reads n/a."""
+    ci = f"[{result.ci[0]:+.3f}, {result.ci[1]:+.3f}]" if result.ci else "n/a"
+    effect, p, q = ("n/a" if v is None else f"{v:{spec}}" for v, spec in
+                    ((result.effect, "+.3f"), (result.p, ".2g"), (result.q, ".2g")))  # fmt: skip
+    return (
+        f"  {result.test}/{result.metric}: effect {effect} (95% CI {ci}), "
+        f"p={p}, q={q}, n_ref={result.n_ref}, n_cur={result.n_cur}" + (f" — {result.note}" if result.note else "")
+    )
 
 
 def print_summary(
@@ -48,12 +60,7 @@ def print_summary(
     if not findings:
         print("  none yet (see `draftwatch drift run --all`)")
     for result in findings:
-        ci = f"[{result.ci[0]:+.3f}, {result.ci[1]:+.3f}]" if result.ci else "n/a"
-        print(
-            f"  {result.test}/{result.metric}: effect {result.effect:+.3f} (95% CI {ci}), "
-            f"p={result.p:.2g}, q={result.q:.2g}, n_ref={result.n_ref}, n_cur={result.n_cur}"
-            + (f" — {result.note}" if result.note else "")
-        )
+        print(finding_line(result))
     if alert is None:
         print("\nno acceptance alert arrived in time: check the sidecar log in the demo directory")
     else:

@@ -12,10 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.demo_run import PHASES, Run
 from monitor.cli import build_parser
 from monitor.demo.receiver import WebhookReceiver
 from monitor.demo.run import Traffic
 from monitor.demo.scenario import FULL, QUICK
+from monitor.demo.summary import finding_line
+from monitor.drift.result import DriftResult
 from monitor.webhooks.signing import headers
 
 
@@ -92,3 +95,16 @@ def test_quick_demo_exits_zero_with_the_alert(tmp_path: Path) -> None:
     assert "alert received by the local webhook receiver (signature verified" in output
     assert "acceptance_drop" in output and "'workload': 'extract'" in output
     assert "drift findings of the latest run for workload 'extract'" in output
+    # benchmarks/demo_run.py times the demo by its lines: each phase it looks for must be printed.
+    run = Run()
+    for line in output.replace("\r", "\n").splitlines():
+        run.see(line, 0.0)
+    assert set(run.seconds) >= {key for key, _, _ in PHASES if key not in ("convert", "quantize")}
+
+
+def test_a_finding_without_a_p_value_prints() -> None:
+    # The net-loss estimate decides without a p-value; the summary printed '{None:.2g}' and crashed.
+    estimate = DriftResult("net_loss", "speedup", 40, 30, None, None, 0.87, (0.8, 0.95), "drift", note="estimate")
+    assert finding_line(estimate) == (
+        "  net_loss/speedup: effect +0.870 (95% CI [+0.800, +0.950]), p=n/a, q=n/a, n_ref=40, n_cur=30 — estimate"
+    )
