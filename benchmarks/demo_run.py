@@ -165,8 +165,8 @@ def report(run: Run, requests: dict[str, int], new_entries: set[str]) -> str:
             f"Requests stored: {sum(requests.values())} ({mix or 'none'}).",
             "",
             f"Load average (1 min) at start / end: {run.load[0]:.1f} / {run.load[-1]:.1f}, highest "
-            f"{max(run.load):.1f} (sampled every 10 s). Other sessions share this machine's cores; a load above "
-            f"{os.cpu_count()} means the demo got less than the whole CPU, and every phase above ran slower for it.",
+            f"{max(run.load):.1f} (sampled every 10 s). A load above "
+            f"{os.cpu_count()} means the demo shared the CPU with other work, and every phase above ran slower for it.",
         ]
     )
 
