@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 
 from monitor.config import Settings
 from monitor.db.engine import create_engine
+from monitor.db.migrate import current_revision, head_revision
 from monitor.scheduler.jobs import GRID_EPOCH, JOBS, abandon_stale_runs, intervals, run_tick, tick_of
 from monitor.scheduler.lease import Lease
 
@@ -43,6 +44,9 @@ class SchedulerService:
             raise ValueError(f"unknown job(s): {', '.join(sorted(unknown))}")
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self._schema_ready = False
+        self._waiting_said = False
+        self._head = head_revision()
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
             job_defaults={
@@ -83,6 +87,8 @@ class SchedulerService:
             self._beat()
 
     def _beat(self) -> None:
+        if not self._schema_ready and not self._schema_at_head():
+            return
         was_leader = self.lease.epoch is not None
         try:
             leader = self.lease.acquire_or_renew()
@@ -93,6 +99,24 @@ class SchedulerService:
             abandoned = abandon_stale_runs(self.engine, self.holder)
             log.info("scheduler %s leads (epoch %s); %d stale job run(s) abandoned", self.holder, self.lease.epoch,
                      abandoned)  # fmt: skip
+
+    def _schema_at_head(self) -> bool:
+        """Whether the schema is migrated, so that the lease and job tables exist; says once while it waits.
+
+        A sidecar migrates in its API's start-up, after this service started: until then the lease
+        table may be missing, which is not a database failure to warn about.
+        """
+        try:
+            revision = current_revision(self.engine)
+        except Exception as error:  # unreachable: the lease heartbeat's own warning would say the same
+            log.warning("scheduler cannot read the schema revision: %s", type(error).__name__)
+            return False
+        self._schema_ready = revision == self._head
+        if not self._schema_ready and not self._waiting_said:
+            log.info("scheduler %s waits for the schema (at %s, head %s) before it takes the lease", self.holder,
+                     revision or "empty", self._head)  # fmt: skip
+            self._waiting_said = True
+        return self._schema_ready
 
     def _run(self, name: str) -> None:
         if not self.lease.held:

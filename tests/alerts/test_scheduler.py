@@ -3,6 +3,7 @@ PostgreSQL database (one runs jobs, ``kill -9`` of the leader hands over within 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from monitor.drift.run import run_drift
 from monitor.scheduler.jobs import drift_job, run_tick, tick_of
 from monitor.scheduler.lease import Lease, LeaseLostError
 from monitor.scheduler.models import JobRunRow, LeaseRow
+from monitor.scheduler.service import SchedulerService
 from tests.alerts.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +65,27 @@ def _wait(what: str, predicate: object, timeout: float) -> float:
             return time.monotonic() - start
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_on_an_empty_database_the_scheduler_waits_for_the_schema_without_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A sidecar starts its scheduler before its API migrates: the heartbeat warned "no such table".
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    engine = create_engine(url)
+    settings = make_settings(tmp_path, url, DRAFTWATCH_SCHEDULER_HEARTBEAT_S="0.1")
+    caplog.set_level(logging.INFO, logger="monitor.scheduler")
+    service = SchedulerService(settings, engine, jobs=["drift"]).start()
+    try:
+        time.sleep(0.5)  # five heartbeats
+        assert service.lease.epoch is None
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert sum("waits for the schema (at empty" in r.getMessage() for r in caplog.records) == 1
+        upgrade(engine)
+        _wait("the lease", lambda: service.lease.epoch is not None, timeout=5)
+    finally:
+        service.stop()
+        engine.dispose()
 
 
 def test_two_scheduler_processes_one_leader_takeover_after_kill(pg_url: str, tmp_path: Path) -> None:
