@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic.config import JsonDict
 
 from decoder.record import Mode, RequestRecord
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
@@ -65,6 +66,20 @@ class AdapterFields(_Lenient):
     prompt_hash: Annotated[str, Field(max_length=128)] | None = None
 
 
+def _one_of(*alternatives: JsonDict) -> JsonDict:
+    return {"anyOf": list(alternatives)}
+
+
+def _present(name: str) -> JsonDict:
+    return {"required": [name]}
+
+
+# The document states what map_response checks: an id and a model name, from the caller or the stack.
+_IDENTIFIED: Final[JsonDict] = {
+    "allOf": [_one_of(_present("request_id"), _present("id")), _one_of(_present("target_model"), _present("model"))]
+}
+
+
 class _Choice(_Lenient):
     finish_reason: Annotated[str, Field(max_length=64)] | None = None
 
@@ -92,6 +107,8 @@ class VllmUsage(_Lenient):
 class VllmIn(AdapterFields):
     """A vLLM response (chat or completions) with ``metrics`` enabled, plus the draftwatch fields."""
 
+    model_config = ConfigDict(json_schema_extra=_IDENTIFIED)
+
     id: Annotated[str, Field(max_length=128)] | None = None
     model: Annotated[str, Field(max_length=512)] | None = None
     usage: VllmUsage | None = None
@@ -110,6 +127,8 @@ class LlamacppTimings(_Lenient):
 
 class LlamacppIn(AdapterFields):
     """A llama.cpp server response (``/completion`` or its OpenAI-compatible endpoints), plus draftwatch fields."""
+
+    model_config = ConfigDict(json_schema_extra=_IDENTIFIED)
 
     timings: LlamacppTimings
     id: Annotated[str, Field(max_length=128)] | None = None
@@ -138,7 +157,16 @@ class SglangMetaInfo(_Lenient):
 
 
 class SglangIn(AdapterFields):
-    """An SGLang ``/generate`` response (its ``meta_info``), plus draftwatch fields."""
+    """An SGLang ``/generate`` response (its ``meta_info``), plus draftwatch fields; SGLang names no model."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                _one_of(_present("request_id"), {"properties": {"meta_info": _present("id")}}),
+                _present("target_model"),
+            ]
+        }
+    )
 
     meta_info: SglangMetaInfo
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 from fastapi.testclient import TestClient
 
 from monitor.api.adapters import map_response, per_position
@@ -156,3 +159,23 @@ def test_per_position_follows_from_the_histogram() -> None:
     assert per_position([], 4) == []
     assert per_position([0, 0, 0, 5], 3) == [5, 5, 5]
     assert sum(per_position([3, 2, 1], 2)) == 2 * 1 + 1 * 2
+
+
+def test_the_document_requires_an_id_and_a_model_from_the_caller_or_the_stack() -> None:
+    # map_response refuses a response without them; the document marked every one of them optional.
+    document = json.loads((Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())
+
+    def valid(name: str, body: dict[str, Any]) -> bool:
+        schema = {"$ref": f"#/components/schemas/{name}", "components": document["components"]}
+        return bool(jsonschema.Draft202012Validator(schema).is_valid(body))
+
+    for name, extra in (("VllmIn", {}), ("LlamacppIn", {"timings": {}})):
+        body = {"workload": "chat", **extra}
+        assert not valid(name, body) and not valid(name, {**body, "id": "cmpl-1"})
+        assert valid(name, {**body, "id": "cmpl-1", "model": "qwen"})
+        assert valid(name, {**body, "request_id": "r-1", "target_model": "qwen"})
+    sglang = {"workload": "chat", "meta_info": {"id": "abc"}}
+    assert not valid("SglangIn", sglang)  # SGLang names no model: target_model is the caller's
+    assert valid("SglangIn", {**sglang, "target_model": "qwen"})
+    assert not valid("SglangIn", {"workload": "chat", "meta_info": {}, "target_model": "qwen"})
+    assert valid("SglangIn", {"workload": "chat", "meta_info": {}, "target_model": "qwen", "request_id": "r-1"})
