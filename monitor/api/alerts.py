@@ -14,13 +14,13 @@ from pydantic import BaseModel, Field
 
 from monitor.alerts import queries
 from monitor.alerts.silences import create_silence, expire_silence, list_silences
-from monitor.api.auth import require
-from monitor.api.errors import ApiError, Problem, off_calendar, validation_error
+from monitor.api.auth import GuardedRoute, require
+from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, off_calendar, validation_error
 from monitor.api.state import api_state
 
-router = APIRouter(tags=["alerts"])
-read = [Depends(require("read"))]
-admin = [Depends(require("admin"))]
+router = APIRouter(tags=["alerts"], route_class=GuardedRoute)
+reading, administering = require("read"), require("admin")
+read, admin = [Depends(reading)], [Depends(administering)]
 AlertState = Literal["pending", "firing", "resolved", "inactive"]
 # Ids are BIGINT: a larger one is malformed (422), not merely absent, and could not even be looked up.
 MAX_ID: Final = 2**63 - 1
@@ -54,7 +54,7 @@ def _utc(value: datetime, field: str) -> datetime:
         raise off_calendar(("body", field)) from None
 
 
-@router.get("/v1/alerts", dependencies=read, summary="alerts, firing first")
+@router.get("/v1/alerts", dependencies=read, responses=reading.responses, summary="alerts, firing first")
 def get_alerts(
     request: Request,
     state: Annotated[list[AlertState] | None, Query(description="repeatable; default: all")] = None,
@@ -64,7 +64,17 @@ def get_alerts(
     return {"alerts": queries.list_alerts(engine, states=tuple(state or ()), limit=limit)}
 
 
-@router.post("/v1/alerts/{alert_id}/ack", dependencies=admin, summary="acknowledge an alert: no repeats")
+@router.post(
+    "/v1/alerts/{alert_id}/ack",
+    dependencies=admin,
+    responses={
+        **administering.responses,
+        **described(
+            {400: NOT_JSON, 404: "no alert has this id", 409: "the alert is resolved or inactive", 413: BODY_TOO_LARGE}
+        ),
+    },
+    summary="acknowledge an alert: no repeats",
+)
 def ack_alert(request: Request, alert_id: RowId, body: AckIn) -> dict[str, Any]:
     alert = queries.acknowledge(api_state(request).engine, alert_id, body.by, body.comment, datetime.now(UTC))
     if alert is None:
@@ -74,14 +84,25 @@ def ack_alert(request: Request, alert_id: RowId, body: AckIn) -> dict[str, Any]:
     return alert
 
 
-@router.get("/v1/silences", dependencies=admin, summary="silences (active and future; ?expired=true: also ended)")
+@router.get(
+    "/v1/silences",
+    dependencies=admin,
+    responses=administering.responses,
+    summary="silences (active and future; ?expired=true: also ended)",
+)
 def get_silences(request: Request, expired: bool = False) -> dict[str, Any]:
     now = datetime.now(UTC)
     found = list_silences(api_state(request).engine, now, include_expired=expired)
     return {"silences": [s.to_json(now) for s in found]}
 
 
-@router.post("/v1/silences", dependencies=admin, status_code=201, summary="create a silence")
+@router.post(
+    "/v1/silences",
+    dependencies=admin,
+    status_code=201,
+    responses={**administering.responses, **described({400: NOT_JSON, 413: BODY_TOO_LARGE})},
+    summary="create a silence",
+)
 def post_silence(request: Request, body: SilenceIn) -> dict[str, Any]:
     now = datetime.now(UTC)
     starts = _utc(body.starts_at, "starts_at") if body.starts_at else now
@@ -101,14 +122,24 @@ def post_silence(request: Request, body: SilenceIn) -> dict[str, Any]:
     return silence.to_json(now)
 
 
-@router.delete("/v1/silences/{silence_id}", dependencies=admin, summary="end a silence now")
+@router.delete(
+    "/v1/silences/{silence_id}",
+    dependencies=admin,
+    responses={**administering.responses, **described({404: "no active or future silence has this id"})},
+    summary="end a silence now",
+)
 def delete_silence(request: Request, silence_id: RowId) -> dict[str, Any]:
     if not expire_silence(api_state(request).engine, silence_id, datetime.now(UTC)):
         raise ApiError(404, "not_found", f"no active or future silence {silence_id}")
     return {"id": silence_id, "expired": True}
 
 
-@router.get("/v1/notifications", dependencies=read, summary="webhook outbox; status=dead lists dead letters")
+@router.get(
+    "/v1/notifications",
+    dependencies=read,
+    responses=reading.responses,
+    summary="webhook outbox; status=dead lists dead letters",
+)
 def get_notifications(
     request: Request,
     status: Literal["pending", "delivered", "dead"] | None = None,
@@ -117,7 +148,9 @@ def get_notifications(
     return {"notifications": queries.list_notifications(api_state(request).engine, status=status, limit=limit)}
 
 
-@router.get("/v1/jobs", dependencies=read, summary="scheduler job history and the leader lease")
+@router.get(
+    "/v1/jobs", dependencies=read, responses=reading.responses, summary="scheduler job history and the leader lease"
+)
 def get_jobs(
     request: Request, job: str | None = None, limit: Annotated[int, Query(ge=1, le=5000)] = 100
 ) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from sqlalchemy.engine import Engine
@@ -26,7 +27,7 @@ from sqlalchemy.engine import Engine
 from decoder.speculative import SpeculativeDecoder
 from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, reads
 from monitor.api.adapters import MODELS
-from monitor.api.auth import TokenSet
+from monitor.api.auth import TokenSet, require
 from monitor.api.controller_state import STATE_FILE
 from monitor.api.decoding import DecodeWorker
 from monitor.api.events import EventBatchIn, EventIn
@@ -96,11 +97,17 @@ def create_app(
             if engine is None:
                 eng.dispose()
 
+    # With tokens, only the probes answer without one: the API's description needs the read scope,
+    # and the browser pages, which cannot send a token, are not served (docs/openapi.json is the same).
+    open_docs = not tokens.enabled
     app = FastAPI(
         title="draftwatch sidecar API",
         version=_version(),
         summary="Ingest per-request speculative-decoding records, decode behind HTTP, expose metrics.",
         lifespan=lifespan,
+        openapi_url="/openapi.json" if open_docs else None,
+        docs_url="/docs" if open_docs else None,
+        redoc_url="/redoc" if open_docs else None,
     )
     errors.install(app)
     app.add_middleware(
@@ -111,6 +118,8 @@ def create_app(
     for module in (ingest, generate, openai_chat, reads, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)
+    if not open_docs:
+        _guarded_openapi(app)
     return app
 
 
@@ -183,6 +192,12 @@ def _document_bodies(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _guarded_openapi(app: FastAPI) -> None:
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require("read"))])
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
 
 def openapi_document(app: FastAPI) -> str:

@@ -11,17 +11,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Final
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Annotated, Any, Final
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
-from monitor.api.errors import ApiError
+from monitor.api.errors import ApiError, described
 from monitor.config import ApiToken
 
 SCOPES: Final = ("ingest", "read", "admin")
 _CHALLENGE: Final = {"WWW-Authenticate": 'Bearer realm="draftwatch"'}
+_CHECKED: Final = "draftwatch.checked_scopes"  # in the ASGI scope: the guards this request has passed
 
 # Documents the scheme in the OpenAPI document; auto_error off so that the error body is ours.
 bearer = HTTPBearer(auto_error=False, description="a token from DRAFTWATCH_API_TOKENS")
@@ -51,26 +54,66 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
-def require(scope: str) -> Callable[[Request, HTTPAuthorizationCredentials | None], Awaitable[None]]:
-    """A dependency that lets a request through with a token of ``scope`` (or ``admin``)."""
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}")
+class Guard:
+    """The dependency that lets a request through with a token of ``scope`` (or ``admin``).
 
-    async def check(
-        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    :class:`GuardedRoute` runs it before the body is read, so a request without a valid token gets
+    401 or 403 whatever its body holds, malformed JSON included; as a dependency it also documents
+    the bearer scheme in the OpenAPI document, and guards a route of any other class.
+    """
+
+    def __init__(self, scope: str) -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"unknown scope {scope!r}")
+        self.scope = scope
+
+    async def __call__(
+        self, request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
     ) -> None:
-        tokens: TokenSet = request.app.state.api.tokens
-        if not tokens.enabled:
-            return
-        if credentials is None:
-            raise ApiError(401, "missing_token", "send the header Authorization: Bearer <token>", headers=_CHALLENGE)
-        granted = tokens.scopes_of(credentials.credentials)
-        if not granted:
-            raise ApiError(401, "invalid_token", "the bearer token is not valid", headers=_CHALLENGE)
-        if scope not in granted and "admin" not in granted:
-            raise ApiError(403, "insufficient_scope", f"this token lacks the {scope!r} scope this endpoint needs")
+        if self.scope not in request.scope.get(_CHECKED, ()):
+            self.check(request, None if credentials is None else credentials.credentials)
 
-    return check
+    def check(self, request: Request, presented: str | None) -> None:
+        tokens: TokenSet = request.app.state.api.tokens
+        if tokens.enabled:
+            if presented is None:
+                raise ApiError(401, "missing_token", "send the header Authorization: Bearer <token>",
+                               headers=_CHALLENGE)  # fmt: skip
+            granted = tokens.scopes_of(presented)
+            if not granted:
+                raise ApiError(401, "invalid_token", "the bearer token is not valid", headers=_CHALLENGE)
+            if self.scope not in granted and "admin" not in granted:
+                raise ApiError(
+                    403, "insufficient_scope", f"this token lacks the {self.scope!r} scope this endpoint needs"
+                )
+        request.scope.setdefault(_CHECKED, set()).add(self.scope)
+
+    @property
+    def responses(self) -> dict[int | str, dict[str, Any]]:
+        """The statuses this guard answers, for a route's OpenAPI ``responses``."""
+        return described({401: "no or unknown bearer token", 403: f"the token lacks the {self.scope} scope"})
+
+
+def require(scope: str) -> Guard:
+    """The guard of ``scope``: ``Depends(require("read"))`` on a route or router."""
+    return Guard(scope)
+
+
+class GuardedRoute(APIRoute):
+    """A route whose guards run before FastAPI reads and validates the body (which it does before dependencies)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        guards = [d.dependency for d in self.dependencies if isinstance(d.dependency, Guard)]
+
+        async def guarded(request: Request) -> Response:
+            scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+            presented = token if scheme.lower() == "bearer" and token else None  # as HTTPBearer reads it
+            for guard in guards:
+                guard.check(request, presented)
+            return await handler(request)
+
+        return guarded if guards else handler
 
 
 def check_bind(host: str, tokens_configured: bool) -> str | None:

@@ -6,15 +6,18 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from monitor.api.auth import require
+from monitor.api.auth import GuardedRoute, require
 from monitor.api.state import api_state
 from monitor.drift.queries import latest_results, latest_run
 
-router = APIRouter(tags=["drift"])
+router = APIRouter(tags=["drift"], route_class=GuardedRoute)
+guard = require("read")
 Decision = Literal["drift", "no_drift", "insufficient_data"]
 
 
-@router.get("/v1/drift", dependencies=[Depends(require("read"))], summary="drift results of the latest run")
+@router.get(
+    "/v1/drift", dependencies=[Depends(guard)], responses=guard.responses, summary="drift results of the latest run"
+)
 def get_drift(
     request: Request,
     run_id: Annotated[str | None, Query(max_length=64, description="default: the newest run")] = None,

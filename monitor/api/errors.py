@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +23,8 @@ from monitor.log_safe import traceback_text
 log = logging.getLogger(__name__)
 
 Loc = tuple[str | int, ...]
+BODY_TOO_LARGE: Final = "the body exceeds api.max_body_bytes"
+NOT_JSON: Final = "the body is not JSON text (or not UTF-8)"
 
 
 class Problem(BaseModel):
@@ -63,6 +65,11 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         body = ErrorBody(error=self.code, message=self.message, detail=self.detail)
         return JSONResponse(body.model_dump(exclude_none=True), status_code=self.status, headers=self.headers)
+
+
+def described(meanings: Mapping[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for error statuses: each with the error body and what it means on that route."""
+    return {status: {"model": ErrorBody, "description": meaning} for status, meaning in meanings.items()}
 
 
 def validation_error(problems: Sequence[Problem], what: str = "request") -> ApiError:

@@ -12,13 +12,14 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from decoder.record import RequestRecord
-from monitor.api.auth import require
+from monitor.api.auth import GuardedRoute, require
 from monitor.api.decoding import DecodeWorker, Job, QueueFullError
-from monitor.api.errors import ApiError, ErrorBody, Problem, validation_error
+from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, validation_error
 from monitor.api.events import Workload
 from monitor.api.state import api_state
 
-router = APIRouter(tags=["decode"], dependencies=[Depends(require("ingest"))])
+guard = require("ingest")
+router = APIRouter(tags=["decode"], dependencies=[Depends(guard)], responses=guard.responses, route_class=GuardedRoute)
 
 MAX_PROMPT_CHARS = 200_000
 MAX_NEW_TOKENS = 4096
@@ -61,12 +62,14 @@ class GenerateOut(BaseModel):
     tokens_per_second: float | None
 
 
-DECODE_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "no or unknown bearer token"},
-    403: {"model": ErrorBody, "description": "the token lacks the ingest scope"},
-    422: {"model": ErrorBody, "description": "invalid request (or the prompt does not fit the model's context)"},
-    503: {"model": ErrorBody, "description": "the decode queue is full (Retry-After) or no decoder is loaded"},
-}
+DECODE_ERRORS = described(
+    {
+        400: NOT_JSON,
+        413: BODY_TOO_LARGE,
+        422: "invalid request (or the prompt does not fit the model's context)",
+        503: "the decode queue is full (Retry-After) or no decoder is loaded",
+    }
+)
 
 
 def worker_of(request: Request) -> DecodeWorker:

@@ -18,15 +18,16 @@ from pydantic import BaseModel
 
 from decoder.record import RecordError
 from monitor.api.adapters import MODELS, STACKS, Stack, parse_adapter_events
-from monitor.api.auth import require
-from monitor.api.errors import ApiError, ErrorBody, Problem, validation_error
+from monitor.api.auth import GuardedRoute, require
+from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, validation_error
 from monitor.api.events import EventBatchIn, EventIn, loads, parse_body
 from monitor.api.state import ApiState, api_state
 from monitor.recorder import RecorderClosedError
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["ingest"], dependencies=[Depends(require("ingest"))])
+guard = require("ingest")
+router = APIRouter(tags=["ingest"], dependencies=[Depends(guard)], responses=guard.responses, route_class=GuardedRoute)
 
 
 class IngestResult(BaseModel):
@@ -38,14 +39,14 @@ class IngestResult(BaseModel):
     spooled: int
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "the body is not JSON"},
-    401: {"model": ErrorBody, "description": "no or unknown bearer token"},
-    403: {"model": ErrorBody, "description": "the token lacks the ingest scope"},
-    413: {"model": ErrorBody, "description": "the body exceeds api.max_body_bytes"},
-    422: {"model": ErrorBody, "description": "field-level problems; nothing of the batch was stored"},
-    503: {"model": ErrorBody, "description": "the server is shutting down"},
-}
+ERRORS = described(
+    {
+        400: NOT_JSON,
+        413: BODY_TOO_LARGE,
+        422: "field-level problems; nothing of the batch was stored",
+        503: "the server is shutting down",
+    }
+)
 
 
 def _body_schema(*models: type[BaseModel]) -> dict[str, Any]:

@@ -22,14 +22,23 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from decoder.record import RequestRecord, validate_workload
-from monitor.api.auth import require
+from monitor.api.auth import GuardedRoute
 from monitor.api.decoding import Job, stop_list
 from monitor.api.errors import ApiError, Problem, validation_error
-from monitor.api.generate import DECODE_ERRORS, MAX_NEW_TOKENS, Message, decoder_error, derived, submit, worker_of
+from monitor.api.generate import (
+    DECODE_ERRORS,
+    MAX_NEW_TOKENS,
+    Message,
+    decoder_error,
+    derived,
+    guard,
+    submit,
+    worker_of,
+)
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["decode"], dependencies=[Depends(require("ingest"))])
+router = APIRouter(tags=["decode"], dependencies=[Depends(guard)], responses=guard.responses, route_class=GuardedRoute)
 
 
 class StreamOptions(BaseModel):

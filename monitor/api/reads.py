@@ -15,14 +15,15 @@ from sqlalchemy import text
 
 from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor import queries
-from monitor.api.auth import require
-from monitor.api.errors import ErrorBody, Problem, off_calendar, validation_error
+from monitor.api.auth import GuardedRoute, require
+from monitor.api.errors import Problem, described, off_calendar, validation_error
 from monitor.api.state import ApiState, api_state
 from monitor.db.migrate import current_revision
 from monitor.db.rollups import minute_after, minute_of
 
-router = APIRouter(tags=["read"])
-read = [Depends(require("read"))]
+router = APIRouter(tags=["read"], route_class=GuardedRoute)
+guard = require("read")
+read = [Depends(guard)]
 
 DEFAULT_RANGE: Final = timedelta(hours=1)
 MAX_POINTS: Final = 10_000
@@ -45,11 +46,7 @@ SeriesMetric = Literal[
     "tokens_per_second",
 ]
 _STEP: Final = re.compile(r"^(\d{1,6})([mhd]?)$")
-READ_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "no or unknown bearer token"},
-    403: {"model": ErrorBody, "description": "the token lacks the read scope"},
-    422: {"model": ErrorBody, "description": "invalid query parameters"},
-}
+READ_ERRORS = {**guard.responses, **described({422: "invalid query parameters"})}
 
 
 def _range(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:

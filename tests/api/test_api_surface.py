@@ -154,3 +154,42 @@ def test_openapi_document_is_committed_and_current(tmp_path: Path, sqlite_url: s
     assert committed == current, "docs/openapi.json is stale: run `python -m monitor.api.openapi > docs/openapi.json`"
     paths = json.loads(committed)["paths"]
     assert {"/v1/events", "/v1/events/vllm", "/v1/chat/completions", "/metrics", "/readyz"} <= set(paths)
+
+
+def test_every_guarded_operation_declares_401_and_403() -> None:
+    document = json.loads((ROOT / "docs" / "openapi.json").read_text())
+    guarded = [(method, path, op) for path, ops in document["paths"].items() for method, op in ops.items()
+               if op.get("security")]  # fmt: skip
+    assert len(guarded) == 17  # every operation but the two probes
+    for method, path, op in guarded:
+        assert {"401", "403"} <= set(op["responses"]), f"{method.upper()} {path}"
+    ack = document["paths"]["/v1/alerts/{alert_id}/ack"]["post"]["responses"]
+    assert {"404", "409", "413"} <= set(ack)
+    assert "404" in document["paths"]["/v1/silences/{silence_id}"]["delete"]["responses"]
+
+
+def test_the_token_is_checked_before_the_body_is_read(client: TestClient) -> None:
+    # FastAPI parses a JSON body before it runs dependencies: malformed JSON without a token was a 422.
+    as_json = {"Content-Type": "application/json"}
+    lacking = {"/v1/silences": READ, "/v1/alerts/1/ack": INGEST, "/v1/generate": READ, "/v1/chat/completions": READ,
+               "/v1/events": READ}  # fmt: skip
+    for path, token in lacking.items():
+        answer = client.post(path, content=b"{not json", headers=as_json)
+        assert (answer.status_code, answer.json()["error"]) == (401, "missing_token"), path
+        answer = client.post(path, content=b"{not json", headers={**auth(token), **as_json})
+        assert (answer.status_code, answer.json()["error"]) == (403, "insufficient_scope"), path
+    answer = client.post("/v1/silences", content=b"{not json", headers={**auth(ADMIN), **as_json})
+    assert answer.status_code == 422  # with the token, the body's fault is reported
+
+
+def test_with_tokens_only_the_probes_answer_without_one(client: TestClient, tmp_path: Path, sqlite_url: str) -> None:
+    assert client.get("/openapi.json").status_code == 401
+    assert client.get("/openapi.json", headers=auth(INGEST)).status_code == 403
+    assert client.get("/openapi.json", headers=auth(READ)).json()["info"]["title"] == "draftwatch sidecar API"
+    for page in ("/docs", "/redoc"):
+        assert client.get(page).status_code == 404
+    assert client.get("/readyz").status_code == 200
+    # Without tokens (loopback only) the pages are served for a person at the machine.
+    with TestClient(create_app(make_settings(tmp_path, sqlite_url).replace(api_tokens=()))) as open_client:
+        assert open_client.get("/docs").status_code == 200
+        assert open_client.get("/openapi.json").status_code == 200
