@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

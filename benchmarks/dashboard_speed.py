@@ -29,12 +29,12 @@ if __package__ in (None, ""):
 from sqlalchemy import func, select
 
 from decoder.record import Mode
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
-from monitor.db.models import RequestRow
-from monitor.db.writer import write_batch
 from monitor.drift.run import run_drift
-from monitor.synthetic import synthetic_record
+from monitor.ingest.synthetic import synthetic_record
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
+from monitor.store.models import RequestRow
+from monitor.store.writer import write_batch
 
 TITLE = "Dashboard (benchmarks/dashboard_speed.py)"
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"

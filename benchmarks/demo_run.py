@@ -71,7 +71,7 @@ def prepared_entries() -> set[str]:
 def run_demo(workdir: Path, timeout_s: float) -> Run:
     """Run ``draftwatch demo --exit``, passing its output through and timing its phases."""
     run = Run(load=[os.getloadavg()[0]])
-    command = [sys.executable, "-m", "monitor.cli", "demo", "--exit", "--dir", str(workdir)]
+    command = [sys.executable, "-m", "monitor.commands", "demo", "--exit", "--dir", str(workdir)]
     # Unbuffered, so that each line reaches us (and its timestamp) when the demo writes it.
     environ = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
 from monitor.drift.config import DriftConfig
 from monitor.drift.run import run_drift
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
 
 START = datetime(2026, 3, 1, tzinfo=UTC)
 HEADER = "| database | windows | cache | run time (CPU of this process, load avg) | results | sampled (acceptance) |"

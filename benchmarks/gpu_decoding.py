@@ -1,10 +1,10 @@
 """Decoding on an accelerator: is a verification pass row-stable there, and what does each weight format cost?
 
 Greedy speculative decoding is lossless only if the target's logits for a token do not depend on how
-many tokens share its forward pass (decoder/row_stable.py, decoder/attention.py). On a CPU that had
+many tokens share its forward pass (decoder/cpu/row_stable.py, decoder/cpu/attention.py). On a CPU that had
 to be built; this benchmark checks it on CUDA, where cuBLAS also picks its kernels by shape, and
 measures the plain decoding speed of each weight format there, which is how the CUDA default of
-decoder/quantized_store.py is chosen.
+decoder/cpu/quantized_store.py is chosen.
 
 No model files are needed: the models are random, built from the presets' own architectures
 (Qwen2.5-1.5B's for speed, a smaller one of the same family for the exactness runs), so the
@@ -48,11 +48,11 @@ from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwe
 
 from benchmarks.results import write_section
 from decoder import ModelDrafter, SpeculativeDecoder
-from decoder.attention import register
+from decoder.cpu.attention import register
+from decoder.cpu.quantize import QUANTIZATIONS, Int4Linear, Int8Linear, Quantization, quantize_model
+from decoder.cpu.quantized_store import kernel_works
+from decoder.cpu.row_stable import RowStableLinear, make_row_stable, row_stable_passes
 from decoder.loading import LoadedModel
-from decoder.quantize import QUANTIZATIONS, Int4Linear, Int8Linear, Quantization, quantize_model
-from decoder.quantized_store import kernel_works
-from decoder.row_stable import RowStableLinear, make_row_stable, row_stable_passes
 
 QWEN_1_5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
              "num_key_value_heads": 2, "vocab_size": 151936}  # fmt: skip

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from monitor.synthetic import synthetic_record
+from monitor.ingest.synthetic import synthetic_record
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-ingest-token-0123456789"
@@ -75,7 +75,7 @@ def serve(port: int, database_url: str, data_dir: Path) -> subprocess.Popen[byte
         "DRAFTWATCH_API_TOKENS": f"ingest:{TOKEN}",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", "serve", "--port", str(port), "--no-scheduler"], env=env, cwd=ROOT
+        [sys.executable, "-m", "monitor.commands", "serve", "--port", str(port), "--no-scheduler"], env=env, cwd=ROOT
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

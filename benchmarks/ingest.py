@@ -32,11 +32,11 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
-from monitor.db.models import RequestRow, RollupMinuteRow
-from monitor.recorder import Recorder
-from monitor.synthetic import synthetic_record
+from monitor.ingest.recorder import Recorder
+from monitor.ingest.synthetic import synthetic_record
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
+from monitor.store.models import RequestRow, RollupMinuteRow
 
 TITLE = "Ingest (benchmarks/ingest.py)"
 STEADY_COUNT = 5000

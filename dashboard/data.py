@@ -17,13 +17,14 @@ from typing import Final
 import streamlit as st
 from sqlalchemy.engine import Engine
 
-from monitor import dashboard_alerts, queries
-from monitor import dashboard_queries as dq
+from monitor.alerts import queries as alert_queries
 from monitor.alerts.silences import Silence, list_silences
 from monitor.config import Settings, default_config_file
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
 from monitor.drift import queries as drift_queries
+from monitor.store import dashboard_queries as dq
+from monitor.store import queries
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +132,13 @@ def drift_history(
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def alerts(url: str, states: tuple[str, ...] = dashboard_alerts.SHOWN_STATES) -> list[dashboard_alerts.AlertItem]:
-    return dashboard_alerts.list_alerts(engine(url), states)
+def alerts(url: str, states: tuple[str, ...] = alert_queries.SHOWN_STATES) -> list[alert_queries.AlertItem]:
+    return alert_queries.list_alerts(engine(url), states)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def notifications(url: str, statuses: tuple[str, ...] | None = None) -> list[dashboard_alerts.NotificationItem]:
-    return dashboard_alerts.list_notifications(engine(url), statuses)
+def notifications(url: str, statuses: tuple[str, ...] | None = None) -> list[alert_queries.NotificationItem]:
+    return alert_queries.list_notifications(engine(url), statuses)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

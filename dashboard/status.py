@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from monitor.dashboard_queries import CurrentSetting, SpeedupInputs
 from monitor.drift.queries import StoredResult
-from monitor.query_types import WorkloadSummary
+from monitor.store.dashboard_queries import CurrentSetting, SpeedupInputs
+from monitor.store.types import WorkloadSummary
 
 # Matches the drift tests' default minimum sample (drift.min_requests): below it nothing is concluded.
 MIN_REQUESTS: Final = 30

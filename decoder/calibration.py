@@ -24,9 +24,9 @@ import torch
 from tqdm.auto import trange
 
 from decoder.controller import Observation
+from decoder.cpu.row_stable import row_stable_passes
 from decoder.drafters.base import Drafter
 from decoder.loading import LoadedModel
-from decoder.row_stable import row_stable_passes
 from decoder.sampling import SamplingParams
 from decoder.target_pass import target_logits
 

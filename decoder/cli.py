@@ -1,4 +1,8 @@
-"""Sub-commands of the decoder: ``draftwatch models ...`` and ``draftwatch generate``."""
+"""Sub-commands of the decoder: ``draftwatch models ...`` and ``draftwatch generate``.
+
+Registering them imports no torch: the model code loads when a command decodes, so ``--help`` and
+the sidecar's other commands start fast and run on the base install.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,15 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from decoder.drafters import Drafter, ModelDrafter, NgramDrafter
+from decoder.extras import EXIT_MISSING, missing
 from decoder.fetch import FetchError, fetch_preset, is_fetched, preset_path, remove_preset
-from decoder.loading import ModelLoadError, check_pair, load_model
 from decoder.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from decoder.record import RecordError, RequestRecord
-from decoder.speculative import SpeculativeDecoder
+
+if TYPE_CHECKING:
+    from decoder.speculative import SpeculativeDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +80,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool = False) -> SpeculativeDecoder:
-    """Load the target and drafter that ``args`` name; raises ModelLoadError / FetchError on bad input."""
+    """Load the target and drafter that ``args`` name; raises ModelLoadError / FetchError on bad input.
+
+    Needs the decoder extra: a caller checks ``missing("decoder")`` first.
+    """
+    from decoder.drafters import Drafter, ModelDrafter, NgramDrafter
+    from decoder.loading import check_pair, load_model
+    from decoder.speculative import SpeculativeDecoder
+
     quantize = getattr(args, "quantize", None)
     target = load_model(args.target, progress=progress, quantize=quantize)
     drafter: Drafter
@@ -140,6 +152,12 @@ def _models_fetch(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    absent = missing("decoder")
+    if absent is not None:
+        print(f"draftwatch generate: {absent}", file=sys.stderr)
+        return EXIT_MISSING
+    from decoder.loading import ModelLoadError
+
     try:
         decoder = build_decoder(args, plain=args.plain)
         result = decoder.generate(

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from decoder.cpu.row_stable import BLOCK_ROWS
 from decoder.fetch import cache_dir, fetch_preset, get_preset
 from decoder.presets import PRESETS
-from decoder.row_stable import BLOCK_ROWS
 
 if TYPE_CHECKING:
-    from decoder.quantize import Quantization
+    from decoder.cpu.quantize import Quantization
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class LoadedModel:
     @property
     def num_parameters(self) -> int:
         """Weights the model computes with, counting a quantized layer's as its float shape."""
-        from decoder.quantize import QuantizedLinear
+        from decoder.cpu.quantize import QuantizedLinear
 
         modules = self.model.modules()
         quantized = sum(m.in_features * m.out_features for m in modules if isinstance(m, QuantizedLinear))
@@ -104,7 +104,7 @@ def _measured_cpu_dtype() -> torch.dtype:
     """Time a decode pass's matmul in both dtypes, once per CPU.
 
     The shape is the one float decode passes run: BLOCK_ROWS rows (row-stable padding, see
-    decoder/row_stable.py) against an 8960x1536 weight. One row would mislead: without AVX-512
+    decoder/cpu/row_stable.py) against an 8960x1536 weight. One row would mislead: without AVX-512
     BF16, bfloat16 won at one row (1.8 against 3.5 ms) and lost at eight (13.9 against 12.3 ms).
     """
     key = (
@@ -149,18 +149,18 @@ def load_model(
     ``progress`` shows progress bars on stderr for fetching and quantizing (the GGUF conversion
     shows transformers' own).
 
-    ``quantize`` is ``"none"``, ``"int8"`` or ``"int4"`` (weight-only, see decoder/quantize.py);
+    ``quantize`` is ``"none"``, ``"int8"`` or ``"int4"`` (weight-only, see decoder/cpu/quantize.py);
     the default is measured per device (``$DRAFTWATCH_QUANTIZE`` overrides it). A quantized model
     carries ``+int4`` / ``+int8`` in its version, so the monitor sees a quantization change as a
     model change. Where the kernel does not work on the device, an explicit request fails and the
     default falls back to float weights.
 
-    ``attn_implementation`` defaults to decoder/attention.py's row-wise eager attention on every
+    ``attn_implementation`` defaults to decoder/cpu/attention.py's row-wise eager attention on every
     device: fused attention (PyTorch's CPU kernel, SDPA on CUDA) and eager attention over a block
     of rows round a row differently depending on how many query rows share the pass, so in
     bfloat16 a verification pass over several tokens could disagree with one-token passes and
     break greedy equivalence (measured on CUDA too: benchmarks/gpu_decoding.py). Float weights on
-    a CPU also get decoder/row_stable.py's padded linear layers for the same reason; cuBLAS gave
+    a CPU also get decoder/cpu/row_stable.py's padded linear layers for the same reason; cuBLAS gave
     identical rows for passes of 1 to 9 rows, so CUDA needs no padding.
     """
     if not spec or not spec.strip():
@@ -170,32 +170,32 @@ def load_model(
     mode = _quantization(quantize, device, dtype)
     loaded = _load(spec, device, dtype, progress)
     if attn_implementation is None:
-        from decoder.attention import register
+        from decoder.cpu.attention import register
 
         attn_implementation = register()
     loaded.model.set_attn_implementation(attn_implementation)
     if mode != "none":
-        from decoder.quantized_store import quantize_loaded
+        from decoder.cpu.quantized_store import quantize_loaded
 
         quantize_loaded(loaded.model, loaded.version, mode, device, progress=progress)
         loaded.quantization = mode
         loaded.version = f"{loaded.version or 'unversioned'}+{mode}"
     elif device.type == "cpu":
-        from decoder.row_stable import make_row_stable
+        from decoder.cpu.row_stable import make_row_stable
 
         make_row_stable(loaded.model)  # float GEMMs on a CPU round a row by how many share the pass
-    from decoder.kernels import kernels_for
+    from decoder.cpu.kernels import kernels_for
 
     kernels = kernels_for(device)
     if kernels is not None:
-        from decoder.fused_norms import fuse_norms
+        from decoder.cpu.fused_norms import fuse_norms
 
         fuse_norms(loaded.model, kernels)
     return loaded
 
 
 def _quantization(requested: str | None, device: torch.device, dtype: torch.dtype) -> Quantization:
-    from decoder.quantized_store import choose_quantization, kernel_works, parse_quantization
+    from decoder.cpu.quantized_store import choose_quantization, kernel_works, parse_quantization
 
     try:
         mode = choose_quantization(device) if requested is None else parse_quantization(requested)

@@ -27,10 +27,10 @@ import torch
 from decoder.accounting import RequestStats
 from decoder.calibration import CALIBRATION_ROUNDS, measure_pair_costs
 from decoder.controller import Observation, Plan, SpeculationController
+from decoder.cpu.row_stable import row_stable_passes
 from decoder.drafters.base import Drafter
 from decoder.loading import LoadedModel
 from decoder.record import Mode, RequestRecord, validate_workload
-from decoder.row_stable import row_stable_passes
 from decoder.sampling import SamplingParams, choose
 from decoder.stopping import Stopper, eos_token_ids
 from decoder.target_pass import target_logits

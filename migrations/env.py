@@ -1,6 +1,6 @@
-"""Alembic environment for draftwatch; driven from monitor.db.migrate, which passes the connection.
+"""Alembic environment for draftwatch; driven from monitor.store.migrate, which passes the connection.
 
-Run through ``draftwatch db upgrade`` (or :func:`monitor.db.migrate.upgrade`), never bare ``alembic``:
+Run through ``draftwatch db upgrade`` (or :func:`monitor.store.migrate.upgrade`), never bare ``alembic``:
 the caller opens the connection (holding the PostgreSQL advisory lock) and hands it over in
 ``config.attributes["connection"]``.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from monitor.db.engine import create_engine
-from monitor.db.models import Base
+from monitor.store.engine import create_engine
+from monitor.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -29,7 +29,7 @@ from typing import Any, Final, NamedTuple
 
 from decoder.holdout import HoldoutPolicy
 from monitor.alerts.rules import DEFAULT_RULES, Rule, parse_rules
-from monitor.webhooks.receivers import WebhookReceiver, parse_hosts, parse_webhooks
+from monitor.notify.receivers import WebhookReceiver, parse_hosts, parse_webhooks
 
 FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
 DEFAULT_CONFIG_FILE: Final = "draftwatch.toml"

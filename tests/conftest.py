@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy.engine import Engine
 
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
 from tests.pg import PG_URL, create_pg_database, drop_pg_database
 
 

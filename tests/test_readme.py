@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cli import build_parser
-from monitor.settings_doc import settings_table
+from monitor.commands.main import build_parser
+from monitor.commands.settings_doc import settings_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -18,7 +18,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_settings_table_lists_every_setting() -> None:
     text = README.read_text()
     embedded = text.split("<!-- settings:start -->\n", 1)[1].split("\n<!-- settings:end -->", 1)[0]
-    assert embedded.strip() == settings_table(), "regenerate it with: python -m monitor.settings_doc"
+    assert embedded.strip() == settings_table(), "regenerate it with: python -m monitor.commands.settings_doc"
 
 
 def shown_commands() -> list[list[str]]:
@@ -82,7 +82,7 @@ def test_controller_paragraph_quotes_the_code() -> None:
 def test_version_is_the_installed_package(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 
-    from monitor.cli import main
+    from monitor.commands.main import main
 
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

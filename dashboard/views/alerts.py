@@ -9,9 +9,8 @@ import streamlit as st
 
 from dashboard import auth, components, data
 from dashboard.components import Filters
-from monitor.alerts.queries import acknowledge
+from monitor.alerts.queries import AlertItem, acknowledge
 from monitor.alerts.silences import create_silence, expire_silence
-from monitor.dashboard_alerts import AlertItem
 
 st.title("Alerts")
 STATE_LABEL = {"firing": "🔴 firing", "pending": "🟠 pending", "resolved": "🟢 resolved"}
@@ -56,7 +55,7 @@ def _ack_form(f: Filters, alerts: list[AlertItem]) -> None:
             else:
                 done = acknowledge(data.engine(f.url), int(chosen), who.strip(), comment.strip(), datetime.now(UTC))
                 data.clear()
-                if done is not None and done["acknowledged"]:
+                if done is not None and done.acknowledged:
                     st.success("Acknowledged.")
                 else:
                     st.warning("That alert changed meanwhile (resolved or gone).")
@@ -135,7 +134,7 @@ def _deliveries(f: Filters) -> None:
                 "Format": n.format,
                 "Status": n.status,
                 "Attempts": n.attempts,
-                "Alerts": n.alerts,
+                "Alerts": len(n.alerts),
                 "Last HTTP status": n.last_status,
                 "Last error": n.last_error or "",
                 "Delivered": _when(n.delivered_at),

@@ -10,8 +10,7 @@ import streamlit as st
 from dashboard import charts, components, data
 from dashboard.components import Filters
 from dashboard.status import MIN_REQUESTS
-from monitor.dashboard_queries import PairSummary
-from monitor.drift.sampling import pair_label
+from monitor.store.dashboard_queries import PairSummary
 
 st.title("Pairs")
 st.caption("Drafters and target/draft pairs side by side per workload, for choosing a pairing.")
@@ -52,7 +51,7 @@ def rows_of(f: Filters, found: list[PairSummary]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "Workload": s.workload,
-                "Pair": pair_label(s.pair),
+                "Pair": s.pair.label,
                 "Drafter": s.pair.drafter,
                 "Requests": s.sums.n_requests,
                 "Acceptance": s.sums.acceptance_rate_tokens,

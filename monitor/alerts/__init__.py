@@ -1,7 +1,8 @@
 """Alerts: rules over drift results and health signals, a state machine per fingerprint, silences,
-acknowledgement, grouping, and the transactional outbox the webhook worker delivers from.
+acknowledgement and grouping; what an evaluation notifies goes into :mod:`monitor.notify`'s outbox.
 
-Entry points: :func:`monitor.alerts.state.evaluate_alerts` (after a drift run),
-:func:`monitor.alerts.health.evaluate_health` (scheduler health, recorder spool, dead letters) and
-:mod:`monitor.alerts.queries` (list, acknowledge, silences). ``docs/alerts.md`` explains the rules.
+Entry points: :func:`monitor.alerts.evaluate.evaluate_alerts` (after a drift run) and
+:mod:`monitor.alerts.queries` (list, acknowledge); the scheduler's health checks
+(:mod:`monitor.scheduler.health`) evaluate their signals through the same rules.
+``docs/alerts.md`` explains the rules.
 """

@@ -2,7 +2,7 @@
 
 :func:`evaluate_alerts` takes the results of a drift run (any objects with ``test``, ``workload``,
 ``pair``, ``metric``, ``decision`` and ``effect`` attributes: :class:`monitor.drift.result.DriftResult`,
-stored rows, or wrappers with a ``result``), :func:`monitor.alerts.health.evaluate_health` takes
+stored rows, or wrappers with a ``result``), :func:`monitor.scheduler.health.evaluate_health` takes
 health signals; both end in :func:`evaluate_signals`. Evaluations are serialised (a transaction-level
 advisory lock on PostgreSQL, an immediate write lock on SQLite) so that a CLI run and the scheduler
 never double-insert an alert, and a ``fence`` callback (the scheduler's lease check) runs just before
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -23,17 +23,17 @@ from sqlalchemy import insert, select, text, update
 from sqlalchemy.engine import Connection, Engine
 
 from monitor.alerts.models import AlertRow
-from monitor.alerts.outbox import write_notifications
 from monitor.alerts.rules import Rule
 from monitor.alerts.silences import Silence, active_silences, is_silenced
 from monitor.alerts.state import AlertState, StateConfig, decide, step
 from monitor.config import Settings
-from monitor.webhooks.formats import AlertView
-from monitor.webhooks.receivers import WebhookReceiver
+from monitor.notify.formats import AlertView
+from monitor.notify.outbox import write_notifications
+from monitor.notify.receivers import WebhookReceiver
+from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
 
-Fence = Callable[[Connection], None]
 # Any fixed 64-bit number distinct from the migration lock's ("DWALERTS" in ASCII).
 EVALUATION_LOCK_KEY: Final = 0x4457414C45525453
 LABEL_KEYS: Final = ("workload", "pair", "metric", "job", "host")

@@ -31,7 +31,7 @@ from monitor.api.events import (
     Workload,
     to_record,
 )
-from monitor.db.rows import MAX_SPECULATIVE_TOKENS
+from monitor.store.rows import MAX_SPECULATIVE_TOKENS
 
 Stack = Literal["vllm", "llamacpp", "sglang"]
 STACKS: Final[tuple[Stack, ...]] = ("vllm", "llamacpp", "sglang")

@@ -17,6 +17,7 @@ from monitor.alerts.silences import create_silence, expire_silence, list_silence
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, off_calendar, validation_error
 from monitor.api.state import api_state
+from monitor.scheduler.history import list_jobs
 
 router = APIRouter(tags=["alerts"], route_class=GuardedRoute)
 reading, administering = require("read"), require("admin")
@@ -61,7 +62,7 @@ def get_alerts(
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
 ) -> dict[str, Any]:
     engine = api_state(request).engine
-    return {"alerts": queries.list_alerts(engine, states=tuple(state or ()), limit=limit)}
+    return {"alerts": [a.to_json() for a in queries.list_alerts(engine, state or (), limit=limit)]}
 
 
 @router.post(
@@ -79,9 +80,9 @@ def ack_alert(request: Request, alert_id: RowId, body: AckIn) -> dict[str, Any]:
     alert = queries.acknowledge(api_state(request).engine, alert_id, body.by, body.comment, datetime.now(UTC))
     if alert is None:
         raise ApiError(404, "not_found", f"no alert {alert_id}")
-    if not alert["acknowledged"]:
-        raise ApiError(409, "not_active", f"alert {alert_id} is {alert['state']}: only pending or firing alerts")
-    return alert
+    if not alert.acknowledged:
+        raise ApiError(409, "not_active", f"alert {alert_id} is {alert.state}: only pending or firing alerts")
+    return alert.to_json()
 
 
 @router.get(
@@ -145,7 +146,8 @@ def get_notifications(
     status: Literal["pending", "delivered", "dead"] | None = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 200,
 ) -> dict[str, Any]:
-    return {"notifications": queries.list_notifications(api_state(request).engine, status=status, limit=limit)}
+    found = queries.list_notifications(api_state(request).engine, None if status is None else [status], limit=limit)
+    return {"notifications": [n.to_json() for n in found]}
 
 
 @router.get(
@@ -154,4 +156,4 @@ def get_notifications(
 def get_jobs(
     request: Request, job: str | None = None, limit: Annotated[int, Query(ge=1, le=5000)] = 100
 ) -> dict[str, Any]:
-    return queries.list_jobs(api_state(request).engine, job=job, limit=limit)
+    return list_jobs(api_state(request).engine, job=job, limit=limit)

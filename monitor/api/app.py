@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Iterable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio.to_thread
 from fastapi import Depends, FastAPI
@@ -24,7 +24,6 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from sqlalchemy.engine import Engine
 
-from decoder.speculative import SpeculativeDecoder
 from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, reads
 from monitor.api.adapters import MODELS
 from monitor.api.auth import TokenSet, require
@@ -35,9 +34,12 @@ from monitor.api.limits import LimitsMiddleware
 from monitor.api.metrics import Metrics
 from monitor.api.state import ApiState
 from monitor.config import Settings
-from monitor.db import migrate
-from monitor.db.engine import create_engine
-from monitor.recorder import Recorder
+from monitor.ingest.recorder import Recorder
+from monitor.store import migrate
+from monitor.store.engine import create_engine
+
+if TYPE_CHECKING:
+    from decoder.speculative import SpeculativeDecoder
 
 log = logging.getLogger(__name__)
 

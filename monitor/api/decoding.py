@@ -21,13 +21,15 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from decoder.controller import SpeculationController
 from decoder.holdout import HoldoutPolicy
 from decoder.record import RequestRecord
-from decoder.speculative import Prompt, SpeculativeDecoder
 from monitor.api.controller_state import load_controller, save_controller
+
+if TYPE_CHECKING:
+    from decoder.speculative import Prompt, SpeculativeDecoder
 
 log = logging.getLogger(__name__)
 

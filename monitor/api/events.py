@@ -3,7 +3,7 @@
 :class:`EventIn` mirrors :class:`decoder.record.RequestRecord` with bounds that a database write can
 never trip over (finite numbers, bounded strings and arrays, no NUL or unpaired surrogates,
 plausible timestamps); :func:`to_record` then applies the record's own contract (accepted <=
-drafted, array sums and lengths) through :func:`monitor.db.rows.validate`. A batch is parsed in
+drafted, array sums and lengths) through :func:`monitor.store.rows.validate`. A batch is parsed in
 full before anything is stored, so one bad record rejects the whole batch.
 
 >>> batch = parse_events({"request_id": "r1", "ts_start": "2026-01-01T00:00:00Z",
@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 from decoder.holdout import HoldoutReason
 from decoder.record import WORKLOAD_PATTERN, Mode, RecordError, RequestRecord
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
-from monitor.db.rows import MAX_COUNT, MAX_ERROR_TEXT, MAX_SPECULATIVE_TOKENS, MAX_TEXT
+from monitor.store.rows import MAX_COUNT, MAX_ERROR_TEXT, MAX_SPECULATIVE_TOKENS, MAX_TEXT
 
 # A record may be stamped a little ahead of this server's clock (skewed clients); beyond this it is junk.
 MAX_FUTURE: Final = timedelta(minutes=10)

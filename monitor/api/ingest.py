@@ -1,6 +1,6 @@
 """``POST /v1/events`` and the adapters ``POST /v1/events/{vllm,llamacpp,sglang}``.
 
-A 202 is sent only after :meth:`monitor.recorder.Recorder.store_batch` returned, i.e. once the
+A 202 is sent only after :meth:`monitor.ingest.recorder.Recorder.store_batch` returned, i.e. once the
 whole batch is committed to the database or fsync'd to the spool (when the database is away): a
 client that got a 202 can forget the batch. Parsing, validation and the write run on a worker
 thread so that a large batch does not stall the event loop.
@@ -22,7 +22,7 @@ from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, validation_error
 from monitor.api.events import EventBatchIn, EventIn, loads, parse_body
 from monitor.api.state import ApiState, api_state
-from monitor.recorder import RecorderClosedError
+from monitor.ingest.recorder import RecorderClosedError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ down, and is therefore spooled before the store can tell, is counted again. Labe
 :data:`MAX_WORKLOADS` distinct workloads, further ones are counted under ``workload="_other"`` (a
 name no real tag can take), so a hostile client cannot blow up the series count.
 
->>> m = Metrics(); from monitor.synthetic import synthetic_record
+>>> m = Metrics(); from monitor.ingest.synthetic import synthetic_record
 >>> m.observe([synthetic_record(1, workload="code")], "written")
 >>> 'draftwatch_requests_total{workload="code",mode="speculative"} 1' in m.render()
 True

@@ -14,12 +14,12 @@ from pydantic import BaseModel
 from sqlalchemy import text
 
 from decoder.record import WORKLOAD_PATTERN, Mode
-from monitor import queries
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import Problem, described, off_calendar, validation_error
 from monitor.api.state import ApiState, api_state
-from monitor.db.migrate import current_revision
-from monitor.db.rollups import minute_after, minute_of
+from monitor.store import queries
+from monitor.store.migrate import current_revision
+from monitor.store.rollups import minute_after, minute_of
 
 router = APIRouter(tags=["read"], route_class=GuardedRoute)
 guard = require("read")

@@ -14,7 +14,7 @@ from monitor.api.auth import TokenSet
 from monitor.api.decoding import DecodeWorker
 from monitor.api.metrics import Metrics
 from monitor.config import Settings
-from monitor.recorder import Recorder
+from monitor.ingest.recorder import Recorder
 
 
 @dataclass(slots=True)

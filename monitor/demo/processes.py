@@ -30,7 +30,7 @@ class ProcessGroup:
 
     def start(self, name: str, arguments: Sequence[str]) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"{name}.log").open("wb")
-        command = [sys.executable, "-m", "monitor.cli", *arguments]
+        command = [sys.executable, "-m", "monitor.commands", *arguments]
         child = subprocess.Popen(
             command, env=self.environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from monitor.webhooks.signing import signature
+from monitor.notify.signing import signature
 
 log = logging.getLogger(__name__)
 

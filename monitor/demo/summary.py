@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sqlalchemy.engine import Engine
 
 from monitor.demo.receiver import Delivery
 from monitor.demo.scenario import Scenario
+from monitor.demo.traffic import Traffic
 from monitor.drift.queries import latest_results
 from monitor.drift.result import DriftResult
-
-if TYPE_CHECKING:
-    from monitor.demo.run import Traffic
 
 
 def _rate(value: float | None) -> str:

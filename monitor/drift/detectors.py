@@ -16,12 +16,11 @@ import numpy as np
 from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from monitor.db.models import RequestRow
 from monitor.drift.models import DetectorStateRow
 from monitor.drift.page_hinkley import PageHinkley
 from monitor.drift.result import Decision, DriftResult
-from monitor.drift.sampling import pair_label
-from monitor.queries import Pair
+from monitor.store.models import RequestRow
+from monitor.store.queries import Pair
 
 log = logging.getLogger(__name__)
 DETECTOR = "page_hinkley"
@@ -57,7 +56,7 @@ def update_detector(
     conn: Connection, workload: str, pair: Pair, start: datetime, end: datetime, now: datetime, cap: int
 ) -> DriftResult:
     """Feed the new requests of one workload and pair, persist the state, report the detector."""
-    label = pair_label(pair)
+    label = pair.label
     d = DetectorStateRow
     key = (d.detector == DETECTOR, d.workload == workload, d.pair == label)
     row = conn.execute(select(d.id, d.state, d.last_ts, d.last_id).where(*key)).first()

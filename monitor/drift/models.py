@@ -1,6 +1,6 @@
 """Tables of the drift side (created by migration 0002): runs, results, pinned baselines, detector state.
 
-They share :class:`monitor.db.models.Base` and its naming convention with the store's tables.
+They share :class:`monitor.store.models.Base` and its naming convention with the store's tables.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from monitor.db.models import Base, BigId
+from monitor.store.models import Base, BigId
 
 
 class DriftRunRow(Base):

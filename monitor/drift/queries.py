@@ -1,7 +1,7 @@
 """Reading stored drift results (API ``GET /v1/drift``, dashboard, alerts) and pinning baselines.
 
->>> from monitor.db.engine import create_engine
->>> from monitor.db.migrate import upgrade
+>>> from monitor.store.engine import create_engine
+>>> from monitor.store.migrate import upgrade
 >>> engine = create_engine("sqlite://")
 >>> _ = upgrade(engine)
 >>> latest_results(engine), latest_run(engine)

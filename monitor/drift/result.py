@@ -23,6 +23,8 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
+from monitor.store.types import iso
+
 Decision = Literal["drift", "no_drift", "insufficient_data"]
 DECISIONS: Final = ("drift", "no_drift", "insufficient_data")
 
@@ -72,8 +74,8 @@ class DriftResult:
             "note": self.note,
             "detail": self.detail,
             "windows": {
-                "reference": [_iso(self.ref_start), _iso(self.ref_end)],
-                "current": [_iso(self.cur_start), _iso(self.cur_end)],
+                "reference": [iso(self.ref_start), iso(self.ref_end)],
+                "current": [iso(self.cur_start), iso(self.cur_end)],
             },
         }
 
@@ -116,7 +118,3 @@ def apply_bh(results: Sequence[DriftResult], level: float) -> list[DriftResult]:
 
 def _finite(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None

@@ -30,10 +30,11 @@ from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.drift.net_loss import NetLoss
 from monitor.drift.prompt_length import PromptLengthShift
 from monitor.drift.result import DriftResult, apply_bh
-from monitor.drift.sampling import Sample, pair_label, sample_requests, window_counts
+from monitor.drift.sampling import Sample, sample_requests, window_counts
 from monitor.drift.traffic_mix import TrafficMixDrift
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
-from monitor.queries import Pair
+from monitor.store.queries import Pair
+from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def _workload_tests(
         return config.floor(workload, key)
 
     def s(test: str) -> int:
-        return _seed(seed, workload, pair_label(pair), test)
+        return _seed(seed, workload, pair.label, test)
 
     spec_ref, spec_cur = ref.where(ref.mode == "speculative"), cur.where(cur.mode == "speculative")
     drafting_ref, drafting_cur = spec_ref.where(spec_ref.drafted > 0), spec_cur.where(spec_cur.drafted > 0)
@@ -105,7 +106,7 @@ def _workload_tests(
     return [
         r.replace(
             workload=workload,
-            pair=pair_label(pair),
+            pair=pair.label,
             note="; ".join(filter(None, [windows.note, r.note])) or None,
             ref_start=windows.ref_start,
             ref_end=windows.ref_end,
@@ -215,7 +216,7 @@ def run_drift(
     seed: int = 0,
     detectors: bool = True,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    fence: Callable[[Connection], None] | None = None,
+    fence: Fence | None = None,
 ) -> DriftRun:
     """Run every drift test once and (by default) store the results; returns the run.
 
@@ -245,7 +246,7 @@ def run_drift(
             if detectors:
                 cap = config.detector_batch
                 found = update_detector(conn, workload, pair, base.cur_start, base.cur_end, started, cap)
-                results.append(found.replace(workload=workload, pair=pair_label(pair)))
+                results.append(found.replace(workload=workload, pair=pair.label))
         results = apply_bh(results, config.level)
         run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.level, results)
         if store:

@@ -22,23 +22,13 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
 from decoder.record import decode_ms_per_token
-from monitor.db.models import RequestRow, RollupMinuteRow
-from monitor.db.rollups import minute_of
 from monitor.drift.stats import FloatArray
-from monitor.queries import Pair
+from monitor.store.models import RequestRow, RollupMinuteRow
+from monitor.store.queries import Pair
+from monitor.store.rollups import minute_of
 
 HASH_MODULUS: Final = 2_147_483_647  # 2**31 - 1, prime; products stay below 2**62 (BIGINT-safe)
 HASH_MULTIPLIER: Final = 1_327_217_884  # round(P * 0.6180339887)
-
-
-def pair_label(pair: Pair) -> str:
-    """``target/drafter`` or ``target/drafter:draft_model``.
-
-    >>> pair_label(Pair("qwen-coder-1.5b", "model", "qwen-coder-0.5b")), pair_label(Pair("smollm2-135m", "ngram"))
-    ('qwen-coder-1.5b/model:qwen-coder-0.5b', 'smollm2-135m/ngram')
-    """
-    base = f"{pair.target_model}/{pair.drafter}"
-    return f"{base}:{pair.draft_model}" if pair.draft_model and pair.draft_model != pair.drafter else base
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
-from monitor.db.models import DeploymentEventRow
-from monitor.db.rollups import minute_after
 from monitor.drift.models import DriftBaselineRow
-from monitor.queries import Pair
+from monitor.store.models import DeploymentEventRow
+from monitor.store.queries import Pair
+from monitor.store.rollups import minute_after
 
 
 @dataclass(frozen=True, slots=True)

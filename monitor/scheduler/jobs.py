@@ -4,7 +4,7 @@ A tick is the job's scheduled time on a grid shared by every replica (multiples 
 since the Unix epoch). :func:`run_tick` first inserts ``job_runs(job, tick)`` (unique) in a fenced
 transaction: a tick is claimed once, so after a takeover the new leader never repeats a tick the
 old one started. A failed job is recorded and simply runs again on its next tick; repeated failures
-raise the ``scheduler`` alert (:mod:`monitor.alerts.health`).
+raise the ``scheduler`` alert (:mod:`monitor.scheduler.health`).
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert, update
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from monitor.alerts.evaluate import evaluate_alerts
-from monitor.alerts.health import evaluate_health
 from monitor.config import Settings
 from monitor.drift.run import run_drift
+from monitor.notify.delivery import deliver_pending
+from monitor.scheduler.health import evaluate_health
 from monitor.scheduler.lease import Lease, LeaseLostError
 from monitor.scheduler.models import JobRunRow
 from monitor.scheduler.retention import apply_retention
-from monitor.webhooks.delivery import deliver_pending
+from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
 
-Fence = Callable[[Connection], None]
 Job = Callable[[Engine, Settings, datetime, Fence], Mapping[str, Any]]
 GRID_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

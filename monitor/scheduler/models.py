@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, Index, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from monitor.db.models import Base, BigId
+from monitor.store.models import Base, BigId
 
 
 class LeaseRow(Base):

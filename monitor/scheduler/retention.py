@@ -15,15 +15,15 @@ from typing import Any
 from sqlalchemy import delete
 from sqlalchemy.engine import Connection, Engine
 
-from monitor.alerts.models import AlertRow, NotificationRow, SilenceRow
+from monitor.alerts.models import AlertRow, SilenceRow
 from monitor.config import Settings
-from monitor.db.models import RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.drift.models import DriftResultRow, DriftRunRow
+from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
+from monitor.store.models import RequestRow, RollupBinRow, RollupMinuteRow
+from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
-
-Fence = Any  # Callable[[Connection], None]; kept loose to avoid importing the alerts evaluator here
 
 
 def apply_retention(engine: Engine, settings: Settings, now: datetime, fence: Fence | None = None) -> dict[str, int]:

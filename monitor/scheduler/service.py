@@ -21,10 +21,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.engine import Engine
 
 from monitor.config import Settings
-from monitor.db.engine import create_engine
-from monitor.db.migrate import current_revision, head_revision
 from monitor.scheduler.jobs import GRID_EPOCH, JOBS, abandon_stale_runs, intervals, run_tick, tick_of
 from monitor.scheduler.lease import Lease
+from monitor.store.engine import create_engine
+from monitor.store.migrate import current_revision, head_revision
 
 log = logging.getLogger(__name__)
 

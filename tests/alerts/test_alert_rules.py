@@ -9,9 +9,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from monitor.alerts.evaluate import evaluate_alerts
-from monitor.alerts.models import NotificationRow
 from monitor.alerts.queries import acknowledge, list_alerts
 from monitor.alerts.silences import create_silence, expire_silence
+from monitor.notify.models import NotificationRow
 from tests.alerts.conftest import make_settings, minutes, result
 
 
@@ -32,7 +32,7 @@ def test_pending_firing_resolved_with_notices(engine: Engine, tmp_path: Path) ->
     states = []
     for i, (decision, effect) in enumerate(timeline):
         evaluate_alerts(engine, settings, [result(decision, effect)], now=minutes(5 * i))
-        states.append(list_alerts(engine)[0]["state"])
+        states.append(list_alerts(engine)[0].state)
     assert states == ["pending", "firing", "firing", "firing", "firing", "resolved", "resolved"]
     bodies = _bodies(engine)
     assert [b["status"] for b in bodies] == ["firing", "resolved"]
@@ -48,7 +48,7 @@ def test_pending_that_clears_says_nothing_and_grouping(engine: Engine, tmp_path:
     settings = make_settings(tmp_path, _url(engine), [{"url": "http://127.0.0.1:9/x"}])
     evaluate_alerts(engine, settings, [result("drift", -0.2)], now=minutes(0))
     evaluate_alerts(engine, settings, [result("no_drift", 0.0)], now=minutes(5))
-    assert _bodies(engine) == [] and list_alerts(engine)[0]["state"] == "inactive"
+    assert _bodies(engine) == [] and list_alerts(engine)[0].state == "inactive"
     # Two rules on one workload firing together: one notification (grouped by workload).
     both = [result("drift", -0.2), result("drift", 1.5, test="latency"), result("drift", -0.3, workload="chat")]
     evaluate_alerts(engine, settings, both, now=minutes(10))
@@ -77,8 +77,8 @@ def test_ack_stops_repeats_but_not_the_resolved_notice(engine: Engine, tmp_path:
     for i in range(4):  # fires at 5, repeats due at 15
         evaluate_alerts(engine, settings, [result("drift", -0.2)], now=minutes(5 * i))
     assert [b["status"] for b in _bodies(engine)] == ["firing", "firing"]
-    alert_id = list_alerts(engine)[0]["id"]
-    assert acknowledge(engine, alert_id, "ada", "looking", minutes(16))["acknowledged"]  # type: ignore[index]
+    alert_id = list_alerts(engine)[0].id
+    assert acknowledge(engine, alert_id, "ada", "looking", minutes(16)).acknowledged  # type: ignore[union-attr]
     for i in range(4, 12):
         evaluate_alerts(engine, settings, [result("drift", -0.2)], now=minutes(5 * i))
     assert len(_bodies(engine)) == 2

@@ -16,8 +16,8 @@ from sqlalchemy.engine import Engine
 
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.api import create_app
-from monitor.db.migrate import alembic_config
-from monitor.db.models import Base
+from monitor.store.migrate import alembic_config
+from monitor.store.models import Base
 from tests.alerts.conftest import make_settings, minutes, result
 from tests.api.conftest import ADMIN, READ, TOKENS, auth
 from tests.faults import refuse_value

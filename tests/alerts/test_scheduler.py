@@ -16,14 +16,14 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
 from monitor.drift.models import DriftRunRow
 from monitor.drift.run import run_drift
 from monitor.scheduler.jobs import drift_job, run_tick, tick_of
 from monitor.scheduler.lease import Lease, LeaseLostError
 from monitor.scheduler.models import JobRunRow, LeaseRow
 from monitor.scheduler.service import SchedulerService
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
 from tests.alerts.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def test_lease_fences_a_paused_former_leader(engine: Engine, tmp_path: Path) -> 
 
 
 def _start(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "monitor.cli", "--log-level", "INFO", "scheduler", "--jobs", "drift"]
+    cmd = [sys.executable, "-m", "monitor.commands", "--log-level", "INFO", "scheduler", "--jobs", "drift"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
 
 

@@ -16,10 +16,10 @@ from sqlalchemy.engine import Engine
 from standardwebhooks.webhooks import Webhook
 
 from monitor.alerts.evaluate import evaluate_alerts
-from monitor.alerts.models import NotificationRow
-from monitor.cli import main
-from monitor.webhooks.delivery import deliver_pending
-from monitor.webhooks.receivers import parse_webhooks
+from monitor.commands.main import main
+from monitor.notify.delivery import deliver_pending
+from monitor.notify.models import NotificationRow
+from monitor.notify.receivers import parse_webhooks
 from tests.alerts.conftest import SECRET, Receiver, make_settings, minutes, result
 
 

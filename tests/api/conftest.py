@@ -18,9 +18,9 @@ from sqlalchemy import func, select
 from decoder.record import RequestRecord
 from monitor.api import create_app
 from monitor.config import Settings
-from monitor.db.engine import create_engine
-from monitor.db.models import RequestRow
-from monitor.synthetic import synthetic_record
+from monitor.ingest.synthetic import synthetic_record
+from monitor.store.engine import create_engine
+from monitor.store.models import RequestRow
 
 INGEST = "ingest-token-0123456789"
 READ = "read-token-0123456789ab"

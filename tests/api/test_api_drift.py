@@ -9,10 +9,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from monitor.api import create_app
-from monitor.db.engine import create_engine
-from monitor.db.writer import write_batch
 from monitor.drift.run import run_drift
-from monitor.synthetic import synthetic_record
+from monitor.ingest.synthetic import synthetic_record
+from monitor.store.engine import create_engine
+from monitor.store.writer import write_batch
 from tests.api.conftest import INGEST, READ, auth, make_settings
 
 

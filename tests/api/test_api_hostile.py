@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from monitor.api import create_app
-from monitor.db.engine import create_engine
-from monitor.db.models import RequestRow
+from monitor.store.engine import create_engine
+from monitor.store.models import RequestRow
 from tests.api.conftest import INGEST, auth, bodies, make_settings, records
 from tests.api.test_api_adapters import LLAMACPP, SGLANG, VLLM
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 from sqlalchemy import func, select
 
-from monitor.db.engine import create_engine
-from monitor.db.models import RequestRow, RollupMinuteRow
+from monitor.store.engine import create_engine
+from monitor.store.models import RequestRow, RollupMinuteRow
 from tests.api.conftest import ADMIN, INGEST, TOKENS, auth, bodies, records
 from tests.api.test_api_decode import free_port
 
@@ -31,7 +31,7 @@ def start(tmp_path: Path, db_url: str, port: int, *options: str) -> subprocess.P
         "DRAFTWATCH_API_TOKENS": TOKENS,
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "monitor.cli", *options, "serve", "--port", str(port), "--no-scheduler"],
+        [sys.executable, "-m", "monitor.commands", *options, "serve", "--port", str(port), "--no-scheduler"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

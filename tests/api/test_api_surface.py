@@ -54,7 +54,7 @@ def test_no_tokens_means_open_but_loopback_only(tmp_path: Path, sqlite_url: str)
     with TestClient(create_app(settings)) as client:
         assert client.post("/v1/events", json=bodies(records(1))[0]).status_code == 202
     done = subprocess.run(
-        [sys.executable, "-m", "monitor.cli", "serve", "--host", "0.0.0.0", "--database-url", sqlite_url],
+        [sys.executable, "-m", "monitor.commands", "serve", "--host", "0.0.0.0", "--database-url", sqlite_url],
         capture_output=True,
         text=True,
         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from streamlit.testing.v1 import AppTest
 
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
 from tests.dashboard.seed import seed
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"

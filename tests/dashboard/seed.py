@@ -22,9 +22,10 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
-from monitor.alerts.models import AlertRow, NotificationRow
-from monitor.db.writer import write_batch
+from monitor.alerts.models import AlertRow
 from monitor.drift.run import run_drift
+from monitor.notify.models import NotificationRow
+from monitor.store.writer import write_batch
 from tests.drift.records import record, window_stream
 
 

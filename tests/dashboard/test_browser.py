@@ -57,7 +57,7 @@ def _wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout: float = 60.
 @pytest.fixture
 def server(seeded_store: Store, tmp_path: Path) -> Iterator[str]:
     command = Path(sys.executable).with_name("draftwatch")
-    argv = [str(command)] if command.exists() else [sys.executable, "-m", "monitor.cli"]
+    argv = [str(command)] if command.exists() else [sys.executable, "-m", "monitor.commands"]
     port = _free_port()
     log = (tmp_path / "dashboard.log").open("wb")
     proc = subprocess.Popen(

@@ -14,10 +14,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard.timerange import DEFAULT_RANGE, time_range
-from monitor import queries
+from monitor.alerts.queries import list_alerts
 from monitor.alerts.silences import list_silences
-from monitor.dashboard_alerts import list_alerts
 from monitor.drift.queries import latest_results
+from monitor.store import queries
 from tests.dashboard.conftest import PAGES, AppFactory, Store
 
 

@@ -3,7 +3,7 @@
 Skipped where no CUDA device is (CI has none); run on a GPU machine with
 ``python -m pytest tests/decoder/test_cuda.py``. The models are small random llamas saved as local
 directories, so the test needs no model files; random weights give near-tied logits, the hardest
-case for row stability (decoder/attention.py).
+case for row stability (decoder/cpu/attention.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, load_model
-from decoder.attention import NAME as ROWWISE
+from decoder.cpu.attention import NAME as ROWWISE
+from decoder.cpu.quantize import QUANTIZATIONS, QuantizedLinear
+from decoder.cpu.row_stable import RowStableLinear
 from decoder.loading import LoadedModel
-from decoder.quantize import QUANTIZATIONS, QuantizedLinear
-from decoder.row_stable import RowStableLinear
 from tests.decoder.tiny import perturbed_copy, tiny_model, word_tokenizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

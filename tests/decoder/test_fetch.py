@@ -9,7 +9,7 @@ import pytest
 
 from decoder.fetch import fetch_preset, is_fetched, preset_path
 from decoder.presets import PRESETS
-from monitor.cli import main
+from monitor.commands.main import main
 
 pytestmark = pytest.mark.models
 

@@ -15,9 +15,9 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from decoder.attention import rowwise_attention
-from decoder.fused_norms import FusedRMSNorm, fuse_norms
-from decoder.kernels import _cpu_has_avx2_fma, cpu_kernels
+from decoder.cpu.attention import rowwise_attention
+from decoder.cpu.fused_norms import FusedRMSNorm, fuse_norms
+from decoder.cpu.kernels import _cpu_has_avx2_fma, cpu_kernels
 
 pytestmark = pytest.mark.skipif(not _cpu_has_avx2_fma(), reason="the kernels need an x86-64 CPU with AVX2 and FMA")
 

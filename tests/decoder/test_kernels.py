@@ -1,4 +1,4 @@
-"""draftwatch's own CPU kernels (decoder/kernels/): close to a float reference, rows independent of M.
+"""draftwatch's own CPU kernels (decoder/cpu/kernels/): close to a float reference, rows independent of M.
 
 Tolerances, against the de-quantized weights (relative Frobenius error):
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoder.kernels import _cpu_has_avx2_fma, cpu_kernels
-from decoder.quantize import Int4Linear, Int8Linear, int4_dequantized, int4_packing, int8_dequantized, int8_qparams
+from decoder.cpu.kernels import _cpu_has_avx2_fma, cpu_kernels
+from decoder.cpu.quantize import Int4Linear, Int8Linear, int4_dequantized, int4_packing, int8_dequantized, int8_qparams
 
 needs_kernel = pytest.mark.skipif(not _cpu_has_avx2_fma(), reason="the kernel needs an x86-64 CPU with AVX2 and FMA")
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder, quantize
-from decoder.quality import agreement
-from decoder.quantize import (
+from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder
+from decoder.cpu import quantize
+from decoder.cpu.quantize import (
     Int4Linear,
     Int8Linear,
     QuantizedLinear,
@@ -27,6 +27,7 @@ from decoder.quantize import (
     int8_dequantized,
     quantize_model,
 )
+from decoder.quality import agreement
 from tests.decoder.tiny import perturbed_copy, random_prompt, tiny_model
 
 
@@ -123,7 +124,7 @@ def test_agreement_of_a_model_with_itself_is_complete() -> None:
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 def test_quantized_smollm_is_lossless_and_cached(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Decoding from the cached copy as well: int8 layers read straight from the file crashed the kernel."""
-    import decoder.quantized_store as store
+    import decoder.cpu.quantized_store as store
     from decoder.loading import load_model
 
     monkeypatch.setattr(store, "cache_dir", lambda: tmp_path)  # a fresh quantized cache; converted models stay shared

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder, load_model
-from monitor.cli import main
+from monitor.commands.main import main
 
 pytestmark = pytest.mark.models
 

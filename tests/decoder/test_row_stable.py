@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from decoder import LoadedModel, NgramDrafter, SpeculativeDecoder, load_model
-from decoder.row_stable import BLOCK_ROWS, RowStableLinear, make_row_stable, row_stable_passes
+from decoder.cpu.row_stable import BLOCK_ROWS, RowStableLinear, make_row_stable, row_stable_passes
 from decoder.workloads import builtin_workloads
 
 

@@ -13,13 +13,13 @@ import httpx
 import pytest
 
 from benchmarks.demo_run import PHASES, Run
-from monitor.cli import build_parser
+from monitor.commands.main import build_parser
 from monitor.demo.receiver import WebhookReceiver
-from monitor.demo.run import Traffic
 from monitor.demo.scenario import FULL, QUICK
 from monitor.demo.summary import finding_line
+from monitor.demo.traffic import Traffic
 from monitor.drift.result import DriftResult
-from monitor.webhooks.signing import headers
+from monitor.notify.signing import headers
 
 
 def record(mode: str, latency_ms: float | None, ttft_ms: float | None, output_tokens: int) -> dict[str, object]:
@@ -84,7 +84,7 @@ def test_receiver_keeps_verified_deliveries_once_and_rejects_forged_ones() -> No
 @pytest.mark.slow
 def test_quick_demo_exits_zero_with_the_alert(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "monitor.cli", "demo", "--quick", "--exit", "--dir", str(tmp_path / "demo")],
+        [sys.executable, "-m", "monitor.commands", "demo", "--quick", "--exit", "--dir", str(tmp_path / "demo")],
         capture_output=True,
         text=True,
         timeout=900,

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from monitor.cli import main
+from monitor.commands.main import main
 from monitor.config import Settings
 from monitor.drift.config import DriftConfig
 from monitor.drift.models import DetectorStateRow, DriftResultRow

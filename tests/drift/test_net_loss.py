@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from sqlalchemy.engine import Engine
 
-from monitor.db import migrate
-from monitor.db.engine import create_engine
 from monitor.drift.net_loss import NetLoss
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.run import run_drift
+from monitor.store import migrate
+from monitor.store.engine import create_engine
 from tests.drift.conftest import store
 from tests.drift.costs import GOOD_NGRAM, RANDOM_MODEL, RANDOM_NGRAM, Profile, cost_stream
 

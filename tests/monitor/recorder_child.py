@@ -16,9 +16,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from decoder.record import RequestRecord
-from monitor.db.engine import create_engine
-from monitor.recorder import Recorder
-from monitor.synthetic import synthetic_record
+from monitor.ingest.recorder import Recorder
+from monitor.ingest.synthetic import synthetic_record
+from monitor.store.engine import create_engine
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from decoder.record import RequestRecord
-from monitor.synthetic import synthetic_record
+from monitor.ingest.synthetic import synthetic_record
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
-from monitor.db.models import RequestRow, RollupMinuteRow
-from monitor.recorder import Recorder
+from monitor.ingest.recorder import Recorder
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
+from monitor.store.models import RequestRow, RollupMinuteRow
 from tests.monitor.private_pg import PrivatePostgres
 from tests.monitor.records import stream
 

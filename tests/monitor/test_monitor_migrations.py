@@ -12,10 +12,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from monitor.db import migrate
-from monitor.db.cli import register
-from monitor.db.engine import create_engine
-from monitor.db.models import Base
+from monitor.commands.db import register
+from monitor.store import migrate
+from monitor.store.engine import create_engine
+from monitor.store.models import Base
 
 TABLES = {"requests", "model_versions", "deployment_events", "rollup_minute", "rollup_bins", "recorder_batches"}
 
@@ -90,7 +90,7 @@ def test_cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
 def _speed_rollups(engine: Any) -> tuple[dict[tuple[str, str], tuple[int, float]], dict[tuple[str, int], int]]:
     from sqlalchemy import select
 
-    from monitor.db.models import RollupBinRow, RollupMinuteRow
+    from monitor.store.models import RollupBinRow, RollupMinuteRow
 
     m, b = RollupMinuteRow, RollupBinRow
     with engine.connect() as conn:
@@ -102,7 +102,7 @@ def _speed_rollups(engine: Any) -> tuple[dict[tuple[str, str], tuple[int, float]
 
 
 def test_decode_speed_revision_recomputes_stored_rollups(db_url: str) -> None:
-    from monitor.db.writer import write_batch
+    from monitor.store.writer import write_batch
     from tests.monitor.records import api_record
 
     engine = create_engine(db_url)

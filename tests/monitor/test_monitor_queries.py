@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
-from monitor import queries
-from monitor.recorder import Recorder
+from monitor.ingest.recorder import Recorder
+from monitor.store import queries
 from tests.monitor.records import T0, stream
 
 END = T0 + timedelta(days=1)

@@ -12,10 +12,10 @@ from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
 from monitor.config import Settings
-from monitor.db.engine import create_engine
-from monitor.db.migrate import upgrade
-from monitor.db.models import RequestRow, RollupMinuteRow
-from monitor.recorder import Recorder, RecorderClosedError, RecorderFullError
+from monitor.ingest.recorder import Recorder, RecorderClosedError, RecorderFullError
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
+from monitor.store.models import RequestRow, RollupMinuteRow
 from tests.faults import refuse_value
 from tests.monitor.records import api_record, stream
 from tests.pg import PG_URL, drop_pg_database

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.spool import Spool, decode_line, encode_line
+from monitor.ingest.spool import Spool, decode_line, encode_line
 from tests.monitor.records import api_record, stream
 
 

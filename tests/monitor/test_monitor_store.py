@@ -12,9 +12,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from decoder.record import RecordError, RequestRecord
-from monitor.db.models import DeploymentEventRow, RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
-from monitor.db.rows import from_row
-from monitor.recorder import Recorder
+from monitor.ingest.recorder import Recorder
+from monitor.store.models import DeploymentEventRow, RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
+from monitor.store.rows import from_row
 from tests.monitor.records import T0, api_record, stream
 
 

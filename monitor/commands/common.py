@@ -1,0 +1,80 @@
+"""What every database-backed sub-command shares: ``--config``/``--database-url``, settings, an engine.
+
+One place decides how a command reads its settings (environment, then ``draftwatch.toml``, then
+the command line) and how it reports a failure (one line on stderr, the traceback in the debug log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from monitor.config import ConfigError, Settings, default_config_file
+
+if TYPE_CHECKING:  # the database layer loads when a command runs, not when --help is read
+    from sqlalchemy.engine import Engine
+
+log = logging.getLogger(__name__)
+
+Action: TypeAlias = "Callable[[Engine, Settings], int]"
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config`` and ``--database-url``."""
+    parser.add_argument(
+        "--config", type=Path, default=None, help="draftwatch.toml to read (default: $DRAFTWATCH_CONFIG or ./)"
+    )
+    parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL and the config file")
+
+
+def config_file(args: argparse.Namespace) -> Path | None:
+    return getattr(args, "config", None) or default_config_file(os.environ, Path.cwd())
+
+
+def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """Settings from the environment and the config file, with ``--database-url`` and ``overrides`` on top.
+
+    Overrides whose value is ``None`` are left out, so optional flags can be passed straight through.
+    """
+    settings = Settings.from_env(os.environ, config_file(args))
+    changes = {"database_url": getattr(args, "database_url", None), **overrides}
+    changes = {key: value for key, value in changes.items() if value is not None}
+    return settings.replace(**changes) if changes else settings
+
+
+def settings_or_report(args: argparse.Namespace, command: str, **overrides: Any) -> Settings | None:
+    """:func:`settings_from_args`, or None after telling the user on stderr what is wrong (exit status 2)."""
+    try:
+        return settings_from_args(args, **overrides)
+    except ConfigError as error:
+        print(f"draftwatch {command}: {error}", file=sys.stderr)
+        return None
+
+
+def run_with_engine(args: argparse.Namespace, command: str, action: Action, *, upgrade: bool = True) -> int:
+    """Build settings and an engine, bring the schema up to date (``upgrade``), run ``action``.
+
+    Exit status: ``action``'s, 2 for bad settings, 1 when ``action`` raised.
+    """
+    settings = settings_or_report(args, command)
+    if settings is None:
+        return 2
+    from monitor.store import migrate
+    from monitor.store.engine import create_engine
+
+    engine = create_engine(settings.database_url)
+    try:
+        if upgrade and settings.database_upgrade_on_start:
+            migrate.upgrade(engine)
+        return int(action(engine, settings))
+    except Exception as error:  # the CLI reports, the log keeps the traceback
+        log.debug("draftwatch %s failed", command, exc_info=True)
+        print(f"draftwatch {command}: {type(error).__name__}: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()

@@ -1,0 +1,117 @@
+"""``draftwatch serve``: the sidecar API on uvicorn, optionally with the embedded decoder.
+
+Without API tokens the server binds loopback only and refuses anything else, with the reason; with
+``--target`` it loads the pair (``--draft D`` or ``--drafter ngram``) before it starts listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from decoder.cli import add_model_arguments, build_decoder
+from decoder.extras import EXIT_MISSING, missing
+from decoder.fetch import FetchError
+from monitor.commands.common import add_settings_arguments, settings_or_report
+
+if TYPE_CHECKING:
+    from decoder.speculative import SpeculativeDecoder
+
+log = logging.getLogger(__name__)
+
+
+class PathOnly(logging.Filter):
+    """Cuts the query string off uvicorn's access lines: it can carry what should never be logged (a
+    token a client put in the URL). Its argument order is uvicorn's, which its own formatter reads too:
+    client address, method, path with query, HTTP version, status."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
+            record.args = (*args[:2], args[2].partition("?")[0], *args[3:])
+        return True
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the sidecar API (ingest, metrics; decoding with --target)",
+        description="Serve the sidecar API: POST /v1/events (and the vllm, llamacpp, sglang adapters), "
+        "/v1/workloads, /metrics, /healthz, /readyz; with --target also /v1/generate and "
+        "/v1/chat/completions. The database comes from DRAFTWATCH_DATABASE_URL, tokens from "
+        "DRAFTWATCH_API_TOKENS.",
+    )
+    parser.add_argument("--host", default=None, help="address to bind (default: api.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to bind (default: api.port, 8321)")
+    add_settings_arguments(parser)
+    parser.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="do not run the drift/alert scheduler inside this process (run `draftwatch scheduler` elsewhere)",
+    )
+    add_model_arguments(parser)
+    # Decoding is optional here: no --target means an ingest-and-report sidecar.
+    parser.set_defaults(handler=_serve, target=None)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from monitor.api.app import create_app
+    from monitor.api.auth import check_bind
+
+    settings = settings_or_report(args, "serve", api_host=args.host, api_port=args.port)
+    if settings is None:
+        return 2
+    refusal = check_bind(settings.api_host, bool(settings.api_tokens))
+    if refusal is not None:
+        print(f"draftwatch serve: {refusal}", file=sys.stderr)
+        return 2
+    if args.target is None and (args.draft or args.drafter):
+        print("draftwatch serve: --draft/--drafter need --target", file=sys.stderr)
+        return 2
+    decoder: SpeculativeDecoder | None = None
+    if args.target is not None:
+        absent = missing("decoder")
+        if absent is not None:
+            print(f"draftwatch serve: --target decodes, and {absent}", file=sys.stderr)
+            return EXIT_MISSING
+        from decoder.loading import ModelLoadError
+
+        try:
+            decoder = build_decoder(args, progress=sys.stderr.isatty())
+        except (ModelLoadError, FetchError, ValueError) as error:
+            print(f"draftwatch serve: {error}", file=sys.stderr)
+            return 1
+    scheduler = None
+    if not args.no_scheduler:
+        from monitor.scheduler.service import SchedulerService
+
+        # Any number of sidecars may run it: the lease elects one leader among them.
+        scheduler = SchedulerService(settings).start()
+    app = create_app(settings, decoder=decoder)
+    print(
+        f"draftwatch serve: listening on http://{settings.api_host}:{settings.api_port} "
+        f"({'decoding with ' + decoder.target.name if decoder else 'ingest only'}, "
+        f"{'token auth' if settings.api_tokens else 'no auth, loopback only'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    # Access lines carry method, path and status only: no query, no bodies, no Authorization header.
+    # uvicorn's logging setup replaces the logger's handlers but keeps its filters.
+    logging.getLogger("uvicorn.access").addFilter(PathOnly())
+    try:
+        uvicorn.run(
+            app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_level=logging.getLevelName(logging.getLogger().level).lower(),
+            access_log=logging.getLogger().level <= logging.INFO,
+            server_header=False,
+        )
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+    return 0

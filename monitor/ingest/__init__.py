@@ -1,0 +1,1 @@
+"""Ingest: the recorder (bounded queue, batched writes), its spool for database outages, synthetic records."""

@@ -1,0 +1,329 @@
+"""The recorder: the decoder's sink, writing records to the database without slowing the request path.
+
+``record(rec)`` validates and enqueues (a bounded queue; a few microseconds on the caller's thread). A
+background thread takes batches off the queue and writes each in one transaction (see
+:mod:`monitor.store.writer`). When the database is unreachable a batch is appended to the spool
+(:mod:`monitor.ingest.spool`) instead, and the spool is replayed in order, exactly once, when the database
+is back; segments left by a crashed process are replayed on the next start. Nothing is dropped
+silently: a full queue follows an explicit policy, and a record the database refuses for good (it
+should never happen after validation) is written to a ``rejected-*.jsonl`` file beside the spool.
+
+>>> import tempfile; from pathlib import Path; from datetime import datetime, UTC
+>>> from decoder.record import RequestRecord
+>>> from monitor.store.engine import create_engine
+>>> from monitor.store.migrate import upgrade
+>>> tmp = Path(tempfile.mkdtemp())
+>>> engine = create_engine(f"sqlite:///{tmp / 'dw.db'}"); _ = upgrade(engine)
+>>> t = datetime(2026, 1, 1, tzinfo=UTC)
+>>> with Recorder(engine, tmp / "spool") as recorder:
+...     recorder.record(RequestRecord("r1", t, t, "chat", "m", "none", mode="plain", source="api"))
+...     recorder.record(RequestRecord("r1", t, t, "chat", "m", "none", mode="plain", source="api"))
+>>> recorder.stats().written, recorder.stats().duplicates
+(1, 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, NamedTuple
+
+from sqlalchemy.engine import Engine
+
+from decoder.record import RecordError, RequestRecord
+from monitor.config import FULL_QUEUE_POLICIES, Settings
+from monitor.ingest.batches import BatchSink, DeadLetter, DurableHook
+from monitor.ingest.spool import Spool
+from monitor.log_safe import traceback_text
+from monitor.store.engine import create_engine
+from monitor.store.rows import validate
+
+log = logging.getLogger(__name__)
+
+
+class RecorderFullError(RuntimeError):
+    """The queue is full and the policy is ``raise``."""
+
+
+class RecorderClosedError(RuntimeError):
+    """``record`` was called after :meth:`Recorder.close`."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderStats:
+    """The recorder's own figures (cumulative since start, except ``queued`` and ``spool_pending``)."""
+
+    queued: int
+    written: int
+    spooled: int
+    replayed: int
+    duplicates: int
+    rejected: int
+    failed: int
+    spool_pending: bool
+    database_available: bool
+
+
+class StoreResult(NamedTuple):
+    """Outcome of :meth:`Recorder.store_batch`: every record is in exactly one of the three counts."""
+
+    stored: int
+    duplicates: int
+    spooled: int
+
+
+class Recorder:
+    """Batched, spooled, idempotent recording of :class:`RequestRecord` into the database."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        spool_dir: Path,
+        *,
+        queue_size: int = 20_000,
+        batch_size: int = 1000,
+        flush_interval_s: float = 0.2,
+        full_queue_policy: Literal["block_then_spool", "spool", "raise"] | str = "block_then_spool",
+        block_timeout_s: float = 0.05,
+        retry_interval_s: float = 1.0,
+        writer_threads: int = 1,
+        on_durable: DurableHook | None = None,
+    ) -> None:
+        if full_queue_policy not in FULL_QUEUE_POLICIES:
+            raise ValueError(f"full_queue_policy={full_queue_policy!r}: expected one of {FULL_QUEUE_POLICIES}")
+        self.engine = engine
+        self._queue: queue.Queue[RequestRecord] = queue.Queue(maxsize=queue_size)
+        self._batch_size = batch_size
+        self._flush_interval = flush_interval_s
+        self._policy = full_queue_policy
+        self._block_timeout = block_timeout_s
+        self._retry_interval = retry_interval_s
+        self._spool = Spool(spool_dir)
+        self._sink = BatchSink(engine, self._spool, DeadLetter(spool_dir), on_durable)
+        self._stop = threading.Event()
+        self._closed = False
+        self._rejected = 0
+        self._count_lock = threading.Lock()
+        self._retry_at = 0.0
+        self._writer_threads = max(1, writer_threads)
+        self._threads: list[threading.Thread] = []
+
+    @classmethod
+    def from_settings(cls, settings: Settings, engine: Engine | None = None, **overrides: object) -> Recorder:
+        """A recorder configured from :class:`~monitor.config.Settings` (not started)."""
+        options: dict[str, object] = {
+            "queue_size": settings.recorder_queue_size,
+            "batch_size": settings.recorder_batch_size,
+            "flush_interval_s": settings.recorder_flush_interval_s,
+            "full_queue_policy": settings.recorder_full_queue_policy,
+            "block_timeout_s": settings.recorder_block_timeout_s,
+            "retry_interval_s": settings.recorder_retry_interval_s,
+            "writer_threads": settings.recorder_writer_threads,
+            **overrides,
+        }
+        return cls(engine or create_engine(settings.database_url), settings.recorder_spool_dir, **options)  # type: ignore[arg-type]
+
+    # -- the caller's side ---------------------------------------------------------------------
+
+    def record(self, rec: RequestRecord) -> None:
+        """Queue one record; raises :class:`RecordError` (naming the field) for an invalid one."""
+        try:
+            validate(rec)
+        except RecordError:
+            with self._count_lock:
+                self._rejected += 1
+            raise
+        if self._closed:
+            raise RecorderClosedError("the recorder is closed")
+        try:
+            self._queue.put_nowait(rec)
+        except queue.Full:
+            self._on_full(rec)
+
+    __call__ = record
+
+    def _on_full(self, rec: RequestRecord) -> None:
+        if self._policy == "raise":
+            raise RecorderFullError(f"recorder queue is full ({self._queue.maxsize} records)")
+        if self._policy == "block_then_spool":
+            try:
+                self._queue.put(rec, timeout=self._block_timeout)
+                return
+            except queue.Full:
+                pass
+        log.warning("recorder queue full: spooling on the caller's thread")
+        self._sink.spool([rec], new_batch_id())
+
+    def store_batch(self, records: Iterable[RequestRecord]) -> StoreResult:
+        """Validate and write ``records`` now, in one transaction; spool them if the database is away.
+
+        Returns only once the records are committed or fsync'd to the spool. Raises
+        :class:`RecordError` for the first invalid record, before anything is stored.
+        """
+        batch = list(records)
+        for index, rec in enumerate(batch):
+            try:
+                validate(rec)
+            except RecordError as error:
+                with self._count_lock:
+                    self._rejected += 1
+                raise RecordError(error.field, f"record {index}: {error.args[0]}") from None
+        if not batch:
+            return StoreResult(0, 0, 0)
+        batch_id = new_batch_id()
+        outcome = self._sink.write(batch, batch_id, origin="sync", raise_permanent=True)
+        if outcome is None:
+            self._sink.spool(batch, batch_id)
+            return StoreResult(0, 0, len(batch))
+        return StoreResult(outcome.stored, outcome.duplicates, 0)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> Recorder:
+        """Claim spool segments left by dead processes and start the writer thread (which replays them)."""
+        if self._threads:
+            return self
+        claimed = self._spool.claim_orphans()
+        if claimed:
+            log.info("recovering %d spool segment(s)", claimed)
+        # More than one writer overlaps one batch's Python work with another's database round trip
+        # (worth it on PostgreSQL; SQLite serialises writers anyway).
+        for number in range(self._writer_threads):
+            thread = threading.Thread(target=self._run, name=f"draftwatch-recorder-{number}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued record is committed or spooled; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(remaining)
+        return True
+
+    def wait_replayed(self, timeout: float) -> bool:
+        """Wait until the spool is empty (the database came back and everything was replayed)."""
+        deadline = time.monotonic() + timeout
+        while self._spool.has_pending():
+            if time.monotonic() >= deadline:
+                return False
+            self._retry_at = 0.0
+            time.sleep(0.02)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop taking records, drain the queue (to the database or the spool) and stop the thread."""
+        self._closed = True
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.error(
+                    "recorder did not drain within %.1f s; %d record(s) still queued", timeout, self._queue.qsize()
+                )
+                return
+        # One last replay, so that a clean shutdown with the database up leaves no spool behind.
+        if self._spool.has_pending() and time.monotonic() >= self._retry_at:
+            self._sink.replay(self._spool, self._batch_size)
+        self._spool.close()
+        self._sink.dispose()
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def stats(self) -> RecorderStats:
+        counts = self._sink.counts
+        return RecorderStats(
+            queued=self._queue.qsize(),
+            written=counts.written,
+            spooled=counts.spooled,
+            replayed=counts.replayed,
+            duplicates=counts.duplicates,
+            rejected=self._rejected,
+            failed=counts.failed,
+            spool_pending=self._spool.has_pending(),
+            database_available=counts.database_available,
+        )
+
+    # -- the writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            try:
+                self._maybe_replay()
+                if batch:
+                    self._write(batch)
+            except Exception as error:  # the thread must survive anything; the batch is not lost
+                log.error("recorder writer failed on a batch of %d; spooling it\n%s", len(batch), traceback_text(error))
+                if batch:
+                    self._sink.spool(batch, new_batch_id())
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            if self._stop.is_set() and self._queue.empty():
+                break
+
+    def _take_batch(self) -> list[RequestRecord]:
+        try:
+            first = self._queue.get(timeout=self._flush_interval)
+        except queue.Empty:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + self._flush_interval
+        while len(batch) < self._batch_size:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                # Draining at shutdown, or the batch is young: wait a little for company.
+                remaining = deadline - time.monotonic()
+                if self._stop.is_set() or remaining <= 0:
+                    break
+                try:
+                    batch.append(self._queue.get(timeout=min(remaining, 0.01)))
+                except queue.Empty:
+                    continue
+        return batch
+
+    def _write(self, batch: list[RequestRecord]) -> None:
+        # Straight to the spool while the database was just found away (no connect attempt per
+        # batch); otherwise try it. A spool backlog does not hold live batches back: replay runs
+        # before every batch, and the spool's own order is what replay keeps.
+        if time.monotonic() < self._retry_at:
+            self._sink.spool(batch, new_batch_id())
+            return
+        # The spooled batch keeps its id: if the failed commit did land after all, replay skips it.
+        batch_id = new_batch_id()
+        if self._sink.write(batch, batch_id, origin="live") is None:
+            self._retry_at = time.monotonic() + self._retry_interval
+            self._sink.spool(batch, batch_id)
+
+    def _maybe_replay(self) -> None:
+        if time.monotonic() < self._retry_at:
+            return
+        self._spool.claim_orphans()
+        if not self._spool.has_pending():
+            return
+        if not self._sink.replay(self._spool, self._batch_size):
+            self._retry_at = time.monotonic() + self._retry_interval
+
+
+def new_batch_id() -> str:
+    return uuid.uuid4().hex

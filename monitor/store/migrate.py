@@ -1,0 +1,115 @@
+"""Schema migrations, run programmatically: ``upgrade`` at service start and ``draftwatch db ...``.
+
+The Alembic configuration is built in code; ``script_location`` is the repository's ``migrations/``
+directory, found next to the ``monitor`` package (the project runs installed in editable mode).
+Several replicas may start at once: on PostgreSQL, :func:`upgrade` and :func:`downgrade` hold a
+session-level advisory lock while Alembic runs, on SQLite an exclusive lock on a file next to the
+database, so one replica migrates and the others then find the schema current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import select, text
+from sqlalchemy.engine import Connection, Engine
+
+from monitor.store.engine import sqlite_path
+
+log = logging.getLogger(__name__)
+
+# Any fixed 64-bit number, unique to draftwatch within a PostgreSQL database ("DRFTWTCH" in ASCII).
+ADVISORY_LOCK_KEY: Final = 0x4452465457544348
+MIGRATIONS_DIR: Final = Path(__file__).resolve().parents[2] / "migrations"
+
+
+class MigrationError(RuntimeError):
+    """The migrations directory is missing or a migration failed."""
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic config pointing at ``migrations/``; ``connection`` is handed to env.py."""
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        raise MigrationError(
+            f"migrations directory {MIGRATIONS_DIR} not found; install draftwatch from a checkout "
+            "(pip install -e .) so that migrations/ sits next to monitor/"
+        )
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision in ``migrations/``."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise MigrationError("migrations/ holds no revision")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at, ``None`` for an empty database."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Migrate the database up to ``revision`` under the migration lock; returns the new revision."""
+    with _migration_lock(engine) as conn:
+        before = MigrationContext.configure(conn).get_current_revision()
+        command.upgrade(alembic_config(conn), revision)
+        conn.commit()
+        after = MigrationContext.configure(conn).get_current_revision()
+    if before != after:
+        log.info("database upgraded from %s to %s", before or "empty", after)
+    return after
+
+
+def downgrade(engine: Engine, revision: str) -> str | None:
+    """Migrate the database down to ``revision`` (``base`` empties it) under the migration lock."""
+    with _migration_lock(engine) as conn:
+        command.downgrade(alembic_config(conn), revision)
+        conn.commit()
+        after = MigrationContext.configure(conn).get_current_revision()
+    log.info("database downgraded to %s", after or "base")
+    return after
+
+
+def is_current(engine: Engine) -> bool:
+    """Whether the database is at the newest revision."""
+    return current_revision(engine) == head_revision()
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: Engine) -> Iterator[Connection]:
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            # Session-level lock: it outlives the transactions Alembic commits, until we unlock.
+            conn.execute(select(text(f"pg_advisory_lock({ADVISORY_LOCK_KEY})")))
+            conn.commit()
+            try:
+                yield conn
+            finally:
+                conn.rollback()
+                conn.execute(select(text(f"pg_advisory_unlock({ADVISORY_LOCK_KEY})")))
+                conn.commit()
+        return
+    path = sqlite_path(engine.url)
+    lock_path = path.with_name(path.name + ".migrate-lock") if path is not None else None
+    with contextlib.ExitStack() as stack:
+        if lock_path is not None:
+            handle = stack.enter_context(lock_path.open("a"))
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        conn = stack.enter_context(engine.connect())
+        yield conn

@@ -1,0 +1,237 @@
+"""The schema as SQLAlchemy 2.0 typed ORM models; migrations/ is what creates and changes it.
+
+Tables:
+
+* ``requests``: one row per :class:`decoder.record.RequestRecord`, every field, ``request_id`` unique.
+* ``model_versions`` and ``deployment_events``: the first time a (role, model, version) is seen is
+  an event with a timestamp, so the monitor can annotate charts and reset baselines.
+* ``rollup_minute`` and ``rollup_bins``: per-minute counts and sums per workload, pair and mode,
+  plus fixed-bucket histograms (latency per output token, TTFT) and per-position acceptance counts,
+  all additive so that any range aggregates by summing.
+* ``recorder_batches``: one row per committed recorder batch; it makes spool replay exactly-once.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# Alembic autogenerate and the constraint names in migrations follow this convention.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# BIGINT ids on PostgreSQL; SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+# Plain JSON (text) also on PostgreSQL: the arrays are only read back whole, never queried inside,
+# and JSONB's conversion cost showed up in ingest throughput.
+JsonList = JSON()
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timestamps stored in UTC and read back timezone-aware on both dialects.
+
+    SQLite has no timezone type, so values are normalised to naive UTC on the way in (which also
+    keeps its text comparisons in time order) and get ``tzinfo=UTC`` on the way out.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, str: Text}
+
+
+class RequestRow(Base):
+    """One finished request: the record's fields, nothing derived."""
+
+    __tablename__ = "requests"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(128), unique=True)
+    ts_start: Mapped[datetime]
+    ts_end: Mapped[datetime]
+    workload: Mapped[str] = mapped_column(String(64))
+    target_model: Mapped[str]
+    drafter: Mapped[str]
+    draft_model: Mapped[str | None]
+    target_version: Mapped[str | None]
+    draft_version: Mapped[str | None]
+    mode: Mapped[str] = mapped_column(String(16))
+    num_speculative_tokens: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    num_spec_steps: Mapped[int] = mapped_column(BigInteger)
+    num_draft_tokens: Mapped[int] = mapped_column(BigInteger)
+    num_accepted_tokens: Mapped[int] = mapped_column(BigInteger)
+    accepted_per_position: Mapped[list[int]] = mapped_column(JsonList)
+    acceptance_histogram: Mapped[list[int]] = mapped_column(JsonList)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    draft_ms: Mapped[float | None] = mapped_column(Float)
+    verify_ms: Mapped[float | None] = mapped_column(Float)
+    temperature: Mapped[float] = mapped_column(Float)
+    top_p: Mapped[float] = mapped_column(Float)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None]
+    source: Mapped[str]
+    prompt_hash: Mapped[str | None]
+    stopped_mid_step: Mapped[bool] = mapped_column(Boolean)
+    holdout_reason: Mapped[str | None] = mapped_column(String(16))
+    ingested_at: Mapped[datetime]
+
+    __table_args__ = (
+        # Covering on PostgreSQL (migration 0002): drift sampling reads ids per workload and window from the index.
+        Index("ix_requests_workload_ts", "workload", "ts_start", postgresql_include=["id"]),
+        Index("ix_requests_pair_ts", "target_model", "drafter", "draft_model", "ts_start"),
+        # BRIN on PostgreSQL: time-only scans (retention) at almost no cost per insert.
+        Index("ix_requests_ts", "ts_start", postgresql_using="brin"),
+    )
+
+
+class ModelVersionRow(Base):
+    """A (role, model, version) the monitor has seen, with when it was first seen."""
+
+    __tablename__ = "model_versions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    role: Mapped[str] = mapped_column(String(16))  # "target" or "draft"
+    model: Mapped[str]
+    version: Mapped[str]
+    first_seen: Mapped[datetime]
+
+    __table_args__ = (UniqueConstraint("role", "model", "version"),)
+
+
+class DeploymentEventRow(Base):
+    """A version of a target or draft model appeared: ``first_seen`` for a new model, else ``version_changed``."""
+
+    __tablename__ = "deployment_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(32))
+    role: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str]
+    version: Mapped[str]
+    model_version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id", ondelete="CASCADE"))
+    workload: Mapped[str | None] = mapped_column(String(64))
+    note: Mapped[str | None]
+
+    __table_args__ = (Index("ix_deployment_events_ts", "ts"),)
+
+
+# The rollup key: minute bucket, workload, pair (target, drafter, draft model) and mode. draft_model
+# is '' rather than NULL here because NULLs never collide in a unique constraint.
+ROLLUP_KEY = ("bucket", "workload", "target_model", "drafter", "draft_model", "mode")
+
+
+class RollupMinuteRow(Base):
+    """Additive per-minute figures for one workload, pair and mode."""
+
+    __tablename__ = "rollup_minute"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    bucket: Mapped[datetime]
+    workload: Mapped[str] = mapped_column(String(64))
+    target_model: Mapped[str]
+    drafter: Mapped[str]
+    draft_model: Mapped[str]
+    mode: Mapped[str] = mapped_column(String(16))
+    n_requests: Mapped[int] = mapped_column(BigInteger)
+    n_errors: Mapped[int] = mapped_column(BigInteger)
+    sum_prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    sum_output_tokens: Mapped[int] = mapped_column(BigInteger)
+    sum_spec_steps: Mapped[int] = mapped_column(BigInteger)
+    sum_draft_tokens: Mapped[int] = mapped_column(BigInteger)
+    sum_accepted_tokens: Mapped[int] = mapped_column(BigInteger)
+    # request-weighted acceptance: sum of per-request rates over requests that drafted anything
+    n_drafting: Mapped[int] = mapped_column(BigInteger)
+    sum_acceptance_rate: Mapped[float] = mapped_column(Float)
+    # decode-phase ms per token (RequestRecord.decode_ms_per_token), over requests that have one
+    n_timed: Mapped[int] = mapped_column(BigInteger)
+    sum_ms_per_token: Mapped[float] = mapped_column(Float)
+    # whole-request throughput, over requests with a latency and at least one output token
+    sum_timed_latency_ms: Mapped[float] = mapped_column(Float)
+    sum_timed_output_tokens: Mapped[int] = mapped_column(BigInteger)
+    n_ttft: Mapped[int] = mapped_column(BigInteger)
+    sum_ttft_ms: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        # Named by hand: the conventional name would pass PostgreSQL's 63-character limit.
+        UniqueConstraint(*ROLLUP_KEY, name="uq_rollup_minute_key"),
+        Index("ix_rollup_minute_workload_bucket", "workload", "bucket"),
+    )
+
+
+class RollupBinRow(Base):
+    """Histogram counts per minute key: ``metric`` is one of :data:`monitor.store.bins.METRICS`."""
+
+    __tablename__ = "rollup_bins"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    bucket: Mapped[datetime]
+    workload: Mapped[str] = mapped_column(String(64))
+    target_model: Mapped[str]
+    drafter: Mapped[str]
+    draft_model: Mapped[str]
+    mode: Mapped[str] = mapped_column(String(16))
+    metric: Mapped[str] = mapped_column(String(32))
+    bin: Mapped[int] = mapped_column(Integer)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        UniqueConstraint(*ROLLUP_KEY, "metric", "bin", name="uq_rollup_bins_key"),
+        Index("ix_rollup_bins_workload_metric_bucket", "workload", "metric", "bucket"),
+    )
+
+
+class RecorderBatchRow(Base):
+    """A batch the recorder committed; its id is written in the same transaction as its records."""
+
+    __tablename__ = "recorder_batches"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(String(64), unique=True)
+    origin: Mapped[str] = mapped_column(String(16))  # "live", "spool" or "sync"
+    n_records: Mapped[int] = mapped_column(Integer)
+    committed_at: Mapped[datetime]
+    host: Mapped[str | None]
+    pid: Mapped[int | None] = mapped_column(Integer)
