@@ -126,6 +126,18 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)
 
 
+class TrackedSend:
+    """An ASGI ``send`` that remembers whether the response has started: after that, no other answer fits."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
+
+
 class ResponseCutShortError(RuntimeError):
     """Raised to the server for an error after the response began: it then closes the connection."""
 
@@ -147,18 +159,12 @@ class UnhandledErrorMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        tracked = TrackedSend(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, tracked)
         except Exception as error:
             log.error("unhandled error on %s %s\n%s", scope["method"], scope["path"], traceback_text(error))
-            if started:
+            if tracked.started:
                 # Part of a response is out: only a closed connection tells the client it is incomplete.
                 raise ResponseCutShortError("the response was cut short by the error logged before") from None
             response = ApiError(500, "internal_error", "the server failed to handle the request").response()

@@ -17,6 +17,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from monitor.api.errors import TrackedSend
+
 log = logging.getLogger(__name__)
 
 
@@ -30,15 +32,8 @@ class LimitsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        task = asyncio.ensure_future(self._handle(scope, receive, tracking_send))
+        tracked = TrackedSend(send)
+        task = asyncio.ensure_future(self._handle(scope, receive, tracked))
         if self.timeout_s <= 0:
             await task
             return
@@ -46,13 +41,13 @@ class LimitsMiddleware:
         if task in done:
             task.result()
             return
-        if started:  # a streamed response is under way: it ends on its own
+        if tracked.started:  # a streamed response is under way: it ends on its own
             await task
             return
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        if not started:
+        if not tracked.started:
             log.warning("request timed out after %.1f s: %s %s", self.timeout_s, scope["method"], scope["path"])
             await _error(send, 504, "timeout", f"the request took longer than {self.timeout_s:g} s")
 
