@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.http_ingest import MARK, free_port, template
+from benchmarks.http_ingest import MARK, free_port, template, wait_ready
 from benchmarks.results import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,20 +120,6 @@ def start_sidecar(url: str, data_dir: Path) -> Sidecar:
     return Sidecar(port, process)
 
 
-def wait_ready(sidecar: Sidecar) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the sidecar on port {sidecar.port} did not become ready")
-
-
 def load(sidecar: Sidecar, body: bytes, prefix: str, deadline: float, lock: threading.Lock) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", sidecar.port, timeout=60)
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -178,10 +164,12 @@ def run_fleet(admin: str, size: int, seconds: float) -> Outcome:
     try:
         with tempfile.TemporaryDirectory(prefix="draftwatch-fleet-") as scratch:
             sidecars = [start_sidecar(url, Path(scratch))]
-            wait_ready(sidecars[0])  # the first one migrates the schema; the others find it current
+            wait_ready(
+                sidecars[0].port, sidecars[0].process
+            )  # the first one migrates the schema; the others find it current
             sidecars += [start_sidecar(url, Path(scratch)) for _ in range(size - 1)]
             for sidecar in sidecars[1:]:
-                wait_ready(sidecar)
+                wait_ready(sidecar.port, sidecar.process)
             return drive(sidecars, target, size, seconds)
     finally:
         for sidecar in sidecars:

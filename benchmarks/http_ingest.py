@@ -77,18 +77,24 @@ def serve(port: int, database_url: str, data_dir: Path) -> subprocess.Popen[byte
     process = subprocess.Popen(
         [sys.executable, "-m", "monitor.commands", "serve", "--port", str(port), "--no-scheduler"], env=env, cwd=ROOT
     )
+    wait_ready(port, process)
+    return process
+
+
+def wait_ready(port: int, process: subprocess.Popen[bytes]) -> None:
+    """Until the sidecar on ``port`` answers ``/readyz`` with 200; kills it after two minutes without."""
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and process.poll() is None:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/readyz")
             if conn.getresponse().status == 200:
-                return process
+                return
         except OSError:
             pass
         time.sleep(0.2)
     process.kill()
-    raise SystemExit("draftwatch serve did not become ready")
+    raise SystemExit(f"draftwatch serve on port {port} did not become ready")
 
 
 def drive(port: int, batch: int, clients: int, seconds: float, prefix: str) -> Run:

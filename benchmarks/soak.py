@@ -38,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.http_ingest import free_port
+from benchmarks.http_ingest import free_port, wait_ready
 from benchmarks.results import write_section
 from monitor.ingest.synthetic import synthetic_record
 from tests.monitor.private_pg import PrivatePostgres
@@ -225,20 +225,6 @@ def soak(minutes: float, rate: float) -> tuple[list[Sample], dict[str, Any]]:
             sidecar.kill()
         receiver.server.shutdown()
         pg.destroy()
-
-
-def wait_ready(port: int, sidecar: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and sidecar.poll() is None:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("draftwatch serve did not become ready")
 
 
 def sample(at_s: float, port: int, sidecar_pid: int, data_dir: Path, acknowledged: int) -> Sample:

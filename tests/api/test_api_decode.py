@@ -14,9 +14,10 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from decoder import NgramDrafter, SpeculativeDecoder, load_model
+from decoder import NgramDrafter, SpeculationController, SpeculativeDecoder, load_model
 from monitor.api import create_app
 from tests.api.conftest import INGEST, READ, auth, make_settings, stored
+from tests.decoder.test_controller import pass_costs
 from tests.decoder.tiny import tiny_model
 
 H = auth(INGEST)
@@ -55,8 +56,20 @@ def live_server(tmp_path: Path, sqlite_url: str) -> Iterator[str]:
         thread.join(10)
 
 
+def paying_decoder() -> SpeculativeDecoder:
+    """The tiny pair with costs known to pay (drafting free, a verification pass as dear as one token).
+
+    Timed at start instead, the tiny pair's costs are a few passes' noise: on a busy machine the
+    controller found speculation losing and decoded the request plain.
+    """
+    decoder = tiny_decoder()
+    decoder.controller = SpeculationController()
+    decoder.controller.calibrate(pass_costs(c=0.0, v1=1.0))
+    return decoder
+
+
 def test_generate_returns_text_and_record(tmp_path: Path, db_url: str) -> None:
-    with TestClient(create_app(make_settings(tmp_path, db_url), decoder=tiny_decoder())) as client:
+    with TestClient(create_app(make_settings(tmp_path, db_url), decoder=paying_decoder())) as client:
         response = client.post(
             "/v1/generate", json={"prompt": PROMPT, "workload": "code", "max_new_tokens": 12, "seed": 1}, headers=H
         )
