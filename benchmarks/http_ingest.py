@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from benchmarks.results import write_section
 from monitor.ingest.synthetic import synthetic_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,25 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if args.write:
-        write_results(text, ["-m", "benchmarks.http_ingest", *(argv if argv is not None else sys.argv[1:])])
+        write_section(TITLE, text, ["-m", "benchmarks.http_ingest", *(argv if argv is not None else sys.argv[1:])])
     return 0
-
-
-def write_results(body: str, argv: list[str]) -> None:
-    """Replace this benchmark's own section of RESULTS.md (through benchmarks.results where present)."""
-    try:
-        from benchmarks.results import write_section
-    except ImportError:  # a checkout without the shared helper: a section of our own, others left alone
-        results = Path(__file__).with_name("RESULTS.md")
-        text = results.read_text() if results.exists() else "# Benchmark results\n"
-        head, _, rest = text.partition(f"## {TITLE}\n")
-        tail = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        section = f"## {TITLE}\n\nCommand: `python {' '.join(argv)}`  \nDate: {stamp}  \n"
-        section += f"Machine: {os.cpu_count()} CPU cores\n\n{body}\n"
-        results.write_text(head.rstrip() + "\n\n" + section + ("\n" + tail if tail else ""))
-        return
-    write_section(TITLE, body, argv)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from benchmarks.results import write_section
 from decoder.record import RequestRecord
 from monitor.ingest.recorder import Recorder
 from monitor.ingest.synthetic import synthetic_record
@@ -154,24 +155,6 @@ def report(results: list[Result], writers: int, load: tuple[float, float]) -> st
     return "\n".join(lines)
 
 
-def write_results(body: str, argv: list[str]) -> None:
-    try:
-        from benchmarks.results import write_section
-    except ImportError:  # run from elsewhere: write the section ourselves
-        results = Path(__file__).with_name("RESULTS.md")
-        text = results.read_text() if results.exists() else "# Benchmark results\n"
-        section = f"## {TITLE}\n\nCommand: `python {' '.join(argv)}`  \nDate: {time.strftime('%Y-%m-%d')}\n\n{body}\n"
-        if f"## {TITLE}\n" in text:
-            head, _, rest = text.partition(f"## {TITLE}\n")
-            tail = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-            text = head + section + ("\n" + tail if tail else "")
-        else:
-            text = text.rstrip() + "\n\n" + section
-        results.write_text(text)
-        return
-    write_section(TITLE, body, argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000)
@@ -222,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     body = report(results, args.pg_writers, (load_start, os.getloadavg()[0]))
     print(body)
     if not args.no_write:
-        write_results(body, ["benchmarks/ingest.py", *(argv if argv is not None else sys.argv[1:])])
+        write_section(TITLE, body, ["benchmarks/ingest.py", *(argv if argv is not None else sys.argv[1:])])
     return 0
 
 
