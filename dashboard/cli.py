@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from decoder.extras import EXIT_MISSING, missing
+from decoder.extras import refuse_without
 from monitor.commands.common import add_settings_arguments, config_file, settings_or_report
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,8 @@ def command(port: int, address: str) -> list[str]:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    absent = missing("dashboard")
-    if absent is not None:
-        print(f"draftwatch dashboard: {absent}", file=sys.stderr)
-        return EXIT_MISSING
+    if (refused := refuse_without("draftwatch dashboard", "dashboard")) is not None:
+        return refused
     settings = settings_or_report(args, "dashboard")
     if settings is None:
         return 2

@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from decoder.extras import EXIT_MISSING, missing
+from decoder.extras import refuse_without
 from decoder.fetch import FetchError, fetch_preset, is_fetched, preset_path, remove_preset
 from decoder.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from decoder.record import RecordError, RequestRecord
@@ -82,7 +82,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool = False) -> SpeculativeDecoder:
     """Load the target and drafter that ``args`` name; raises ModelLoadError / FetchError on bad input.
 
-    Needs the decoder extra: a caller checks ``missing("decoder")`` first.
+    Needs the decoder extra: a caller checks ``refuse_without(command, "decoder")`` first.
     """
     from decoder.drafters import Drafter, ModelDrafter, NgramDrafter
     from decoder.loading import check_pair, load_model
@@ -152,10 +152,8 @@ def _models_fetch(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    absent = missing("decoder")
-    if absent is not None:
-        print(f"draftwatch generate: {absent}", file=sys.stderr)
-        return EXIT_MISSING
+    if (refused := refuse_without("draftwatch generate", "decoder")) is not None:
+        return refused
     from decoder.loading import ModelLoadError
 
     try:

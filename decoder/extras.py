@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Final
 
@@ -36,3 +37,13 @@ def missing(extra: str, present: Callable[[str], bool | None] = installed) -> st
         return None
     verb = "is" if len(absent) == 1 else "are"
     return f"{', '.join(absent)} {verb} not installed: pip install 'draftwatch[{extra}]' (or 'draftwatch[all]')"
+
+
+def refuse_without(command: str, *extras: str) -> int | None:
+    """:data:`EXIT_MISSING`, after saying on stderr what to install, when one of ``extras`` is absent; else None."""
+    for extra in extras:
+        absent = missing(extra)
+        if absent is not None:
+            print(f"{command}: {absent}", file=sys.stderr)
+            return EXIT_MISSING
+    return None

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
-from decoder.extras import EXIT_MISSING, missing
+from decoder.extras import refuse_without
 
 
 def register(subparsers: Any) -> None:
@@ -41,11 +40,8 @@ def _stop(signum: int, frame: object) -> NoReturn:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    for extra in ("decoder", "dashboard"):
-        absent = missing(extra)
-        if absent is not None:
-            print(f"draftwatch demo: it decodes and shows the dashboard, and {absent}", file=sys.stderr)
-            return EXIT_MISSING
+    if (refused := refuse_without("draftwatch demo", "decoder", "dashboard")) is not None:
+        return refused
     from monitor.demo.processes import free_port
     from monitor.demo.run import run_demo
     from monitor.demo.scenario import FULL, QUICK

@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from decoder.cli import add_model_arguments, build_decoder
-from decoder.extras import EXIT_MISSING, missing
+from decoder.extras import refuse_without
 from decoder.fetch import FetchError
 from monitor.commands.common import add_settings_arguments, settings_or_report
 
@@ -74,10 +74,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     decoder: SpeculativeDecoder | None = None
     if args.target is not None:
-        absent = missing("decoder")
-        if absent is not None:
-            print(f"draftwatch serve: --target decodes, and {absent}", file=sys.stderr)
-            return EXIT_MISSING
+        if (refused := refuse_without("draftwatch serve --target", "decoder")) is not None:
+            return refused
         from decoder.loading import ModelLoadError
 
         try:
