@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from monitor.drift.config import DriftConfig
 from monitor.drift.run import run_drift
+from monitor.drift.settings import DriftSettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 
@@ -211,7 +211,7 @@ def time_runs(url: str, label: str) -> list[str]:
     ):
         for attempt in range(2):  # the second run shows the warm-cache figure
             t0, cpu0 = time.perf_counter(), time.process_time()
-            run = run_drift(engine, None, now, current=current, reference=reference, config=DriftConfig())
+            run = run_drift(engine, DriftSettings(), now, current=current, reference=reference)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             tested = sum(r.n_ref + r.n_cur for r in run.results if r.test == "acceptance")
             lines.append(

@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 from benchmarks.results import write_section
 from decoder.record import RequestRecord
 from monitor.ingest.recorder import Recorder
+from monitor.ingest.settings import RecorderSettings
 from monitor.ingest.synthetic import synthetic_record
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
@@ -72,7 +73,9 @@ def make_records(count: int, prefix: str) -> list[RequestRecord]:
 
 def flood(engine: Engine, spool: Path, records: list[RequestRecord], writers: int) -> tuple[float, list[float]]:
     costs: list[float] = []
-    recorder = Recorder(engine, spool, queue_size=len(records) + 1, batch_size=1000, writer_threads=writers)
+    recorder = Recorder(
+        engine, RecorderSettings(spool_dir=spool, queue_size=len(records) + 1, batch_size=1000, writer_threads=writers)
+    )
     recorder.start()
     clock = time.perf_counter_ns
     start = time.perf_counter()
@@ -92,7 +95,7 @@ def flood(engine: Engine, spool: Path, records: list[RequestRecord], writers: in
 
 def steady(engine: Engine, spool: Path, records: list[RequestRecord], rate: float) -> list[float]:
     costs: list[float] = []
-    with Recorder(engine, spool) as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=spool)) as recorder:
         clock = time.perf_counter_ns
         start = time.perf_counter()
         for n, rec in enumerate(records):

@@ -68,7 +68,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     env = dict(os.environ)
-    env["DRAFTWATCH_DATABASE_URL"] = settings.database_url
+    env["DRAFTWATCH_DATABASE_URL"] = settings.database.url
     chosen = config_file(args)
     if chosen is not None:
         env["DRAFTWATCH_CONFIG"] = str(chosen.resolve())

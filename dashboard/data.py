@@ -33,7 +33,7 @@ TTL_S: Final = 30
 
 def database_url() -> str:
     """The store's URL from the settings (``DRAFTWATCH_DATABASE_URL`` or ``draftwatch.toml``)."""
-    return Settings.from_env(os.environ, default_config_file(os.environ, Path.cwd())).database_url
+    return Settings.from_env(os.environ, default_config_file(os.environ, Path.cwd())).database.url
 
 
 @st.cache_resource(show_spinner=False)

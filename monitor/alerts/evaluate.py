@@ -24,12 +24,11 @@ from sqlalchemy.engine import Connection, Engine
 
 from monitor.alerts.models import AlertRow
 from monitor.alerts.rules import Rule
+from monitor.alerts.settings import AlertConfig
 from monitor.alerts.silences import Silence, active_silences, is_silenced
-from monitor.alerts.state import AlertState, StateConfig, decide, step
-from monitor.config import Settings
+from monitor.alerts.state import AlertState, decide, step
 from monitor.notify.formats import AlertView
 from monitor.notify.outbox import write_notifications
-from monitor.notify.receivers import WebhookReceiver
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
@@ -51,38 +50,6 @@ class Signal:
     labels: dict[str, str]
     effect: float | None = None
     note: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AlertConfig:
-    rules: tuple[Rule, ...]
-    receivers: tuple[WebhookReceiver, ...] = ()
-    group_by: tuple[str, ...] = ("workload",)
-    external_url: str = "http://127.0.0.1:8321"
-    defaults: StateConfig = field(default_factory=StateConfig)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> AlertConfig:
-        defaults = StateConfig(
-            for_runs=settings.alerts_for_runs,
-            clear_runs=settings.alerts_clear_runs,
-            repeat_interval=settings.alerts_repeat_interval,
-            flap_window=settings.alerts_flap_window,
-            flap_max_fires=settings.alerts_flap_max_fires,
-        )
-        url = f"http://{settings.api_host}:{settings.api_port}"
-        return cls(settings.alert_rules, settings.webhooks, settings.alerts_group_by, url, defaults)
-
-    def state_config(self, rule: Rule) -> StateConfig:
-        d = self.defaults
-        return StateConfig(
-            for_runs=rule.for_runs or d.for_runs,
-            clear_runs=rule.clear_runs or d.clear_runs,
-            for_duration_s=rule.for_duration_s if rule.for_duration_s is not None else d.for_duration_s,
-            repeat_interval=d.repeat_interval,
-            flap_window=d.flap_window,
-            flap_max_fires=d.flap_max_fires,
-        )
 
 
 @dataclass(slots=True)
@@ -123,19 +90,19 @@ def lock_evaluation(conn: Connection) -> None:
 
 def evaluate_alerts(
     engine: Engine,
-    settings: Settings | AlertConfig,
+    config: AlertConfig,
     results: Iterable[Any],
     *,
     now: datetime | None = None,
     fence: Fence | None = None,
 ) -> Evaluation:
     """Evaluate the drift rules over one drift run's results (see the module docstring)."""
-    return evaluate_signals(engine, settings, "drift", signals_from_results(results), now=now, fence=fence)
+    return evaluate_signals(engine, config, "drift", signals_from_results(results), now=now, fence=fence)
 
 
 def evaluate_signals(
     engine: Engine,
-    settings: Settings | AlertConfig,
+    config: AlertConfig,
     source: str,
     signals: Sequence[Signal],
     *,
@@ -143,17 +110,16 @@ def evaluate_signals(
     fence: Fence | None = None,
 ) -> Evaluation:
     """Apply the ``source`` rules to ``signals``, reconcile notifications of every firing alert, write the outbox."""
-    config = settings if isinstance(settings, AlertConfig) else AlertConfig.from_settings(settings)
     now = (now or datetime.now(UTC)).astimezone(UTC)
     verdicts: dict[str, tuple[Rule, dict[str, str], list[bool | None], list[Signal]]] = {}
     for signal in signals:
-        for candidate in config.rules:
+        for candidate in config.alerts.rules:
             if candidate.applies(source, signal.test, signal.labels.get("metric")):
                 fp = fingerprint(candidate.name, signal.labels)
                 entry = verdicts.setdefault(fp, (candidate, signal.labels, [], []))
                 entry[2].append(candidate.verdict(signal.decision, signal.effect))
                 entry[3].append(signal)
-    rules = {r.name: r for r in config.rules}
+    rules = {r.name: r for r in config.alerts.rules}
     report = Evaluation()
     with engine.begin() as conn:
         lock_evaluation(conn)
@@ -174,7 +140,7 @@ def evaluate_signals(
             view = _evaluate_one(conn, config, rule, fp, row, found, silences, now, report)
             if view is not None:
                 views.append(view)
-        args = (config.receivers, config.group_by, config.external_url, now)
+        args = (config.receivers, config.alerts.group_by, config.external_url, now)
         report.outbox_rows = write_notifications(conn, views, *args)
         if fence is not None:
             fence(conn)
@@ -195,7 +161,7 @@ def _evaluate_one(
     report: Evaluation,
 ) -> AlertView | None:
     """Step one alert, save it, and return what to notify about it (None: nothing)."""
-    cfg = config.state_config(rule)
+    cfg = config.alerts.state_config(rule)
     alert = _state_of(row)
     transition = None
     if found is not None:

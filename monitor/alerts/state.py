@@ -12,7 +12,7 @@ until the window has passed); it is notified again every ``repeat_interval`` unt
 a resolved notice goes out only for an episode whose firing was notified.
 
 >>> from datetime import UTC, datetime, timedelta
->>> cfg = StateConfig(for_runs=2, clear_runs=2)
+>>> cfg = StateConfig(2, 2, 0.0, timedelta(hours=4), timedelta(hours=1), 3)
 >>> a, t = AlertState(), datetime(2026, 1, 1, tzinfo=UTC)
 >>> signal = [True, True, False, True, False, False]
 >>> [step(a, v, cfg, t + timedelta(minutes=i)) or a.state for i, v in enumerate(signal)]
@@ -31,12 +31,12 @@ MAX_FIRE_TIMES = 20
 class StateConfig:
     """Thresholds of one rule (global ``alerts.*`` defaults with the rule's overrides applied)."""
 
-    for_runs: int = 2
-    clear_runs: int = 2
-    for_duration_s: float = 0.0
-    repeat_interval: timedelta = timedelta(hours=4)
-    flap_window: timedelta = timedelta(hours=1)
-    flap_max_fires: int = 3
+    for_runs: int
+    clear_runs: int
+    for_duration_s: float
+    repeat_interval: timedelta
+    flap_window: timedelta
+    flap_max_fires: int
 
 
 @dataclass(slots=True)

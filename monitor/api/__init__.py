@@ -1,5 +1,5 @@
-"""The sidecar API: ingest from any serving stack, serve the embedded decoder, expose metrics."""
+"""The sidecar API: ingest from any serving stack, serve the embedded decoder, expose metrics.
 
-from monitor.api.app import create_app, openapi_document
-
-__all__ = ["create_app", "openapi_document"]
+The app is :func:`monitor.api.app.create_app`; this package imports nothing on its own, so that its
+settings section (:mod:`monitor.api.settings`) loads without FastAPI.
+"""

@@ -61,19 +61,19 @@ def create_app(
     decode_seed: int = 0,
 ) -> FastAPI:
     """The sidecar API over ``settings`` (database, tokens, limits); ``decoder`` enables generation."""
-    tokens = TokenSet(settings.api_tokens)
+    tokens = TokenSet(settings.api.tokens)
     metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        eng = engine or create_engine(settings.database_url)
-        recorder = Recorder.from_settings(settings, eng, on_durable=metrics.observe)
+        eng = engine or create_engine(settings.database.url)
+        recorder = Recorder(eng, settings.recorder, on_durable=metrics.observe)
         state = ApiState(settings=settings, engine=eng, recorder=recorder, tokens=tokens, metrics=metrics)
         if eng.dialect.name == "sqlite":
             state.write_lock = threading.Lock()
         state.head_revision = migrate.head_revision()
         schema_task = None
-        if settings.database_upgrade_on_start and not await _upgrade(eng):
+        if settings.database.upgrade_on_start and not await _upgrade(eng):
             # The database may come up later: keep trying, while records spool meanwhile.
             schema_task = asyncio.create_task(_upgrade_until_done(eng))
         await anyio.to_thread.run_sync(recorder.start)
@@ -81,7 +81,7 @@ def create_app(
             decoder.sink = recorder.record
             state.worker = DecodeWorker(
                 decoder,
-                queue_size=settings.api_decode_queue_size,
+                queue_size=settings.api.decode_queue_size,
                 holdout=settings.holdout_policy,
                 seed=decode_seed,
                 state_path=settings.data_dir / STATE_FILE,
@@ -113,7 +113,7 @@ def create_app(
     )
     errors.install(app)
     app.add_middleware(
-        LimitsMiddleware, max_body_bytes=settings.api_max_body_bytes, timeout_s=settings.api_request_timeout_s
+        LimitsMiddleware, max_body_bytes=settings.api.max_body_bytes, timeout_s=settings.api.request_timeout_s
     )
     # Added last, so outermost: it also answers for an error in the limits middleware.
     app.add_middleware(errors.UnhandledErrorMiddleware)

@@ -20,7 +20,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 
 from monitor.api.errors import ApiError, described
-from monitor.config import ApiToken
+from monitor.api.settings import ApiToken
 
 SCOPES: Final = ("ingest", "read", "admin")
 _CHALLENGE: Final = {"WWW-Authenticate": 'Bearer realm="draftwatch"'}

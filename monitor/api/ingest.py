@@ -89,7 +89,7 @@ async def _ingest(state: ApiState, body: bytes, parse: Callable[[bytes], list[An
 async def post_events(request: Request) -> IngestResult:
     """One record, or ``{"events": [...]}`` of up to ``api.max_batch_size``; all-or-nothing per batch."""
     state = api_state(request)
-    limit = state.settings.api_max_batch_size
+    limit = state.settings.api.max_batch_size
     return await _ingest(state, await request.body(), lambda body: parse_body(body, limit))
 
 
@@ -98,7 +98,7 @@ def _adapter_route(stack: Stack) -> None:
 
     async def post_stack_event(request: Request) -> IngestResult:
         state = api_state(request)
-        limit = state.settings.api_max_batch_size
+        limit = state.settings.api.max_batch_size
         return await _ingest(state, await request.body(), lambda body: parse_adapter_events(stack, loads(body), limit))
 
     post_stack_event.__doc__ = (

@@ -190,7 +190,7 @@ def readiness(state: ApiState) -> dict[str, dict[str, Any]]:
         checks["database"] = {"ok": False, "error": type(error).__name__}
         checks["schema"] = {"ok": False, "revision": None, "head": state.head_revision}
     stats = state.recorder.stats()
-    limit = state.settings.recorder_queue_size
+    limit = state.settings.recorder.queue_size
     backed_up = stats.spool_pending or stats.queued >= 0.9 * limit
     checks["recorder"] = {"ok": not backed_up, "queued": stats.queued, "spool_pending": stats.spool_pending}
     return checks

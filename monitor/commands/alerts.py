@@ -73,7 +73,7 @@ def _deliver(args: argparse.Namespace) -> int:
     from monitor.notify.delivery import deliver_pending
 
     def action(engine: Any, settings: Settings) -> int:
-        r = deliver_pending(engine, settings)
+        r = deliver_pending(engine, settings.delivery)
         print(f"attempted {r.attempted}, delivered {r.delivered}, retried {r.retried}, dead {r.dead}, "
               f"waiting {r.waiting}")  # fmt: skip
         return 0

@@ -10,7 +10,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -36,21 +36,23 @@ def config_file(args: argparse.Namespace) -> Path | None:
     return getattr(args, "config", None) or default_config_file(os.environ, Path.cwd())
 
 
-def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
+def settings_from_args(args: argparse.Namespace, overrides: Mapping[str, Any] | None = None) -> Settings:
     """Settings from the environment and the config file, with ``--database-url`` and ``overrides`` on top.
 
-    Overrides whose value is ``None`` are left out, so optional flags can be passed straight through.
+    ``overrides`` maps dotted setting names to typed values; those whose value is ``None`` are left
+    out, so optional flags can be passed straight through.
     """
     settings = Settings.from_env(os.environ, config_file(args))
-    changes = {"database_url": getattr(args, "database_url", None), **overrides}
-    changes = {key: value for key, value in changes.items() if value is not None}
-    return settings.replace(**changes) if changes else settings
+    changes = {"database.url": getattr(args, "database_url", None), **(overrides or {})}
+    return settings.with_values({key: value for key, value in changes.items() if value is not None})
 
 
-def settings_or_report(args: argparse.Namespace, command: str, **overrides: Any) -> Settings | None:
+def settings_or_report(
+    args: argparse.Namespace, command: str, overrides: Mapping[str, Any] | None = None
+) -> Settings | None:
     """:func:`settings_from_args`, or None after telling the user on stderr what is wrong (exit status 2)."""
     try:
-        return settings_from_args(args, **overrides)
+        return settings_from_args(args, overrides)
     except ConfigError as error:
         print(f"draftwatch {command}: {error}", file=sys.stderr)
         return None
@@ -67,9 +69,9 @@ def run_with_engine(args: argparse.Namespace, command: str, action: Action, *, u
     from monitor.store import migrate
     from monitor.store.engine import create_engine
 
-    engine = create_engine(settings.database_url)
+    engine = create_engine(settings.database.url)
     try:
-        if upgrade and settings.database_upgrade_on_start:
+        if upgrade and settings.database.upgrade_on_start:
             migrate.upgrade(engine)
         return int(action(engine, settings))
     except Exception as error:  # the CLI reports, the log keeps the traceback

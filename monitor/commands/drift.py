@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from monitor.commands.common import add_settings_arguments, run_with_engine
-from monitor.config import Settings, parse_duration
+from monitor.config import Settings
+from monitor.settings.parsers import parse_duration
 
 if TYPE_CHECKING:  # the statistics (scipy) load when a drift command runs, not when --help is read
     from sqlalchemy.engine import Engine
@@ -70,11 +71,11 @@ def _run(args: argparse.Namespace) -> int:
     from monitor.drift.run import run_drift
 
     def action(engine: Engine, settings: Settings) -> int:
-        result = run_drift(engine, settings, args.now, current=args.current, reference=args.reference)
+        result = run_drift(engine, settings.drift, args.now, current=args.current, reference=args.reference)
         if not args.no_alerts:
             from monitor.alerts.evaluate import evaluate_alerts
 
-            evaluate_alerts(engine, settings, result.results)
+            evaluate_alerts(engine, settings.alert_config, result.results)
         print(json.dumps(result.to_json(), indent=1) if args.json else format_table(result, everything=args.all))
         return 1 if args.fail_on_drift and result.drifts else 0
 
@@ -109,7 +110,7 @@ def _pin(args: argparse.Namespace) -> int:
     from monitor.drift.queries import pin_baseline
 
     def action(engine: Engine, settings: Settings) -> int:
-        length = args.reference or settings.drift_reference_window
+        length = args.reference or settings.drift.reference_window
         start, end = pin_baseline(engine, args.workload, at=args.at, length=length)
         print(f"workload {args.workload}: reference pinned to {start.isoformat()} .. {end.isoformat()}")
         return 0

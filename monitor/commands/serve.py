@@ -62,10 +62,10 @@ def _serve(args: argparse.Namespace) -> int:
     from monitor.api.app import create_app
     from monitor.api.auth import check_bind
 
-    settings = settings_or_report(args, "serve", api_host=args.host, api_port=args.port)
+    settings = settings_or_report(args, "serve", {"api.host": args.host, "api.port": args.port})
     if settings is None:
         return 2
-    refusal = check_bind(settings.api_host, bool(settings.api_tokens))
+    refusal = check_bind(settings.api.host, bool(settings.api.tokens))
     if refusal is not None:
         print(f"draftwatch serve: {refusal}", file=sys.stderr)
         return 2
@@ -91,9 +91,9 @@ def _serve(args: argparse.Namespace) -> int:
         scheduler = SchedulerService(settings).start()
     app = create_app(settings, decoder=decoder)
     print(
-        f"draftwatch serve: listening on http://{settings.api_host}:{settings.api_port} "
+        f"draftwatch serve: listening on http://{settings.api.host}:{settings.api.port} "
         f"({'decoding with ' + decoder.target.name if decoder else 'ingest only'}, "
-        f"{'token auth' if settings.api_tokens else 'no auth, loopback only'})",
+        f"{'token auth' if settings.api.tokens else 'no auth, loopback only'})",
         file=sys.stderr,
         flush=True,
     )
@@ -103,8 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         uvicorn.run(
             app,
-            host=settings.api_host,
-            port=settings.api_port,
+            host=settings.api.host,
+            port=settings.api.port,
             log_level=logging.getLevelName(logging.getLogger().level).lower(),
             access_log=logging.getLogger().level <= logging.INFO,
             server_header=False,

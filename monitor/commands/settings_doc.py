@@ -11,7 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from monitor.config import SETTINGS, Settings, format_duration
+from monitor.config import Settings, all_specs
+from monitor.settings.parsers import format_duration
 
 # Defaults are resolved against a neutral home, so the table reads the same on every machine.
 _NEUTRAL_ENVIRONMENT = {"HOME": "~"}
@@ -23,6 +24,8 @@ def format_default(value: Any) -> str:
     >>> format_default(timedelta(minutes=5)), format_default(()), format_default(True)
     ('5m', '(none)', 'true')
     """
+    if value is None:
+        return "(none)"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, timedelta):
@@ -44,9 +47,12 @@ def settings_table() -> str:
         "| setting (`draftwatch.toml`) | environment variable | default | meaning |",
         "| --- | --- | --- | --- |",
     ]
-    for spec in SETTINGS:
+    for path, spec in all_specs():
+        value: Any = defaults
+        for attribute in path:
+            value = getattr(value, attribute)
         meaning = spec.help.replace("|", "\\|")
-        default = format_default(getattr(defaults, spec.field)).replace("|", "\\|")
+        default = format_default(value).replace("|", "\\|")
         lines.append(f"| `{spec.name}` | `{spec.env}` | `{default}` | {meaning} |")
     return "\n".join(lines)
 

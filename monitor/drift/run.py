@@ -20,9 +20,7 @@ import numpy as np
 from sqlalchemy import insert
 from sqlalchemy.engine import Connection, Engine
 
-from monitor.config import Settings, format_duration
 from monitor.drift.acceptance import AcceptanceDrift
-from monitor.drift.config import DriftConfig
 from monitor.drift.detectors import update_detector
 from monitor.drift.latency import METRICS as LATENCY_METRICS
 from monitor.drift.latency import LatencyRegression
@@ -31,8 +29,10 @@ from monitor.drift.net_loss import NetLoss
 from monitor.drift.prompt_length import PromptLengthShift
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, sample_requests, window_counts
+from monitor.drift.settings import DriftSettings
 from monitor.drift.traffic_mix import TrafficMixDrift
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
+from monitor.settings.parsers import format_duration
 from monitor.store.queries import Pair
 from monitor.store.types import Fence
 
@@ -74,7 +74,7 @@ def _seed(seed: int, *parts: object) -> int:
 
 
 def _workload_tests(
-    conn: Connection, config: DriftConfig, base: Windows, workload: str, pair: Pair, seed: int, only_pair: bool
+    conn: Connection, config: DriftSettings, base: Windows, workload: str, pair: Pair, seed: int, only_pair: bool
 ) -> list[DriftResult]:
     windows, cur = _current(conn, config, workload_windows(conn, base, workload, pair), workload, pair, only_pair)
     limit = config.sample_size
@@ -118,7 +118,7 @@ def _workload_tests(
 
 
 def _current(
-    conn: Connection, config: DriftConfig, windows: Windows, workload: str, pair: Pair, only_pair: bool
+    conn: Connection, config: DriftSettings, windows: Windows, workload: str, pair: Pair, only_pair: bool
 ) -> tuple[Windows, Sample]:
     """The current window's sample, widened (doubling, the reference moving with it) at low volume.
 
@@ -158,7 +158,7 @@ def _latency(sample: Sample, metric: str) -> np.ndarray[Any, np.dtype[np.float64
 
 def _net_loss(
     conn: Connection,
-    config: DriftConfig,
+    config: DriftSettings,
     windows: Windows,
     workload: str,
     pair: Pair,
@@ -206,12 +206,11 @@ def _decode_speed(
 
 def run_drift(
     engine: Engine,
-    settings: Settings | None = None,
+    config: DriftSettings | None = None,
     now: datetime | None = None,
     *,
     current: timedelta | None = None,
     reference: timedelta | None = None,
-    config: DriftConfig | None = None,
     store: bool = True,
     seed: int = 0,
     detectors: bool = True,
@@ -220,10 +219,10 @@ def run_drift(
 ) -> DriftRun:
     """Run every drift test once and (by default) store the results; returns the run.
 
-    ``config`` wins over ``settings`` (whose ``drift.*`` rows give the defaults); ``current`` and
-    ``reference`` override the window lengths; ``now`` (default: the clock) ends the current window.
+    ``config`` is the ``drift.*`` section (default: the defaults); ``current`` and ``reference``
+    override its window lengths; ``now`` (default: the clock) ends the current window.
     """
-    config = config or (DriftConfig.from_settings(settings) if settings is not None else DriftConfig())
+    config = config or DriftSettings()
     started = clock()
     t0 = time.perf_counter()
     now = utc(now) if now is not None else started
@@ -247,8 +246,8 @@ def run_drift(
                 cap = config.detector_batch
                 found = update_detector(conn, workload, pair, base.cur_start, base.cur_end, started, cap)
                 results.append(found.replace(workload=workload, pair=pair.label))
-        results = apply_bh(results, config.level)
-        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.level, results)
+        results = apply_bh(results, config.fdr_level)
+        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.fdr_level, results)
         if store:
             _store(conn, run, config)
         if fence is not None:
@@ -259,7 +258,7 @@ def run_drift(
     return run
 
 
-def _store(conn: Connection, run: DriftRun, config: DriftConfig) -> None:
+def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:
     w = run.windows
     conn.execute(
         insert(DriftRunRow).values(
@@ -279,7 +278,10 @@ def _store(conn: Connection, run: DriftRun, config: DriftConfig) -> None:
                 "min_requests": config.min_requests,
                 "sample_size": config.sample_size,
                 "floors": config.floors,
-                "workload_floors": config.workload_floors,
+                "workload_floors": {
+                    workload: {key: value for name, key, value in config.workload_floors if name == workload}
+                    for workload, _, _ in config.workload_floors
+                },
             },
         )
     )

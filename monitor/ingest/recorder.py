@@ -12,10 +12,11 @@ should never happen after validation) is written to a ``rejected-*.jsonl`` file 
 >>> from decoder.record import RequestRecord
 >>> from monitor.store.engine import create_engine
 >>> from monitor.store.migrate import upgrade
+>>> from monitor.ingest.settings import RecorderSettings
 >>> tmp = Path(tempfile.mkdtemp())
 >>> engine = create_engine(f"sqlite:///{tmp / 'dw.db'}"); _ = upgrade(engine)
 >>> t = datetime(2026, 1, 1, tzinfo=UTC)
->>> with Recorder(engine, tmp / "spool") as recorder:
+>>> with Recorder(engine, RecorderSettings(spool_dir=tmp / "spool")) as recorder:
 ...     recorder.record(RequestRecord("r1", t, t, "chat", "m", "none", mode="plain", source="api"))
 ...     recorder.record(RequestRecord("r1", t, t, "chat", "m", "none", mode="plain", source="api"))
 >>> recorder.stats().written, recorder.stats().duplicates
@@ -31,18 +32,16 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from sqlalchemy.engine import Engine
 
 from decoder.record import RecordError, RequestRecord
-from monitor.config import FULL_QUEUE_POLICIES, Settings
 from monitor.ingest.batches import BatchSink, DeadLetter, DurableHook
+from monitor.ingest.settings import RecorderSettings
 from monitor.ingest.spool import Spool
 from monitor.log_safe import traceback_text
-from monitor.store.engine import create_engine
 from monitor.store.rows import validate
 
 log = logging.getLogger(__name__)
@@ -82,53 +81,18 @@ class StoreResult(NamedTuple):
 class Recorder:
     """Batched, spooled, idempotent recording of :class:`RequestRecord` into the database."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        spool_dir: Path,
-        *,
-        queue_size: int = 20_000,
-        batch_size: int = 1000,
-        flush_interval_s: float = 0.2,
-        full_queue_policy: Literal["block_then_spool", "spool", "raise"] | str = "block_then_spool",
-        block_timeout_s: float = 0.05,
-        retry_interval_s: float = 1.0,
-        writer_threads: int = 1,
-        on_durable: DurableHook | None = None,
-    ) -> None:
-        if full_queue_policy not in FULL_QUEUE_POLICIES:
-            raise ValueError(f"full_queue_policy={full_queue_policy!r}: expected one of {FULL_QUEUE_POLICIES}")
+    def __init__(self, engine: Engine, settings: RecorderSettings, *, on_durable: DurableHook | None = None) -> None:
         self.engine = engine
-        self._queue: queue.Queue[RequestRecord] = queue.Queue(maxsize=queue_size)
-        self._batch_size = batch_size
-        self._flush_interval = flush_interval_s
-        self._policy = full_queue_policy
-        self._block_timeout = block_timeout_s
-        self._retry_interval = retry_interval_s
-        self._spool = Spool(spool_dir)
-        self._sink = BatchSink(engine, self._spool, DeadLetter(spool_dir), on_durable)
+        self.settings = settings
+        self._queue: queue.Queue[RequestRecord] = queue.Queue(maxsize=settings.queue_size)
+        self._spool = Spool(settings.spool_dir)
+        self._sink = BatchSink(engine, self._spool, DeadLetter(settings.spool_dir), on_durable)
         self._stop = threading.Event()
         self._closed = False
         self._rejected = 0
         self._count_lock = threading.Lock()
         self._retry_at = 0.0
-        self._writer_threads = max(1, writer_threads)
         self._threads: list[threading.Thread] = []
-
-    @classmethod
-    def from_settings(cls, settings: Settings, engine: Engine | None = None, **overrides: object) -> Recorder:
-        """A recorder configured from :class:`~monitor.config.Settings` (not started)."""
-        options: dict[str, object] = {
-            "queue_size": settings.recorder_queue_size,
-            "batch_size": settings.recorder_batch_size,
-            "flush_interval_s": settings.recorder_flush_interval_s,
-            "full_queue_policy": settings.recorder_full_queue_policy,
-            "block_timeout_s": settings.recorder_block_timeout_s,
-            "retry_interval_s": settings.recorder_retry_interval_s,
-            "writer_threads": settings.recorder_writer_threads,
-            **overrides,
-        }
-        return cls(engine or create_engine(settings.database_url), settings.recorder_spool_dir, **options)  # type: ignore[arg-type]
 
     # -- the caller's side ---------------------------------------------------------------------
 
@@ -150,11 +114,11 @@ class Recorder:
     __call__ = record
 
     def _on_full(self, rec: RequestRecord) -> None:
-        if self._policy == "raise":
+        if self.settings.full_queue_policy == "raise":
             raise RecorderFullError(f"recorder queue is full ({self._queue.maxsize} records)")
-        if self._policy == "block_then_spool":
+        if self.settings.full_queue_policy == "block_then_spool":
             try:
-                self._queue.put(rec, timeout=self._block_timeout)
+                self._queue.put(rec, timeout=self.settings.block_timeout_s)
                 return
             except queue.Full:
                 pass
@@ -195,7 +159,7 @@ class Recorder:
             log.info("recovering %d spool segment(s)", claimed)
         # More than one writer overlaps one batch's Python work with another's database round trip
         # (worth it on PostgreSQL; SQLite serialises writers anyway).
-        for number in range(self._writer_threads):
+        for number in range(self.settings.writer_threads):
             thread = threading.Thread(target=self._run, name=f"draftwatch-recorder-{number}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -236,7 +200,7 @@ class Recorder:
                 return
         # One last replay, so that a clean shutdown with the database up leaves no spool behind.
         if self._spool.has_pending() and time.monotonic() >= self._retry_at:
-            self._sink.replay(self._spool, self._batch_size)
+            self._sink.replay(self._spool, self.settings.batch_size)
         self._spool.close()
         self._sink.dispose()
 
@@ -283,12 +247,12 @@ class Recorder:
 
     def _take_batch(self) -> list[RequestRecord]:
         try:
-            first = self._queue.get(timeout=self._flush_interval)
+            first = self._queue.get(timeout=self.settings.flush_interval_s)
         except queue.Empty:
             return []
         batch = [first]
-        deadline = time.monotonic() + self._flush_interval
-        while len(batch) < self._batch_size:
+        deadline = time.monotonic() + self.settings.flush_interval_s
+        while len(batch) < self.settings.batch_size:
             try:
                 batch.append(self._queue.get_nowait())
             except queue.Empty:
@@ -312,7 +276,7 @@ class Recorder:
         # The spooled batch keeps its id: if the failed commit did land after all, replay skips it.
         batch_id = new_batch_id()
         if self._sink.write(batch, batch_id, origin="live") is None:
-            self._retry_at = time.monotonic() + self._retry_interval
+            self._retry_at = time.monotonic() + self.settings.retry_interval_s
             self._sink.spool(batch, batch_id)
 
     def _maybe_replay(self) -> None:
@@ -321,8 +285,8 @@ class Recorder:
         self._spool.claim_orphans()
         if not self._spool.has_pending():
             return
-        if not self._sink.replay(self._spool, self._batch_size):
-            self._retry_at = time.monotonic() + self._retry_interval
+        if not self._sink.replay(self._spool, self.settings.batch_size):
+            self._retry_at = time.monotonic() + self.settings.retry_interval_s
 
 
 def new_batch_id() -> str:

@@ -28,9 +28,9 @@ import httpx
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
-from monitor.config import Settings
 from monitor.notify.models import NotificationRow
 from monitor.notify.receivers import WebhookReceiver
+from monitor.notify.settings import DeliverySettings
 from monitor.notify.signing import headers
 
 log = logging.getLogger(__name__)
@@ -47,29 +47,6 @@ class DeliveryReport:
     retried: int = 0
     dead: int = 0
     waiting: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryConfig:
-    receivers: tuple[WebhookReceiver, ...]
-    allowed_hosts: tuple[str, ...] = ()
-    timeout_s: float = 10.0
-    max_attempts: int = 12
-    max_age: timedelta = timedelta(days=1)
-    backoff_base_s: float = 5.0
-    backoff_max_s: float = 900.0
-
-    @classmethod
-    def from_settings(cls, s: Settings) -> DeliveryConfig:
-        return cls(
-            s.webhooks,
-            s.delivery_allowed_hosts,
-            s.delivery_timeout_s,
-            s.delivery_max_attempts,
-            s.delivery_max_age,
-            s.delivery_backoff_base_s,
-            s.delivery_backoff_max_s,
-        )
 
 
 def backoff(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
@@ -106,7 +83,7 @@ def retry_after(value: str | None, now: datetime) -> float | None:
 
 def deliver_pending(
     engine: Engine,
-    settings: Settings | DeliveryConfig,
+    config: DeliverySettings,
     *,
     now: datetime | None = None,
     client: httpx.Client | None = None,
@@ -114,7 +91,6 @@ def deliver_pending(
     rng: random.Random | None = None,
 ) -> DeliveryReport:
     """Run one delivery pass now; returns what it did."""
-    config = settings if isinstance(settings, DeliveryConfig) else DeliveryConfig.from_settings(settings)
     receivers = {r.name: r for r in config.receivers}
     worker = f"{socket.gethostname()}:{os.getpid()}"
     report = DeliveryReport()
@@ -195,7 +171,7 @@ class _Outcome:
     retry_after: float | None = None
 
 
-def _send(http: httpx.Client, receiver: WebhookReceiver, row: Any, config: DeliveryConfig) -> _Outcome:
+def _send(http: httpx.Client, receiver: WebhookReceiver, row: Any, config: DeliverySettings) -> _Outcome:
     stamp = datetime.now(UTC)
     body: str = row.body
     sent = headers(row.notification_id, int(stamp.timestamp()), body, receiver.secret)

@@ -52,21 +52,21 @@ def health_signals(engine: Engine, settings: Settings, now: datetime) -> list[Si
                 select(j.status)
                 .where(j.job == job, j.status.in_(("ok", "failed")))
                 .order_by(j.started_at.desc())
-                .limit(settings.scheduler_failure_alert_after)
+                .limit(settings.scheduler.failure_alert_after)
             ).scalars().all()  # fmt: skip
-            if len(statuses) == settings.scheduler_failure_alert_after:
+            if len(statuses) == settings.scheduler.failure_alert_after:
                 active = all(s == "failed" for s in statuses)
                 signals.append(Signal("health", "job_failures", _decision(active), {"job": job}))
         last_ok = conn.execute(select(func.max(j.finished_at)).where(j.job == "drift", j.status == "ok")).scalar()
         if last_ok is not None:
-            stale = last_ok < stale_cutoff(now, settings.scheduler_drift_interval)
+            stale = last_ok < stale_cutoff(now, settings.scheduler.drift_interval)
             signals.append(Signal("health", "drift_stale", _decision(stale), {"job": "drift"}))
         n = NotificationRow
         dead = conn.execute(
             select(func.count()).where(n.status == "dead", n.created_at >= now - DEAD_LETTER_WINDOW)
         ).scalar_one()
     signals.append(Signal("health", "dead_letters", _decision(dead > 0), {}, float(dead)))
-    spool = settings.recorder_spool_dir
+    spool = settings.recorder.spool_dir
     old = [p for p in spool.glob(f"{PREFIX}*{SUFFIX}") if _age(p) > SPOOL_AGE_S]
     host = socket.gethostname()
     signals.append(Signal("health", "recorder_spool", _decision(bool(old)), {"host": host}, float(len(old))))
@@ -78,4 +78,6 @@ def evaluate_health(
 ) -> Evaluation:
     """Evaluate the health rules now (the scheduler's ``health`` job)."""
     now = now or datetime.now(UTC)
-    return evaluate_signals(engine, settings, "health", health_signals(engine, settings, now), now=now, fence=fence)
+    return evaluate_signals(
+        engine, settings.alert_config, "health", health_signals(engine, settings, now), now=now, fence=fence
+    )

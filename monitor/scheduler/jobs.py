@@ -47,14 +47,14 @@ def tick_of(now: datetime, interval: timedelta) -> datetime:
 
 def drift_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
     """One drift run ending at now, stored only while the lease holds, then the alert rules over it."""
-    run = run_drift(engine, settings, fence=fence)
-    evaluation = evaluate_alerts(engine, settings, run.results, fence=fence)
+    run = run_drift(engine, settings.drift, fence=fence)
+    evaluation = evaluate_alerts(engine, settings.alert_config, run.results, fence=fence)
     return {"run_id": run.run_id, "results": len(run.results), "drift": len(run.drifts), **_eval(evaluation)}
 
 
 def delivery_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
     # Not fenced: delivery is at least once by design and claims rows itself.
-    report = deliver_pending(engine, settings)
+    report = deliver_pending(engine, settings.delivery)
     return {"attempted": report.attempted, "delivered": report.delivered, "retried": report.retried,
             "dead": report.dead}  # fmt: skip
 
@@ -64,7 +64,7 @@ def health_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence)
 
 
 def retention_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
-    return apply_retention(engine, settings, datetime.now(UTC), fence)
+    return apply_retention(engine, settings.retention, datetime.now(UTC), fence)
 
 
 def _eval(evaluation: Any) -> dict[str, Any]:
@@ -77,10 +77,10 @@ JOBS: dict[str, Job] = {"drift": drift_job, "delivery": delivery_job, "health": 
 
 def intervals(settings: Settings) -> dict[str, timedelta]:
     return {
-        "drift": settings.scheduler_drift_interval,
-        "delivery": settings.scheduler_delivery_interval,
-        "health": settings.scheduler_health_interval,
-        "retention": settings.scheduler_retention_interval,
+        "drift": settings.scheduler.drift_interval,
+        "delivery": settings.scheduler.delivery_interval,
+        "health": settings.scheduler.health_interval,
+        "retention": settings.scheduler.retention_interval,
     }
 
 

@@ -16,32 +16,34 @@ from sqlalchemy import delete
 from sqlalchemy.engine import Connection, Engine
 
 from monitor.alerts.models import AlertRow, SilenceRow
-from monitor.config import Settings
 from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
+from monitor.scheduler.settings import RetentionSettings
 from monitor.store.models import RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
 
 
-def apply_retention(engine: Engine, settings: Settings, now: datetime, fence: Fence | None = None) -> dict[str, int]:
+def apply_retention(
+    engine: Engine, retention: RetentionSettings, now: datetime, fence: Fence | None = None
+) -> dict[str, int]:
     """Delete what is past retention in one transaction; returns rows deleted per table."""
     plan: list[tuple[str, int, Any]] = [
-        ("requests", settings.retention_requests_days, lambda c: delete(RequestRow).where(RequestRow.ts_start < c)),
-        ("rollup_minute", settings.retention_rollups_days, lambda c: delete(RollupMinuteRow).where(
+        ("requests", retention.requests_days, lambda c: delete(RequestRow).where(RequestRow.ts_start < c)),
+        ("rollup_minute", retention.rollups_days, lambda c: delete(RollupMinuteRow).where(
             RollupMinuteRow.bucket < c)),
-        ("rollup_bins", settings.retention_rollups_days, lambda c: delete(RollupBinRow).where(RollupBinRow.bucket < c)),
-        ("drift_results", settings.retention_drift_days, lambda c: delete(DriftResultRow).where(
+        ("rollup_bins", retention.rollups_days, lambda c: delete(RollupBinRow).where(RollupBinRow.bucket < c)),
+        ("drift_results", retention.drift_days, lambda c: delete(DriftResultRow).where(
             DriftResultRow.created_at < c)),
-        ("drift_runs", settings.retention_drift_days, lambda c: delete(DriftRunRow).where(DriftRunRow.started_at < c)),
-        ("notifications", settings.retention_alerts_days, lambda c: delete(NotificationRow).where(
+        ("drift_runs", retention.drift_days, lambda c: delete(DriftRunRow).where(DriftRunRow.started_at < c)),
+        ("notifications", retention.alerts_days, lambda c: delete(NotificationRow).where(
             NotificationRow.status.in_(("delivered", "dead")), NotificationRow.created_at < c)),
-        ("alerts", settings.retention_alerts_days, lambda c: delete(AlertRow).where(
+        ("alerts", retention.alerts_days, lambda c: delete(AlertRow).where(
             AlertRow.state.in_(("resolved", "inactive")), AlertRow.updated_at < c)),
-        ("silences", settings.retention_alerts_days, lambda c: delete(SilenceRow).where(SilenceRow.ends_at < c)),
-        ("job_runs", settings.retention_jobs_days, lambda c: delete(JobRunRow).where(JobRunRow.started_at < c)),
+        ("silences", retention.alerts_days, lambda c: delete(SilenceRow).where(SilenceRow.ends_at < c)),
+        ("job_runs", retention.jobs_days, lambda c: delete(JobRunRow).where(JobRunRow.started_at < c)),
     ]  # fmt: skip
     deleted: dict[str, int] = {}
     with engine.begin() as conn:

@@ -35,9 +35,9 @@ class SchedulerService:
     def __init__(self, settings: Settings, engine: Engine | None = None, jobs: Iterable[str] | None = None) -> None:
         self.settings = settings
         self._own_engine = engine is None
-        self.engine = engine or create_engine(settings.database_url)
+        self.engine = engine or create_engine(settings.database.url)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.lease = Lease(self.engine, self.holder, settings.scheduler_lease_ttl_s)
+        self.lease = Lease(self.engine, self.holder, settings.scheduler.lease_ttl_s)
         self.jobs = list(jobs) if jobs is not None else list(JOBS)
         unknown = set(self.jobs) - set(JOBS)
         if unknown:
@@ -50,9 +50,9 @@ class SchedulerService:
         self._scheduler = BackgroundScheduler(
             timezone=UTC,
             job_defaults={
-                "coalesce": settings.scheduler_coalesce,
-                "max_instances": settings.scheduler_max_instances,
-                "misfire_grace_time": max(1, int(settings.scheduler_misfire_grace_s)),
+                "coalesce": settings.scheduler.coalesce,
+                "max_instances": settings.scheduler.max_instances,
+                "misfire_grace_time": max(1, int(settings.scheduler.misfire_grace_s)),
             },
         )
 
@@ -83,7 +83,7 @@ class SchedulerService:
         log.info("scheduler %s stopped", self.holder)
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.settings.scheduler_heartbeat_s):
+        while not self._stop.wait(self.settings.scheduler.heartbeat_s):
             self._beat()
 
     def _beat(self) -> None:

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from monitor.alerts.evaluate import evaluate_alerts
-from monitor.api import create_app
+from monitor.api.app import create_app
 from monitor.store.migrate import alembic_config
 from monitor.store.models import Base
 from tests.alerts.conftest import make_settings, minutes, result
@@ -30,7 +30,7 @@ def client(tmp_path: Path, engine: Engine) -> Iterator[TestClient]:
     url = engine.url.render_as_string(hide_password=False)
     settings = make_settings(tmp_path, url, DRAFTWATCH_API_TOKENS=TOKENS)
     for i in range(2):
-        evaluate_alerts(engine, settings, [result("drift", -0.2)], now=minutes(5 * i))
+        evaluate_alerts(engine, settings.alert_config, [result("drift", -0.2)], now=minutes(5 * i))
     with TestClient(create_app(settings)) as test_client:
         yield test_client
 

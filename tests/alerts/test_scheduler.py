@@ -44,7 +44,7 @@ def test_lease_fences_a_paused_former_leader(engine: Engine, tmp_path: Path) -> 
     time.sleep(1.6)  # a is "paused" past its TTL; b takes over with a higher epoch
     assert b.acquire_or_renew() and b.epoch == 2
     with pytest.raises(LeaseLostError):
-        run_drift(engine, settings, fence=a.fence)
+        run_drift(engine, settings.drift, fence=a.fence)
     assert _count(engine, DriftRunRow) == 1  # the stale leader's run was rolled back
     assert run_tick(engine, settings, a, "drift", tick + timedelta(minutes=5), drift_job) == "skipped"
     assert run_tick(engine, settings, b, "drift", tick, drift_job) == "skipped"  # a tick runs once

@@ -29,12 +29,12 @@ def _url(engine: Engine) -> str:
 
 def _fire(engine: Engine, settings: object, workload: str = "code", start: float = 0) -> None:
     for i in range(2):
-        evaluate_alerts(engine, settings, [result("drift", -0.2, workload)], now=minutes(start + 5 * i))  # type: ignore[arg-type]
+        evaluate_alerts(engine, settings.alert_config, [result("drift", -0.2, workload)], now=minutes(start + 5 * i))  # type: ignore[arg-type]
 
 
 def _resolve(engine: Engine, settings: object, workload: str = "code", start: float = 20) -> None:
     for i in range(2):
-        evaluate_alerts(engine, settings, [result("no_drift", 0.0, workload)], now=minutes(start + 5 * i))  # type: ignore[arg-type]
+        evaluate_alerts(engine, settings.alert_config, [result("no_drift", 0.0, workload)], now=minutes(start + 5 * i))  # type: ignore[arg-type]
 
 
 def test_signed_alertmanager_slack_and_json(engine: Engine, tmp_path: Path, receiver: Receiver) -> None:
@@ -45,7 +45,7 @@ def test_signed_alertmanager_slack_and_json(engine: Engine, tmp_path: Path, rece
     ]
     settings = make_settings(tmp_path, _url(engine), hooks)
     _fire(engine, settings)
-    report = deliver_pending(engine, settings)
+    report = deliver_pending(engine, settings.delivery)
     assert (report.delivered, report.dead) == (3, 0)
     by_format: dict[str, tuple[dict[str, str], bytes]] = {}
     for _, headers, body in receiver.seen:
@@ -82,21 +82,21 @@ def test_receiver_outage_every_notification_arrives_once_in_order(
     receiver.script = [500, 500, 429, 503, "timeout", "timeout"]
     deadline = time.monotonic() + 30
     while receiver.script and time.monotonic() < deadline:
-        deliver_pending(engine, settings)
+        deliver_pending(engine, settings.delivery)
         time.sleep(0.02)
     assert not receiver.script
     # Phase 3: connection refused.
     port = receiver.port
     receiver.stop()
     for _ in range(3):
-        report = deliver_pending(engine, settings)
+        report = deliver_pending(engine, settings.delivery)
         assert report.delivered == 0
         time.sleep(0.06)
     # Phase 4: the receiver is back on the same port.
     receiver.port = port
     receiver.start()
     while time.monotonic() < deadline:
-        deliver_pending(engine, settings)
+        deliver_pending(engine, settings.delivery)
         with engine.connect() as conn:
             statuses = conn.execute(select(NotificationRow.status)).scalars().all()
         if set(statuses) == {"delivered"}:
@@ -128,12 +128,12 @@ def test_permanent_failures_and_limits_dead_letter(
     settings = make_settings(tmp_path, _url(engine), [{"url": receiver.url}], DRAFTWATCH_DELIVERY_MAX_ATTEMPTS="2")
     _fire(engine, settings)
     receiver.script = [404]
-    assert deliver_pending(engine, settings).dead == 1  # 4xx other than 408/429: permanent at once
+    assert deliver_pending(engine, settings.delivery).dead == 1  # 4xx other than 408/429: permanent at once
     _fire(engine, settings, "chat", start=1)
     receiver.script = [500, 500]
-    deliver_pending(engine, settings)
+    deliver_pending(engine, settings.delivery)
     time.sleep(0.06)
-    assert deliver_pending(engine, settings).dead == 1  # after max_attempts
+    assert deliver_pending(engine, settings.delivery).dead == 1  # after max_attempts
     with engine.connect() as conn:
         errors = conn.execute(select(NotificationRow.last_error).where(NotificationRow.status == "dead")).scalars()
         assert sorted(errors) == ["HTTP 404", "gave up after 2 attempt(s): HTTP 500"]
@@ -143,7 +143,7 @@ def test_permanent_failures_and_limits_dead_letter(
     _resolve(engine, blocked, "code")
     seen = len(receiver.seen)
     with caplog.at_level(logging.WARNING):
-        assert deliver_pending(engine, blocked).dead == 1 and len(receiver.seen) == seen
+        assert deliver_pending(engine, blocked.delivery).dead == 1 and len(receiver.seen) == seen
     (warning,) = [r.getMessage() for r in caplog.records if "host not allowed" in r.getMessage()]
     assert f"127.0.0.1:{receiver.port}" in warning and "/hook" not in warning  # the host, never the path
 

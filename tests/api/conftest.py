@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from decoder.record import RequestRecord
-from monitor.api import create_app
+from monitor.api.app import create_app
 from monitor.config import Settings
 from monitor.ingest.synthetic import synthetic_record
 from monitor.store.engine import create_engine

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from decoder import NgramDrafter, SpeculationController, SpeculativeDecoder, load_model
-from monitor.api import create_app
+from monitor.api.app import create_app
 from tests.api.conftest import INGEST, READ, auth, make_settings, stored
 from tests.decoder.test_controller import pass_costs
 from tests.decoder.tiny import tiny_model

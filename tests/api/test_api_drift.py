@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from monitor.api import create_app
+from monitor.api.app import create_app
 from monitor.drift.run import run_drift
 from monitor.ingest.synthetic import synthetic_record
 from monitor.store.engine import create_engine
@@ -36,7 +36,7 @@ def test_drift_endpoint_serves_the_latest_run(tmp_path: Path, db_url: str) -> No
         engine = create_engine(db_url)
         with engine.begin() as conn:
             write_batch(conn, sorted([*reference, *current], key=lambda r: r.ts_start), "drift-api-test", "sync")
-        run = run_drift(engine, settings, now=now)
+        run = run_drift(engine, settings.drift, now=now)
         body = client.get("/v1/drift", params={"workload": "code", "test": "acceptance"}, headers=auth(READ)).json()
         assert body["run_id"] == run.run_id
         (result,) = [r for r in body["results"] if r["metric"] == "acceptance_rate"]

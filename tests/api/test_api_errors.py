@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from monitor.api import create_app
+from monitor.api.app import create_app
 from tests.api.conftest import READ, auth, make_settings
 from tests.api.test_api_decode import free_port
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from monitor.api import create_app
+from monitor.api.app import create_app
 from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow
 from tests.api.conftest import INGEST, auth, bodies, make_settings, records

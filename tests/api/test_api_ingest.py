@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from monitor.api import create_app
+from monitor.api.app import create_app
 from tests.api.conftest import INGEST, auth, bodies, make_settings, records, stored
 from tests.api.test_api_adapters import LLAMACPP, VLLM
 
@@ -161,4 +161,4 @@ def test_unreachable_database_spools_and_still_answers_202(tmp_path: Path) -> No
         assert ready.status_code == 503
         assert ready.json()["checks"]["database"]["ok"] is False
         assert ready.json()["checks"]["recorder"]["spool_pending"] is True
-    assert any(settings.recorder_spool_dir.glob("spool-*.jsonl"))
+    assert any(settings.recorder.spool_dir.glob("spool-*.jsonl"))

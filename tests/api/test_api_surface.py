@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.types import Receive, Scope, Send
 
-from monitor.api import create_app, openapi_document
+from monitor.api.app import create_app, openapi_document
 from monitor.api.limits import LimitsMiddleware
 from monitor.config import ConfigError, Settings
 from tests.api.conftest import ADMIN, INGEST, READ, auth, bodies, make_settings, recent, records
@@ -50,7 +50,7 @@ def test_tokens_and_scopes(client: TestClient) -> None:
 
 
 def test_no_tokens_means_open_but_loopback_only(tmp_path: Path, sqlite_url: str) -> None:
-    settings = make_settings(tmp_path, sqlite_url).replace(api_tokens=())
+    settings = make_settings(tmp_path, sqlite_url).with_values({"api.tokens": ()})
     with TestClient(create_app(settings)) as client:
         assert client.post("/v1/events", json=bodies(records(1))[0]).status_code == 202
     done = subprocess.run(
@@ -190,6 +190,6 @@ def test_with_tokens_only_the_probes_answer_without_one(client: TestClient, tmp_
         assert client.get(page).status_code == 404
     assert client.get("/readyz").status_code == 200
     # Without tokens (loopback only) the pages are served for a person at the machine.
-    with TestClient(create_app(make_settings(tmp_path, sqlite_url).replace(api_tokens=()))) as open_client:
+    with TestClient(create_app(make_settings(tmp_path, sqlite_url).with_values({"api.tokens": ()}))) as open_client:
         assert open_client.get("/docs").status_code == 200
         assert open_client.get("/openapi.json").status_code == 200

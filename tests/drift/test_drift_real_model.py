@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
-from monitor.drift.config import DriftConfig
 from monitor.drift.run import run_drift
+from monitor.drift.settings import DriftSettings
 from tests.drift.conftest import store
 
 pytestmark = pytest.mark.models
@@ -119,8 +119,8 @@ def test_switching_prompts_is_found_for_that_workload_only(records: list[Request
     # The copying workloads accept clearly more than the open-ended ones.
     assert min(mean_rate("repeat"), mean_rate("fix")) > max(mean_rate("story"), mean_rate("names")) + 0.2
     store(engine, records)
-    config = DriftConfig(current_window=timedelta(hours=1), reference_window=timedelta(hours=24), min_requests=8)
-    run = run_drift(engine, None, NOW, config=config)
+    config = DriftSettings(current_window=timedelta(hours=1), reference_window=timedelta(hours=24), min_requests=8)
+    run = run_drift(engine, config, NOW)
     acceptance = {(r.workload, r.test): r for r in run.results if r.test == "acceptance"}
     fix = acceptance[("fix", "acceptance")]
     assert fix.decision == "drift" and fix.effect is not None and fix.effect < -0.2, fix

@@ -12,10 +12,10 @@ from sqlalchemy.engine import Engine
 
 from monitor.commands.main import main
 from monitor.config import Settings
-from monitor.drift.config import DriftConfig
 from monitor.drift.models import DetectorStateRow, DriftResultRow
 from monitor.drift.queries import latest_results, latest_run, pin_baseline
 from monitor.drift.run import DriftRun, run_drift
+from monitor.drift.settings import DriftSettings
 from tests.drift.conftest import store
 from tests.drift.records import window_stream
 
@@ -37,7 +37,9 @@ def populate(engine: Engine, *, n: int = 150, cur_alpha: dict[str, float] | None
 
 
 def run(engine: Engine, settings: Settings | None = None) -> DriftRun:
-    return run_drift(engine, settings, NOW, current=timedelta(hours=1), reference=timedelta(hours=24))
+    return run_drift(
+        engine, settings.drift if settings else None, NOW, current=timedelta(hours=1), reference=timedelta(hours=24)
+    )
 
 
 def drifts(result: DriftRun) -> set[tuple[str | None, str]]:
@@ -167,6 +169,6 @@ def test_low_volume_widens_the_current_window_until_it_can_decide(engine: Engine
     assert acceptance.cur_start == changed and acceptance.ref_end == changed
     assert acceptance.ref_start == changed - timedelta(hours=24)
 
-    config = DriftConfig(current_window=timedelta(hours=1), max_current_window=timedelta(hours=1))
-    unwidened = run_drift(engine, None, now, config=config, store=False)
+    config = DriftSettings(current_window=timedelta(hours=1), max_current_window=timedelta(hours=1))
+    unwidened = run_drift(engine, config, now, store=False)
     assert next(r for r in unwidened.results if r.test == "acceptance").decision == "insufficient_data"

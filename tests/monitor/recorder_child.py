@@ -17,6 +17,7 @@ from pathlib import Path
 
 from decoder.record import RequestRecord
 from monitor.ingest.recorder import Recorder
+from monitor.ingest.settings import RecorderSettings
 from monitor.ingest.synthetic import synthetic_record
 from monitor.store.engine import create_engine
 
@@ -39,10 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     recorder = Recorder(
         create_engine(args.url),
-        args.spool,
-        batch_size=200,
-        flush_interval_s=0.05,
-        retry_interval_s=0.2,
+        RecorderSettings(spool_dir=args.spool, batch_size=200, flush_interval_s=0.05, retry_interval_s=0.2),
         on_durable=durable,
     ).start()
     start = time.monotonic()

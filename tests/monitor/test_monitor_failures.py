@@ -16,6 +16,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 
 from monitor.ingest.recorder import Recorder
+from monitor.ingest.settings import RecorderSettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RequestRow, RollupMinuteRow
@@ -96,7 +97,10 @@ def private_pg() -> Iterator[PrivatePostgres]:
 @pytest.mark.slow
 def test_private_postgresql_down_at_start_then_lost_mid_run(private_pg: PrivatePostgres, tmp_path: Path) -> None:
     engine = create_engine(private_pg.url)
-    recorder = Recorder(engine, tmp_path / "spool", batch_size=100, flush_interval_s=0.05, retry_interval_s=0.2)
+    recorder = Recorder(
+        engine,
+        RecorderSettings(spool_dir=tmp_path / "spool", batch_size=100, flush_interval_s=0.05, retry_interval_s=0.2),
+    )
     recorder.start()
     # 1. Down at start: everything spools.
     first = stream(500, prefix="early")
@@ -154,7 +158,7 @@ def test_kill_9_loses_nothing_reported(db_url: str, tmp_path: Path, database: st
     assert len(reported) >= 2000
     if database == "down":
         upgrade(engine)  # the records went to the spool; the next process uses a reachable database
-    with Recorder(engine, tmp_path / "spool") as recovery:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recovery:
         assert recovery.wait_replayed(30)
     stored = ids_in_db(engine)
     assert len(stored) == len(set(stored))

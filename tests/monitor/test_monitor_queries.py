@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
 from monitor.ingest.recorder import Recorder
+from monitor.ingest.settings import RecorderSettings
 from monitor.store import queries
 from tests.monitor.records import T0, stream
 
@@ -29,7 +30,7 @@ def loaded(engine: Engine, tmp_path: Path) -> list[RequestRecord]:
     records = stream(600, spacing=timedelta(seconds=2)) + stream(
         100, prefix="h", mode="holdout", spacing=timedelta(seconds=12)
     )
-    with Recorder(engine, tmp_path / "spool") as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recorder:
         recorder.store_batch(records)
     return records
 
@@ -133,7 +134,7 @@ def test_measured_speedup_is_the_decode_phase_of_its_construction(engine: Engine
 
     records = [scripted(i, "speculative", 20, 10.0) for i in range(40)]
     records += [scripted(i, "holdout", 200, 15.0) for i in range(40, 60)]
-    with Recorder(engine, tmp_path / "spool") as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recorder:
         recorder.store_batch(records)
     summary = queries.workload_summary(engine, "rag", T0, END)
     assert summary is not None and summary.measured_speedup == pytest.approx(1.5)

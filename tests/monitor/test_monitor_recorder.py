@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 from decoder.record import RequestRecord
 from monitor.config import Settings
 from monitor.ingest.recorder import Recorder, RecorderClosedError, RecorderFullError
+from monitor.ingest.settings import RecorderSettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RequestRow, RollupMinuteRow
@@ -30,7 +31,11 @@ def stored_count(engine: Engine) -> tuple[int, int]:
 
 def test_records_arrive_in_batches_and_hooks_see_them(engine: Engine, tmp_path: Path) -> None:
     seen: list[tuple[int, str]] = []
-    recorder = Recorder(engine, tmp_path / "spool", batch_size=100, on_durable=lambda b, w: seen.append((len(b), w)))
+    recorder = Recorder(
+        engine,
+        RecorderSettings(spool_dir=tmp_path / "spool", batch_size=100),
+        on_durable=lambda b, w: seen.append((len(b), w)),
+    )
     with recorder:
         for rec in stream(1000):
             recorder.record(rec)
@@ -39,7 +44,9 @@ def test_records_arrive_in_batches_and_hooks_see_them(engine: Engine, tmp_path: 
     assert stored_count(engine) == (1000, 1000)
     assert sum(n for n, _ in seen) == 1000 and {w for _, w in seen} == {"written"}
     assert max(n for n, _ in seen) <= 100
-    with Recorder(engine, tmp_path / "spool", on_durable=lambda b, w: seen.append((len(b), w))) as again:
+    with Recorder(
+        engine, RecorderSettings(spool_dir=tmp_path / "spool"), on_durable=lambda b, w: seen.append((len(b), w))
+    ) as again:
         for rec in stream(10):  # already stored: durable, but nothing new for the hook
             again.record(rec)
         assert again.flush(20)
@@ -49,11 +56,12 @@ def test_records_arrive_in_batches_and_hooks_see_them(engine: Engine, tmp_path: 
         recorder.record(stream(1)[0])
 
 
-def test_from_settings(engine: Engine, tmp_path: Path) -> None:
+def test_the_recorder_runs_on_its_settings_section(engine: Engine, tmp_path: Path) -> None:
     settings = Settings.from_env(
         {"HOME": str(tmp_path), "DRAFTWATCH_RECORDER_BATCH_SIZE": "7", "DRAFTWATCH_RECORDER_QUEUE_SIZE": "9"}, None
     )
-    with Recorder.from_settings(settings, engine) as recorder:
+    with Recorder(engine, settings.recorder) as recorder:
+        assert recorder._queue.maxsize == 9 and recorder.settings.batch_size == 7
         for rec in stream(20):
             recorder.record(rec)
     assert stored_count(engine) == (20, 20)
@@ -66,7 +74,10 @@ def test_a_refused_record_leaves_no_field_values_in_the_log(
     refuse_value(engine, "requests", "drafter", "drafter-value-7f3")
     secrets = {"request_id": "id-value-7f3", "prompt_hash": "hash-value-7f3", "target_model": "model-value-7f3"}
     refused = api_record(drafter="drafter-value-7f3", **secrets)
-    with caplog.at_level(logging.DEBUG), Recorder(engine, tmp_path / "spool", batch_size=10) as recorder:
+    with (
+        caplog.at_level(logging.DEBUG),
+        Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool", batch_size=10)) as recorder,
+    ):
         for rec in [*stream(3), refused]:
             recorder.record(rec)
         assert recorder.flush(20)
@@ -93,11 +104,9 @@ def test_full_queue_policies(engine: Engine, tmp_path: Path, policy: str) -> Non
     stall = _Stalled()
     recorder = Recorder(
         engine,
-        tmp_path / "spool",
-        queue_size=5,
-        batch_size=1,
-        full_queue_policy=policy,
-        block_timeout_s=0.01,
+        RecorderSettings(
+            spool_dir=tmp_path / "spool", queue_size=5, batch_size=1, full_queue_policy=policy, block_timeout_s=0.01
+        ),
         on_durable=stall,
     ).start()
     records = stream(20)
@@ -135,7 +144,9 @@ def test_database_down_at_start_spools_then_replays(db_url: str, tmp_path: Path)
     url, late_name = _unmigrated_or_missing(db_url)
     engine = create_engine(url)
     records = stream(300)
-    recorder = Recorder(engine, tmp_path / "spool", batch_size=50, retry_interval_s=0.1).start()
+    recorder = Recorder(
+        engine, RecorderSettings(spool_dir=tmp_path / "spool", batch_size=50, retry_interval_s=0.1)
+    ).start()
     try:
         for rec in records:
             recorder.record(rec)
@@ -169,14 +180,16 @@ def create_pg_database_named(name: str) -> None:
 
 
 def test_a_restarted_recorder_replays_what_an_earlier_one_left(engine: Engine, tmp_path: Path) -> None:
-    first = Recorder(engine, tmp_path / "spool")
+    first = Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool"))
     records: list[RequestRecord] = stream(40)
     first._spool.append("left-behind", records)  # what a crashed process leaves: an unlocked segment
     first._spool.close()
-    with Recorder(engine, tmp_path / "spool") as second:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as second:
         assert second.wait_replayed(10)
         assert second.stats().replayed == 40
-    with Recorder(engine, tmp_path / "spool") as third:  # replaying the same batch again is a no-op
+    with Recorder(
+        engine, RecorderSettings(spool_dir=tmp_path / "spool")
+    ) as third:  # replaying the same batch again is a no-op
         third._spool.append("left-behind", records)
         third._spool.seal()
         assert third.wait_replayed(10)

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from decoder.record import RecordError, RequestRecord
 from monitor.ingest.recorder import Recorder
+from monitor.ingest.settings import RecorderSettings
 from monitor.store.models import DeploymentEventRow, RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.store.rows import from_row
 from tests.monitor.records import T0, api_record, stream
@@ -35,7 +36,7 @@ def test_records_round_trip_exactly(engine: Engine, tmp_path: Path) -> None:
         api_record("c\ttab\\slash\nnewline", error="boom: \u00e9\u4e2d", finish_reason="error", stopped_mid_step=True),
         *stream(50),
     ]
-    with Recorder(engine, tmp_path / "spool") as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recorder:
         assert recorder.store_batch(records) == (len(records), 0, 0)
     stored = read_all(engine)
     assert stored == {r.request_id: r for r in records}
@@ -43,7 +44,7 @@ def test_records_round_trip_exactly(engine: Engine, tmp_path: Path) -> None:
 
 
 def test_duplicates_are_counted_and_ignored(engine: Engine, tmp_path: Path) -> None:
-    with Recorder(engine, tmp_path / "spool") as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recorder:
         assert recorder.store_batch([api_record("x"), api_record("y")]) == (2, 0, 0)
         assert recorder.store_batch([api_record("y"), api_record("z"), api_record("z")]) == (1, 2, 0)
         for rec in stream(30):
@@ -60,7 +61,7 @@ def test_duplicates_are_counted_and_ignored(engine: Engine, tmp_path: Path) -> N
 
 def test_rollups_equal_the_requests_table(engine: Engine, tmp_path: Path) -> None:
     records = stream(400, spacing=timedelta(seconds=3)) + stream(60, prefix="h", mode="holdout")
-    with Recorder(engine, tmp_path / "spool", batch_size=37) as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool", batch_size=37)) as recorder:
         for rec in records:
             recorder.record(rec)
         recorder.store_batch(records[:100])  # all duplicates: rollups must not move
@@ -91,7 +92,7 @@ def test_rollups_equal_the_requests_table(engine: Engine, tmp_path: Path) -> Non
 
 
 def test_a_new_version_is_a_deployment_event(engine: Engine, tmp_path: Path) -> None:
-    with Recorder(engine, tmp_path / "spool") as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recorder:
         recorder.store_batch([api_record("a"), api_record("b")])
         recorder.store_batch(
             [
@@ -134,7 +135,7 @@ BAD = [
 
 
 def test_bad_records_are_rejected_naming_the_field(engine: Engine, tmp_path: Path) -> None:
-    with Recorder(engine, tmp_path / "spool") as recorder:
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recorder:
         for field, change in BAD:
             bad = replace(api_record("bad"), **change)  # type: ignore[arg-type]
             with pytest.raises(RecordError) as caught:

@@ -1,0 +1,229 @@
+"""The API's settings: where it listens, who may call it, its limits, the decoder worker's holdout, the proxy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+from decoder.record import WORKLOAD_PATTERN
+from monitor.settings.fields import setting
+from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_share, parse_str
+
+API_SCOPES: Final = ("ingest", "read", "admin")
+API_TOKEN_MIN_LENGTH: Final = 16
+
+
+class ApiToken(NamedTuple):
+    """One bearer token of the sidecar API and its scope; the repr never shows the token."""
+
+    scope: str
+    token: str
+
+    def __repr__(self) -> str:
+        return f"ApiToken(scope={self.scope!r}, token='***')"
+
+
+def parse_api_tokens(raw: Any) -> tuple[ApiToken, ...]:
+    """``ingest:TOKEN,admin:TOKEN`` (comma-separated ``scope:token`` pairs); the message never quotes a token."""
+    if not isinstance(raw, str):
+        raise ValueError("expected comma-separated scope:token pairs")
+    tokens: list[ApiToken] = []
+    for number, part in enumerate(filter(None, (p.strip() for p in raw.split(","))), start=1):
+        scope, _, token = part.partition(":")
+        if scope.strip() not in API_SCOPES:
+            raise ValueError(f"pair {number}: scope must be one of {', '.join(API_SCOPES)}")
+        if len(token.strip()) < API_TOKEN_MIN_LENGTH or any(c.isspace() for c in token.strip()):
+            raise ValueError(f"pair {number}: token must be at least {API_TOKEN_MIN_LENGTH} characters, no spaces")
+        tokens.append(ApiToken(scope.strip(), token.strip()))
+    return tuple(tokens)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiSettings:
+    host: str = setting(
+        "api.host",
+        "DRAFTWATCH_API_HOST",
+        parse_str,
+        "127.0.0.1",
+        "address `draftwatch serve` binds; anything but loopback needs api.tokens (default: 127.0.0.1)",
+    )
+    port: int = setting(
+        "api.port", "DRAFTWATCH_API_PORT", parse_int(0, 65535), 8321, "TCP port of `draftwatch serve` (default: 8321)"
+    )
+    tokens: tuple[ApiToken, ...] = setting(
+        "api.tokens",
+        "DRAFTWATCH_API_TOKENS",
+        parse_api_tokens,
+        (),
+        "bearer tokens of the API as comma-separated scope:token pairs, scopes ingest, read, admin "
+        "(admin may do everything); none configured: no auth, loopback only",
+        secret=True,
+    )
+    max_batch_size: int = setting(
+        "api.max_batch_size",
+        "DRAFTWATCH_API_MAX_BATCH_SIZE",
+        parse_int(1),
+        10_000,
+        "most records in one POST /v1/events (default: 10000)",
+    )
+    max_body_bytes: int = setting(
+        "api.max_body_bytes",
+        "DRAFTWATCH_API_MAX_BODY_BYTES",
+        parse_int(1024),
+        16 * 1024 * 1024,
+        "largest request body the API reads, in bytes (default: 16 MiB)",
+    )
+    request_timeout_s: float = setting(
+        "api.request_timeout_s",
+        "DRAFTWATCH_API_REQUEST_TIMEOUT_S",
+        parse_seconds,
+        60.0,
+        "longest time from a request's arrival to its response's start; 0 disables (default: 60)",
+    )
+    decode_queue_size: int = setting(
+        "api.decode_queue_size",
+        "DRAFTWATCH_API_DECODE_QUEUE_SIZE",
+        parse_int(1),
+        16,
+        "generation requests waiting for the decoder; beyond that the API answers 503 (default: 16)",
+    )
+
+    @property
+    def url(self) -> str:
+        """Where the API is reached, for links in notifications."""
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecoderSettings:
+    """The holdout of the sidecar's decoder worker (the decoder itself takes a plain HoldoutPolicy)."""
+
+    holdout_share: float = setting(
+        "decoder.holdout_share",
+        "DRAFTWATCH_HOLDOUT_SHARE",
+        parse_share,
+        0.05,
+        "share of a workload's requests decoded without speculation (mode holdout) to measure the speedup, once it "
+        "has decoder.holdout_target of them in the last drift.current_window (default: 0.05)",
+    )
+    holdout_target: int = setting(
+        "decoder.holdout_target",
+        "DRAFTWATCH_HOLDOUT_TARGET",
+        parse_int(0),
+        30,
+        "holdout requests per workload and drift.current_window that the measured net-loss test needs; below it a "
+        "workload's requests are held out at decoder.holdout_max_share (default: 30, as drift.min_requests; 0: off)",
+    )
+    holdout_max_share: float = setting(
+        "decoder.holdout_max_share",
+        "DRAFTWATCH_HOLDOUT_MAX_SHARE",
+        parse_share,
+        0.2,
+        "share held out while a workload is below decoder.holdout_target: the most a small workload pays for "
+        "measuring its speedup (default: 0.2)",
+    )
+
+
+PROXY_KINDS: Final = ("auto", "vllm", "sglang", "llamacpp", "openai")
+RULE_FIELDS: Final = ("model", "path", "user")
+
+
+class WorkloadRule(NamedTuple):
+    """``field:pattern=workload``: a proxied request whose ``field`` matches ``pattern`` (fnmatch) is ``workload``."""
+
+    field: str
+    pattern: str
+    workload: str
+
+
+def parse_upstream(raw: Any) -> str:
+    url = parse_str(raw).rstrip("/")
+    if not url.startswith(("http://", "https://")) or "?" in url or "#" in url:
+        raise ValueError("expected an http:// or https:// base URL, such as http://127.0.0.1:8080")
+    return url
+
+
+def parse_workload_rules(raw: Any) -> tuple[WorkloadRule, ...]:
+    """``model:qwen*=code;path:/completion=completion;user:bot-*=batch``, tried in order.
+
+    >>> parse_workload_rules("model:qwen*=code; user:bot-*=batch")[1]
+    WorkloadRule(field='user', pattern='bot-*', workload='batch')
+    """
+    if not isinstance(raw, str):
+        raise ValueError("expected rules like 'model:qwen*=code;path:/completion=completion'")
+    rules: list[WorkloadRule] = []
+    for number, part in enumerate(filter(None, (p.strip() for p in raw.split(";"))), start=1):
+        match, _, workload = part.rpartition("=")
+        field, _, pattern = match.partition(":")
+        if field.strip() not in RULE_FIELDS or not pattern.strip() or not WORKLOAD_PATTERN.fullmatch(workload.strip()):
+            raise ValueError(
+                f"rule {number}: expected FIELD:PATTERN=WORKLOAD with FIELD one of {', '.join(RULE_FIELDS)} "
+                "and WORKLOAD a workload tag"
+            )
+        rules.append(WorkloadRule(field.strip(), pattern.strip(), workload.strip()))
+    return tuple(rules)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxySettings:
+    """Proxy mode: the sidecar forwards a serving stack's endpoints and records every request it passes."""
+
+    upstream: str | None = setting(
+        "proxy.upstream",
+        "DRAFTWATCH_PROXY_UPSTREAM",
+        parse_upstream,
+        None,
+        "base URL of the serving stack to forward to (proxy mode), e.g. http://127.0.0.1:8080; none: no proxy "
+        "(default: none)",
+    )
+    kind: str = setting(
+        "proxy.kind",
+        "DRAFTWATCH_PROXY_KIND",
+        parse_choice(PROXY_KINDS),
+        "auto",
+        "the upstream's stack, which decides how its speculative counts are read: auto (by the response's shape), "
+        "vllm, sglang, llamacpp, openai (usage only) (default: auto)",
+    )
+    speculative: str = setting(
+        "proxy.speculative",
+        "DRAFTWATCH_PROXY_SPECULATIVE",
+        parse_choice(("auto", "true", "false")),
+        "auto",
+        "whether the upstream decodes speculatively: true stores a request that drafted nothing as speculative "
+        "with 0 drafts and refuses a response without counts; auto infers it per response (default: auto)",
+    )
+    timeout_s: float = setting(
+        "proxy.timeout_s",
+        "DRAFTWATCH_PROXY_TIMEOUT_S",
+        parse_seconds,
+        600.0,
+        "longest wait for the upstream's response to start, or between two streamed chunks; past it the client "
+        "gets 504 (default: 600)",
+    )
+    workload_header: str = setting(
+        "proxy.workload_header",
+        "DRAFTWATCH_PROXY_WORKLOAD_HEADER",
+        parse_str,
+        "X-Workload",
+        "request header naming a proxied request's workload; it is not forwarded (default: X-Workload)",
+    )
+    workload_rules: tuple[WorkloadRule, ...] = setting(
+        "proxy.workload_rules",
+        "DRAFTWATCH_PROXY_WORKLOAD_RULES",
+        parse_workload_rules,
+        (),
+        "workloads of requests without the header or a body metadata.workload: 'model:qwen*=code;path:/completion="
+        "completion;user:bot-*=batch', first match wins (default: none)",
+    )
+    default_workload: str = setting(
+        "proxy.default_workload",
+        "DRAFTWATCH_PROXY_DEFAULT_WORKLOAD",
+        parse_str,
+        "default",
+        "workload of a proxied request no header, metadata or rule names (default: default)",
+    )
+
+    @property
+    def deployment_speculative(self) -> bool | None:
+        """What the stack parsers are told of the deployment: speculative, plain, or None (infer it)."""
+        return None if self.speculative == "auto" else self.speculative == "true"

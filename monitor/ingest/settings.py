@@ -1,0 +1,75 @@
+"""The recorder's settings: its queue, its batches, what a full queue does, and where it spools."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from monitor.settings.fields import setting
+from monitor.settings.parsers import parse_choice, parse_int, parse_path, parse_seconds
+
+FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecorderSettings:
+    queue_size: int = setting(
+        "recorder.queue_size",
+        "DRAFTWATCH_RECORDER_QUEUE_SIZE",
+        parse_int(1),
+        20_000,
+        "records the recorder holds in memory before the full-queue policy applies",
+    )
+    batch_size: int = setting(
+        "recorder.batch_size", "DRAFTWATCH_RECORDER_BATCH_SIZE", parse_int(1), 1000, "records per database transaction"
+    )
+    flush_interval_s: float = setting(
+        "recorder.flush_interval_s",
+        "DRAFTWATCH_RECORDER_FLUSH_INTERVAL_S",
+        parse_seconds,
+        0.2,
+        "longest time a record waits in the queue before its batch is written",
+    )
+    full_queue_policy: str = setting(
+        "recorder.full_queue_policy",
+        "DRAFTWATCH_RECORDER_FULL_QUEUE_POLICY",
+        parse_choice(FULL_QUEUE_POLICIES),
+        "block_then_spool",
+        "what record() does when the queue is full: block_then_spool (wait up to block_timeout_s, then "
+        "append to the spool on the caller's thread), spool (at once), raise (RecorderFullError)",
+    )
+    block_timeout_s: float = setting(
+        "recorder.block_timeout_s",
+        "DRAFTWATCH_RECORDER_BLOCK_TIMEOUT_S",
+        parse_seconds,
+        0.05,
+        "how long record() waits for room under block_then_spool",
+    )
+    retry_interval_s: float = setting(
+        "recorder.retry_interval_s",
+        "DRAFTWATCH_RECORDER_RETRY_INTERVAL_S",
+        parse_seconds,
+        1.0,
+        "how often the recorder retries an unreachable database",
+    )
+    writer_threads: int = setting(
+        "recorder.writer_threads",
+        "DRAFTWATCH_RECORDER_WRITER_THREADS",
+        parse_int(1),
+        1,
+        "background writer threads (2 helps ingest throughput on PostgreSQL; SQLite gains nothing)",
+    )
+    spool_dir: Path = setting(
+        "recorder.spool_dir",
+        "DRAFTWATCH_RECORDER_SPOOL_DIR",
+        parse_path,
+        dataclasses.MISSING,
+        "directory of the recorder's append-only spool files (default: spool/ in data_dir)",
+        derive=lambda data_dir: data_dir / "spool",
+    )
+
+    def __post_init__(self) -> None:
+        if self.full_queue_policy not in FULL_QUEUE_POLICIES:
+            raise ValueError(f"full_queue_policy={self.full_queue_policy!r}: expected one of {FULL_QUEUE_POLICIES}")

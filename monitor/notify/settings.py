@@ -1,0 +1,65 @@
+"""Where notifications go (the webhook receivers) and how hard delivery tries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from monitor.notify.receivers import WebhookReceiver, parse_hosts, parse_webhooks
+from monitor.settings.fields import setting
+from monitor.settings.parsers import parse_duration, parse_int, parse_seconds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliverySettings:
+    receivers: tuple[WebhookReceiver, ...] = setting(
+        "webhooks",
+        "DRAFTWATCH_WEBHOOKS",
+        parse_webhooks,
+        (),
+        "webhook receivers: [[webhooks]] tables (url, format alertmanager|slack|json, secret whsec_..., name) or a "
+        "JSON list of the same in the environment (default: none)",
+        secret=True,
+    )
+    allowed_hosts: tuple[str, ...] = setting(
+        "delivery.allowed_hosts",
+        "DRAFTWATCH_DELIVERY_ALLOWED_HOSTS",
+        parse_hosts,
+        (),
+        "hosts webhooks may be sent to, comma-separated; empty allows any (default: empty)",
+    )
+    timeout_s: float = setting(
+        "delivery.timeout_s",
+        "DRAFTWATCH_DELIVERY_TIMEOUT_S",
+        parse_seconds,
+        10.0,
+        "timeout of one webhook request, connect and read (default: 10)",
+    )
+    max_attempts: int = setting(
+        "delivery.max_attempts",
+        "DRAFTWATCH_DELIVERY_MAX_ATTEMPTS",
+        parse_int(1),
+        12,
+        "attempts before a notification becomes a dead letter (default: 12)",
+    )
+    max_age: timedelta = setting(
+        "delivery.max_age",
+        "DRAFTWATCH_DELIVERY_MAX_AGE",
+        parse_duration,
+        timedelta(days=1),
+        "age after which an undelivered notification becomes a dead letter (default: 1d)",
+    )
+    backoff_base_s: float = setting(
+        "delivery.backoff_base_s",
+        "DRAFTWATCH_DELIVERY_BACKOFF_BASE_S",
+        parse_seconds,
+        5.0,
+        "first retry delay; doubles per attempt, with jitter (default: 5)",
+    )
+    backoff_max_s: float = setting(
+        "delivery.backoff_max_s",
+        "DRAFTWATCH_DELIVERY_BACKOFF_MAX_S",
+        parse_seconds,
+        900.0,
+        "longest retry delay, also the cap on a receiver's Retry-After (default: 900)",
+    )

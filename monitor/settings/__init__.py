@@ -1,0 +1,1 @@
+"""How a room declares its settings: typed parsers and one ``setting(...)`` field per setting."""
