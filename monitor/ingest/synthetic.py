@@ -12,12 +12,38 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, NamedTuple
 
 from decoder.record import Mode, RequestRecord
 
 EPOCH: Final = datetime(2026, 1, 1, tzinfo=UTC)
 ACCEPTANCE: Final = {"code": 0.8, "chat": 0.55, "summarize": 0.65, "translate": 0.3}
+
+
+class Steps(NamedTuple):
+    per_position: list[int]
+    histogram: list[int]
+    accepted: int
+
+
+def draw_steps(rng: random.Random, steps: int, gamma: int, alpha: float) -> Steps:
+    """The counts of ``steps`` verification passes of ``gamma`` drafts, each accepted with probability ``alpha``
+    until the first rejection (the embedded decoder's rule); no drafts (``gamma`` 0) gives empty counts.
+
+    >>> draw_steps(random.Random(1), 3, 2, 0.9)
+    Steps(per_position=[3, 3], histogram=[0, 0, 3], accepted=6)
+    """
+    per_position = [0] * gamma
+    histogram = [0] * (gamma + 1) if gamma else []
+    accepted = 0
+    for _ in range(steps):
+        run = 0
+        while run < gamma and rng.random() < alpha:
+            per_position[run] += 1
+            run += 1
+        histogram[run] += 1
+        accepted += run
+    return Steps(per_position, histogram, accepted)
 
 
 def synthetic_record(
@@ -38,16 +64,7 @@ def synthetic_record(
     steps = rng.randint(4, 24)
     if mode != "speculative":
         gamma = 0
-    per_position = [0] * gamma
-    histogram = [0] * (gamma + 1) if gamma else []
-    accepted = 0
-    for _ in range(steps if gamma else 0):
-        run = 0
-        while run < gamma and rng.random() < alpha:
-            per_position[run] += 1
-            run += 1
-        histogram[run] += 1
-        accepted += run
+    per_position, histogram, accepted = draw_steps(rng, steps if gamma else 0, gamma, alpha)
     output = 1 + accepted + (steps if gamma else rng.randint(8, 64))
     ms_per_token = (8.0 if mode == "speculative" else 11.0) * rng.uniform(0.8, 1.25)
     ttft = rng.uniform(20.0, 80.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -10,11 +11,18 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from decoder.record import RequestRecord
 from monitor.api.app import create_app
+from monitor.api.events import EventIn
 from tests.api.conftest import INGEST, auth, bodies, make_settings, records, stored
 from tests.api.test_api_adapters import LLAMACPP, VLLM
 
 H = auth(INGEST)
+
+
+def test_the_wire_schema_has_exactly_the_records_fields() -> None:
+    # EventIn is the record's wire form with bounds; a field added to one and not the other fails here.
+    assert list(EventIn.model_fields) == [f.name for f in dataclasses.fields(RequestRecord)]
 
 
 def test_single_record_and_batch_are_stored(client: TestClient, db_url: str, count_rows: Callable[[], int]) -> None:

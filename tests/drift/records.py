@@ -6,6 +6,7 @@ import random
 from datetime import datetime, timedelta
 
 from decoder.record import Mode, RequestRecord
+from monitor.ingest.synthetic import draw_steps
 
 
 def record(
@@ -27,16 +28,7 @@ def record(
     a = rng.betavariate(alpha * 30, (1 - alpha) * 30)
     steps = rng.randint(6, 20)
     spec = mode == "speculative"
-    per_position = [0] * gamma if spec else []
-    histogram = [0] * (gamma + 1) if spec else []
-    accepted = 0
-    for _ in range(steps if spec else 0):
-        run = 0
-        while run < gamma and rng.random() < a:
-            per_position[run] += 1
-            run += 1
-        histogram[run] += 1
-        accepted += run
+    per_position, histogram, accepted = draw_steps(rng, steps if spec else 0, gamma if spec else 0, a)
     output = 1 + accepted + steps if spec else rng.randint(20, 60)
     ttft = rng.lognormvariate(3.5, 0.3)
     latency = ttft + ms_per_token * rng.lognormvariate(0.0, 0.25) * (output - 1)
