@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 from fastapi.testclient import TestClient
 
-from monitor.api.adapters import map_response, per_position
+from monitor.api.adapters import map_response
 from tests.api.conftest import INGEST, auth, recent, stored
 
 H = auth(INGEST)
@@ -40,7 +40,10 @@ LLAMACPP: dict[str, Any] = {
     "content": "never stored",
     "model": "qwen-coder-1.5b.gguf",
     "stop_type": "eos",
+    "tokens_evaluated": 12,
+    "tokens_predicted": 64,
     "timings": {
+        "cache_n": 0,
         "prompt_n": 12,
         "prompt_ms": 40.5,
         "prompt_per_token_ms": 3.4,
@@ -51,6 +54,7 @@ LLAMACPP: dict[str, Any] = {
         "draft_n_accepted": 51,
     },
 }
+# As SGLang writes it today: the spec_num_* names, and the older ones as aliases (tokenizer_manager.py).
 SGLANG: dict[str, Any] = {
     "text": "never stored",
     "meta_info": {
@@ -60,10 +64,13 @@ SGLANG: dict[str, Any] = {
         "finish_reason": {"type": "length", "length": 30},
         "e2e_latency": 0.75,
         "spec_verify_ct": 10,
-        "spec_accept_token_num": 19,
-        "spec_draft_token_num": 30,
+        "spec_num_correct_drafts": 19,
+        "spec_num_proposed_drafts": 30,
+        "spec_accepted_drafts": 19,
+        "spec_proposed_drafts": 30,
         "spec_accept_rate": 0.633,
         "spec_accept_length": 3.0,
+        "spec_correct_drafts_histogram": [1, 2, 4, 3],
         "spec_accept_histogram": [1, 2, 4, 3],
     },
 }
@@ -108,12 +115,20 @@ def test_sglang_maps_field_by_field(client: TestClient, db_url: str) -> None:
 
 
 def test_sglang_timestamps_and_a_short_histogram() -> None:
-    meta = {**SGLANG["meta_info"], "spec_accept_histogram": [1, 1, 8], "spec_accept_token_num": 17}
-    meta |= {"request_received_ts": recent().timestamp(), "prefill_finished_ts": recent().timestamp() + 0.05}
+    # --enable-metrics: the tokenizer manager's request_received_ts and request_finished_ts, the scheduler's
+    # prefill_finished_time (the releases before called them prefill_finished_ts and decode_finished_ts).
+    meta = {**SGLANG["meta_info"], "spec_correct_drafts_histogram": [1, 1, 8], "spec_accept_histogram": [1, 1, 8]}
+    meta |= {"spec_num_correct_drafts": 17, "spec_accepted_drafts": 17, "request_received_ts": recent().timestamp()}
+    meta |= {"prefill_finished_time": recent().timestamp() + 0.05, "request_finished_ts": recent().timestamp() + 0.75}
     record = map_response("sglang", {"meta_info": meta, "workload": "chat", "target_model": "qwen"})
-    assert record.acceptance_histogram == [1, 1, 8, 0]  # padded to num_speculative_tokens + 1
+    assert record.acceptance_histogram == [
+        1,
+        1,
+        8,
+        0,
+    ]  # SGLang grows it as needed: padded to num_speculative_tokens + 1
     assert record.ttft_ms is not None and abs(record.ttft_ms - 50.0) < 1e-3
-    assert record.ts_start == recent()
+    assert record.ts_start == recent() and (record.ts_end - record.ts_start).total_seconds() == 0.75
 
 
 def test_batches_of_stack_responses(client: TestClient, count_rows: Callable[[], int]) -> None:
@@ -138,7 +153,21 @@ def test_adapter_errors(client: TestClient) -> None:
         (
             "vllm",
             {**VLLM, "workload": "c", "metrics": {"speculative_decoding": {"num_accepted_draft_tokens": 5}}},
+            ["body", "metrics", "speculative_decoding", "num_draft_tokens"],
+        ),
+        (
+            "vllm",
+            {
+                **VLLM,
+                "workload": "c",
+                "metrics": {"speculative_decoding": {"num_draft_tokens": 3, "num_accepted_draft_tokens": 5}},
+            },
             ["body", "num_accepted_tokens"],
+        ),
+        (
+            "llamacpp",
+            {"workload": "chat", "request_id": "x", "timings": {"prompt_n": 3}},
+            ["body", "usage", "prompt_tokens"],
         ),
     ]
     for stack, body, loc in cases:
@@ -151,14 +180,89 @@ def test_plain_traffic_without_speculative_figures() -> None:
     plain = {**VLLM, "metrics": {"time_to_first_token_ms": 5.0, "generation_time_ms": 50.0}, "workload": "w"}
     record = map_response("vllm", plain)
     assert record.mode == "plain" and record.num_draft_tokens == 0 and record.acceptance_histogram == []
-    record = map_response("llamacpp", {"workload": "w", "id": "l", "model": "m", "timings": {"predicted_n": 3}})
+    timings = {"predicted_n": 3, "prompt_n": 2, "cache_n": 5}
+    record = map_response(
+        "llamacpp", {"workload": "w", "id": "l", "model": "m", "timings": timings, "stop_type": "eos"}
+    )
     assert record.mode == "plain" and record.latency_ms is None and record.drafter == "unknown"
+    assert record.prompt_tokens == 7  # the cached tokens count: timings.prompt_n alone leaves them out
 
 
-def test_per_position_follows_from_the_histogram() -> None:
-    assert per_position([], 4) == []
-    assert per_position([0, 0, 0, 5], 3) == [5, 5, 5]
-    assert sum(per_position([3, 2, 1], 2)) == 2 * 1 + 1 * 2
+def test_a_stream_s_final_chunk_says_no_finish_reason_so_the_caller_does(client: TestClient, db_url: str) -> None:
+    # vLLM's final usage chunk (the one with metrics) has no choices: the finish reason came in an earlier chunk.
+    chunk = {**VLLM, "object": "chat.completion.chunk", "choices": [], "workload": "chat"}
+    response = client.post("/v1/events/vllm", json=chunk, headers=H)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "finish_reason"]
+    assert "send finish_reason" in response.json()["detail"][0]["msg"]
+    assert client.post("/v1/events/vllm", json={**chunk, "finish_reason": "length"}, headers=H).status_code == 202
+    assert stored(db_url, "chatcmpl-abc")["finish_reason"] == "length"
+    unknown = {**VLLM, "workload": "chat", "choices": [{"index": 0, "finish_reason": "repetition"}]}
+    problem = client.post("/v1/events/vllm", json=unknown, headers=H).json()["detail"][0]
+    assert problem["loc"] == ["body", "choices", 0, "finish_reason"] and "'repetition'" in problem["msg"]
+
+
+def test_the_deployment_s_mode_is_held_against_the_response(client: TestClient, count_rows: Callable[[], int]) -> None:
+    cases: list[tuple[str, dict[str, Any], list[Any], str]] = [
+        # Speculative figures from a deployment declared plain, directly or by the posted mode.
+        (
+            "vllm",
+            {**VLLM, "speculative": False},
+            ["body", "metrics", "speculative_decoding", "num_draft_tokens"],
+            "declared plain",
+        ),
+        (
+            "llamacpp",
+            {**LLAMACPP, "request_id": "l", "mode": "holdout"},
+            ["body", "timings", "draft_n"],
+            "declared plain",
+        ),
+        (
+            "sglang",
+            {**SGLANG, "target_model": "m", "speculative": False},
+            ["body", "meta_info", "spec_verify_ct"],
+            "declared plain",
+        ),
+        # A speculative deployment whose response lacks what the stack reports when asked to.
+        (
+            "vllm",
+            {**VLLM, "mode": "speculative", "metrics": None},
+            ["body", "metrics", "speculative_decoding"],
+            "--per-request-spec-decode-metrics",
+        ),
+    ]
+    for stack, body, loc, fragment in cases:
+        response = client.post(f"/v1/events/{stack}", json={**body, "workload": "chat"}, headers=H)
+        assert response.status_code == 422, (stack, response.text)
+        problem = response.json()["detail"][0]
+        assert problem["loc"] == loc and fragment in problem["msg"], (stack, problem)
+    assert count_rows() == 0
+
+
+def test_a_figure_under_two_names_must_agree_and_so_must_the_draft_length(client: TestClient) -> None:
+    meta = {**SGLANG["meta_info"], "spec_accepted_drafts": 18}
+    problem = client.post(
+        "/v1/events/sglang", json={"meta_info": meta, "workload": "c", "target_model": "m"}, headers=H
+    )
+    detail = problem.json()["detail"][0]
+    assert detail["loc"] == ["body", "meta_info", "spec_accepted_drafts"], detail
+    assert "is 18, but meta_info.spec_num_correct_drafts is 19" in detail["msg"]
+    response = client.post("/v1/events/vllm", json={**VLLM, "workload": "c", "num_speculative_tokens": 5}, headers=H)
+    detail = response.json()["detail"][0]
+    assert detail["loc"] == ["body", "num_speculative_tokens"] and "num_spec_tokens = 3" in detail["msg"], detail
+
+
+def test_the_detailed_level_must_add_up_to_the_summary(client: TestClient, db_url: str) -> None:
+    spec = {**VLLM["metrics"]["speculative_decoding"], "per_step_drafted": [3] * 43}
+    spec["per_step_accepted"] = [0] * 39 + [1] + [3] * 3
+    detailed = {**VLLM, "id": "d-1", "workload": "c", "metrics": {**VLLM["metrics"], "speculative_decoding": spec}}
+    assert client.post("/v1/events/vllm", json=detailed, headers=H).status_code == 202
+    assert stored(db_url, "d-1")["accepted_per_position"] == [4, 3, 3]
+    spec["per_step_accepted"] = [0] * 39 + [1] + [3, 3, 2]  # 9 accepted in all where the summary says 10
+    response = client.post("/v1/events/vllm", json={**detailed, "id": "d-2"}, headers=H)
+    assert response.status_code == 422
+    locs = [p["loc"][-1] for p in response.json()["detail"]]
+    assert locs == ["per_step_accepted", "acceptance_histogram"], response.json()
 
 
 def test_the_document_requires_an_id_and_a_model_from_the_caller_or_the_stack() -> None:
