@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from sqlalchemy.engine import Engine
 
-from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, reads
+from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, proxy, reads
 from monitor.api.adapters import MODELS
 from monitor.api.auth import TokenSet, require
 from monitor.api.controller_state import STATE_FILE
@@ -86,6 +86,9 @@ def create_app(
                 seed=decode_seed,
                 state_path=settings.data_dir / STATE_FILE,
             ).start()
+        if settings.proxy.upstream is not None:
+            state.upstream = proxy.client_for(settings.proxy)
+            log.info("proxy mode: forwarding %s to %s", ", ".join(proxy.FORWARDED_PATHS), settings.proxy.upstream)
         metrics.add_collector(lambda: _own_figures(state))
         app.state.api = state
         try:
@@ -95,6 +98,8 @@ def create_app(
                 schema_task.cancel()
             if state.worker is not None:
                 await anyio.to_thread.run_sync(state.worker.stop)
+            if state.upstream is not None:
+                await state.upstream.aclose()
             await anyio.to_thread.run_sync(recorder.close)
             if engine is None:
                 eng.dispose()
@@ -113,11 +118,17 @@ def create_app(
     )
     errors.install(app)
     app.add_middleware(
-        LimitsMiddleware, max_body_bytes=settings.api.max_body_bytes, timeout_s=settings.api.request_timeout_s
+        LimitsMiddleware,
+        max_body_bytes=settings.api.max_body_bytes,
+        timeout_s=settings.api.request_timeout_s,
+        # A proxied request waits on the upstream, under the proxy's own timeout.
+        untimed=proxy.FORWARDED_PATHS if settings.proxy.upstream is not None else (),
     )
     # Added last, so outermost: it also answers for an error in the limits middleware.
     app.add_middleware(errors.UnhandledErrorMiddleware)
-    for module in (ingest, generate, openai_chat, reads, alerts, drift):
+    # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.
+    served = (proxy,) if settings.proxy.upstream is not None else (generate, openai_chat)
+    for module in (ingest, *served, reads, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)
     if not open_docs:
@@ -162,6 +173,13 @@ def _own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
         "gauge",
         float(stats.database_available),
     )
+    if state.upstream is not None:
+        yield (
+            "draftwatch_proxy_unrecorded_total",
+            "Proxied responses forwarded but not recorded (their figures could not be read).",
+            "counter",
+            float(state.proxy_unrecorded),
+        )
     if state.worker is not None:
         yield (
             "draftwatch_decode_queue_depth",

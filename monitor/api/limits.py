@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 
 
 class LimitsMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, timeout_s: float, untimed: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
+        self.untimed = frozenset(untimed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,7 +35,7 @@ class LimitsMiddleware:
             return
         tracked = TrackedSend(send)
         task = asyncio.ensure_future(self._handle(scope, receive, tracked))
-        if self.timeout_s <= 0:
+        if self.timeout_s <= 0 or scope["path"] in self.untimed:
             await task
             return
         done, _ = await asyncio.wait({task}, timeout=self.timeout_s)

@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from fastapi import Request
 from sqlalchemy.engine import Engine
 
@@ -25,6 +26,9 @@ class ApiState:
     tokens: TokenSet
     metrics: Metrics
     worker: DecodeWorker | None = None
+    # Proxy mode: the upstream's client, and the proxied responses whose figures could not be read.
+    upstream: httpx.AsyncClient | None = None
+    proxy_unrecorded: int = 0
     head_revision: str | None = None
     schema_current: bool = False
     # SQLite has one writer at a time and its busy handler sleeps in growing steps while it waits:

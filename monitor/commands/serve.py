@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from decoder.cli import add_model_arguments, build_decoder
 from decoder.extras import refuse_without
 from decoder.fetch import FetchError
+from monitor.api.settings import PROXY_KINDS, parse_upstream
 from monitor.commands.common import add_settings_arguments, settings_or_report
 
 if TYPE_CHECKING:
@@ -40,12 +41,26 @@ def register(subparsers: Any) -> None:
         help="run the sidecar API (ingest, metrics; decoding with --target)",
         description="Serve the sidecar API: POST /v1/events (and the vllm, llamacpp, sglang adapters), "
         "/v1/workloads, /metrics, /healthz, /readyz; with --target also /v1/generate and "
-        "/v1/chat/completions. The database comes from DRAFTWATCH_DATABASE_URL, tokens from "
-        "DRAFTWATCH_API_TOKENS.",
+        "/v1/chat/completions; with --upstream URL (proxy mode) it forwards a serving stack's endpoints "
+        "(/v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /completion, /generate) and records "
+        "every request. The database comes from DRAFTWATCH_DATABASE_URL, tokens from DRAFTWATCH_API_TOKENS.",
     )
     parser.add_argument("--host", default=None, help="address to bind (default: api.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port to bind (default: api.port, 8321)")
     add_settings_arguments(parser)
+    parser.add_argument(
+        "--upstream",
+        type=_upstream,
+        default=None,
+        metavar="URL",
+        help="proxy mode: forward to this serving stack, e.g. http://127.0.0.1:8080 (default: proxy.upstream)",
+    )
+    parser.add_argument(
+        "--upstream-kind",
+        choices=PROXY_KINDS,
+        default=None,
+        help="the upstream's stack, how its speculative counts are read (default: proxy.kind, auto)",
+    )
     parser.add_argument(
         "--no-scheduler",
         action="store_true",
@@ -56,14 +71,26 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=_serve, target=None)
 
 
+def _upstream(raw: str) -> str:
+    try:
+        return parse_upstream(raw)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from monitor.api.app import create_app
     from monitor.api.auth import check_bind
 
-    settings = settings_or_report(args, "serve", {"api.host": args.host, "api.port": args.port})
+    overrides = {"api.host": args.host, "api.port": args.port, "proxy.upstream": args.upstream}
+    settings = settings_or_report(args, "serve", {**overrides, "proxy.kind": args.upstream_kind})
     if settings is None:
+        return 2
+    if settings.proxy.upstream is not None and args.target is not None:
+        print("draftwatch serve: --upstream (proxy mode) and --target (the embedded decoder) exclude each other",
+              file=sys.stderr)  # fmt: skip
         return 2
     refusal = check_bind(settings.api.host, bool(settings.api.tokens))
     if refusal is not None:

@@ -1,0 +1,330 @@
+"""Proxy mode: the sidecar in front of a serving stack, recording every request it forwards.
+
+With ``proxy.upstream`` set (``draftwatch serve --upstream URL``), the stack's endpoints are served
+here and forwarded unchanged: method, headers (the client's own ``Authorization`` included), body,
+status, error bodies, and server-sent events event by event as they arrive. Per request one
+record is made: the workload from the ``X-Workload`` header (not forwarded), else the body's
+``metadata.workload``, else the first matching ``proxy.workload_rules`` rule, else
+``proxy.default_workload``; TTFT (first streamed event) and latency measured here; tokens and
+speculative counts from the stack's own report, read by the same parser as the adapter endpoints
+(:mod:`monitor.ingest.stacks`).
+
+A streamed OpenAI-compatible request is asked for its usage (``stream_options.include_usage``),
+and the usage-only event the client did not ask for is taken out of its stream. The monitor never
+fails a request: a response whose figures cannot be read is forwarded as is and counted in
+``draftwatch_proxy_unrecorded_total``; recording goes through the recorder's queue (which spools
+when the database is away). An unreachable upstream gives 502 and a silent one 504, both in the
+OpenAI error shape and recorded as errors; a client that disconnects mid-stream closes the
+upstream request, recorded as an error ("client disconnected").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from decoder.record import WORKLOAD_PATTERN, RequestRecord
+from monitor.api.adapters import AdapterFields, record_of
+from monitor.api.errors import ApiError
+from monitor.api.settings import ProxySettings
+from monitor.api.state import ApiState, api_state
+from monitor.ingest.stacks import PARSERS, Stack, StackError
+
+log = logging.getLogger(__name__)
+
+# The OpenAI-compatible endpoints, and the stacks' own (llama.cpp /completion, SGLang /generate).
+OPENAI_PATHS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+NATIVE_PATHS: Final = ("/completion", "/generate")
+FORWARDED_PATHS: Final = (*OPENAI_PATHS, *NATIVE_PATHS, "/v1/models")
+# Hop-by-hop headers (RFC 9110 section 7.6.1) and those the HTTP layers recompute.
+HOP_HEADERS: Final = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host",
+     "content-length", "content-encoding"}
+)  # fmt: skip
+
+router = APIRouter()
+
+
+def workload_of(request: Request, payload: Mapping[str, Any] | None, settings: ProxySettings) -> str:
+    """The workload of a proxied request: header, then ``metadata.workload``, then the rules, then the default."""
+    named = request.headers.get(settings.workload_header)
+    metadata = payload.get("metadata") if payload else None
+    if not named and isinstance(metadata, dict) and isinstance(metadata.get("workload"), str):
+        named = metadata["workload"]
+    if named and WORKLOAD_PATTERN.fullmatch(named):
+        return named
+    values = {"path": request.url.path, "model": (payload or {}).get("model"), "user": (payload or {}).get("user")}
+    for rule in settings.workload_rules:
+        value = values.get(rule.field)
+        if isinstance(value, str) and fnmatch.fnmatchcase(value, rule.pattern):
+            return rule.workload
+    return settings.default_workload
+
+
+def stack_of(kind: str, path: str, report: Mapping[str, Any]) -> Stack | None:
+    """Which parser reads the upstream's report: the configured kind, else the report's own shape."""
+    if kind in PARSERS:
+        return kind  # type: ignore[return-value]
+    if kind == "auto":
+        if "timings" in report:
+            return "llamacpp"
+        if "meta_info" in report or path == "/generate":
+            return "sglang"
+        if "metrics" in report or "usage" in report:
+            return "vllm"
+    return None
+
+
+class _Exchange:
+    """One proxied request: what was asked, what came back, and the record made of it."""
+
+    def __init__(self, state: ApiState, request: Request, body: bytes) -> None:
+        self.state = state
+        self.settings = state.settings.proxy
+        self.path = request.url.path
+        self.upstream_host = httpx.URL(self.settings.upstream or "").netloc.decode()
+        self.started = datetime.now(UTC)
+        self.t0 = time.perf_counter()
+        self.ttft_s: float | None = None
+        self.payload = _json_object(body)
+        self.workload = workload_of(request, self.payload, self.settings)
+        self.streamed = bool(self.payload and self.payload.get("stream") is True)
+        self.strip_usage = False
+        if self.streamed and self.path in OPENAI_PATHS and self.payload is not None:
+            options = self.payload.get("stream_options")
+            options = options if isinstance(options, dict) else {}
+            if options.get("include_usage") is not True:
+                self.payload["stream_options"] = {**options, "include_usage": True}
+                body = json.dumps(self.payload).encode()
+                self.strip_usage = True
+        self.body = body
+        self.headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in HOP_HEADERS and k.lower() != self.settings.workload_header.lower()
+        }
+
+    def record(self, report: Mapping[str, Any] | None, *, finish: str | None = None, error: str | None = None) -> None:
+        """Hand the record of this request to the recorder; a report the parser refuses is counted, not stored."""
+        if self.path == "/v1/models":
+            return
+        ended = self.started + timedelta(seconds=time.perf_counter() - self.t0)
+        fields = {
+            "workload": self.workload,
+            "ts_start": self.started,
+            "ts_end": ended,
+            # SGLang's /generate names no model: the deployment's address stands in for it.
+            "target_model": (self.payload or {}).get("model") or f"{self.settings.kind}@{self.upstream_host}",
+            "drafter": "upstream",
+            "temperature": _number((self.payload or {}).get("temperature"), 0.0, 0, 100),
+            "top_p": _number((self.payload or {}).get("top_p"), 1.0, 0, 1),
+        }
+        try:
+            if report is None or error is not None:
+                rec = self._failure(fields, error or "the upstream's response carried no report")
+            else:
+                rec = self._success(fields, report, finish)
+            self.state.recorder.record(rec)
+        except (StackError, ApiError, ValueError) as refused:
+            self.state.proxy_unrecorded += 1
+            # The reason names fields and counts only: no body, no header, no token.
+            log.warning("proxied %s not recorded: %s", self.path, _reason(refused))
+
+    def _success(self, fields: dict[str, Any], report: Mapping[str, Any], finish: str | None) -> RequestRecord:
+        stack = stack_of(self.settings.kind, self.path, report)
+        if stack is None:
+            raise ValueError(f"proxy.kind={self.settings.kind!r}: the response carries no usage to record")
+        parsed = PARSERS[stack](report, speculative=self.settings.deployment_speculative)
+        latency = time.perf_counter() - self.t0
+        measured = dataclasses.replace(
+            parsed,
+            ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000,
+            latency_ms=latency * 1000,
+            ts_start=None,
+            ts_end=None,
+        )
+        if not self.streamed and parsed.ttft_ms is not None:
+            # A non-streamed response arrives whole: the stack's own TTFT is the only one there is.
+            measured = dataclasses.replace(measured, ttft_ms=parsed.ttft_ms)
+        extra = {"finish_reason": finish} if finish and parsed.finish_reason is None else {}
+        adapter = AdapterFields.model_validate({**fields, "request_id": parsed.request_id or _new_id(), **extra})
+        return record_of(adapter, measured, ("response",))
+
+    def _failure(self, fields: dict[str, Any], error: str) -> RequestRecord:
+        return RequestRecord(
+            request_id=_new_id(),
+            ts_start=fields["ts_start"],
+            ts_end=fields["ts_end"],
+            workload=self.workload,
+            target_model=fields["target_model"] or "unknown",
+            drafter="upstream",
+            mode="plain",
+            ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000,
+            latency_ms=(time.perf_counter() - self.t0) * 1000,
+            finish_reason="error",
+            error=error[:200],
+            source=f"proxy:{self.settings.kind}",
+        ).check()
+
+
+async def forward(request: Request) -> Response:
+    state = api_state(request)
+    client = state.upstream
+    if client is None:  # the route exists only in proxy mode
+        raise ApiError(503, "proxy_off", "proxy mode is off: start the sidecar with --upstream URL")
+    exchange = _Exchange(state, request, await request.body())
+    url = httpx.URL(request.url.path, query=request.url.query.encode())
+    upstream_request = client.build_request(request.method, url, headers=exchange.headers, content=exchange.body)
+    try:
+        response = await client.send(upstream_request, stream=True)
+    except httpx.TimeoutException:
+        exchange.record(None, error="upstream timed out")
+        return _upstream_error(504, f"the upstream sent nothing within {exchange.settings.timeout_s:g} s")
+    except httpx.HTTPError as error:
+        exchange.record(None, error=f"upstream unreachable: {type(error).__name__}")
+        return _upstream_error(502, f"the upstream at {client.base_url} cannot be reached ({type(error).__name__})")
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        return StreamingResponse(_relay(exchange, response), response.status_code, headers)
+    try:
+        content = await response.aread()
+    except httpx.HTTPError as error:
+        exchange.record(None, error=f"upstream response cut: {type(error).__name__}")
+        return _upstream_error(502, "the upstream's response was cut short")
+    finally:
+        await response.aclose()
+    report = _json_object(content)
+    if response.status_code >= 400 or report is None:
+        exchange.record(None, error=f"upstream status {response.status_code}")
+    else:
+        exchange.record(report)
+    return Response(content, response.status_code, headers)
+
+
+async def _relay(exchange: _Exchange, response: httpx.Response) -> AsyncIterator[bytes]:
+    """Pass the upstream's events on as each completes; keep the last report and finish reason for the record."""
+    report: dict[str, Any] | None = None
+    finish: str | None = None
+    error: str | None = None
+    pending = b""
+    try:
+        async for chunk in response.aiter_raw():
+            pending += chunk
+            while (end := _event_end(pending)) is not None:
+                event, pending = pending[:end], pending[end:]
+                data = _event_data(event)
+                if data is not None:
+                    if exchange.ttft_s is None:
+                        exchange.ttft_s = time.perf_counter() - exchange.t0
+                    report, finish = _remember(data, report, finish)
+                    if exchange.strip_usage and _usage_only(data):
+                        continue
+                yield event
+        if pending:
+            yield pending
+    except httpx.HTTPError as cut:
+        error = f"upstream stream cut: {type(cut).__name__}"
+        message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
+        yield f"data: {json.dumps(message)}\n\n".encode()
+    except BaseException:  # the client went away (cancellation) or the server stops
+        error = "client disconnected"
+        raise
+    finally:
+        await response.aclose()
+        failed = error is not None or response.status_code >= 400 or report is None
+        exchange.record(None if failed else report, finish=finish, error=error)
+
+
+def _reason(refused: Exception) -> str:
+    """Why a report was not recorded: the fields at fault and what is wrong with them, never their values."""
+    if isinstance(refused, ApiError) and refused.detail:
+        return "; ".join(f"{'.'.join(map(str, p.loc))}: {p.msg}" for p in refused.detail)[:500]
+    return str(refused).splitlines()[0][:500]
+
+
+def _remember(
+    data: bytes, report: dict[str, Any] | None, finish: str | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    event = _json_object(data)
+    if event is None:
+        return report, finish
+    choices = event.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                finish = choice["finish_reason"]
+    if any(key in event for key in ("usage", "timings", "meta_info", "metrics")) and event.get("usage", 0) is not None:
+        report = event
+    return report, finish
+
+
+def _usage_only(data: bytes) -> bool:
+    event = _json_object(data)
+    return event is not None and event.get("choices") == [] and "usage" in event
+
+
+def _event_end(buffer: bytes) -> int | None:
+    """The end of the first complete event in ``buffer`` (after its blank line), or None."""
+    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buffer.find(sep)) >= 0]
+    return min(ends) if ends else None
+
+
+def _event_data(event: bytes) -> bytes | None:
+    """The joined ``data:`` lines of one event; None for comments, keep-alives and ``[DONE]``."""
+    lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
+    data = b"\n".join(lines)
+    return None if not lines or data.strip() == b"[DONE]" else data
+
+
+def _json_object(content: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _number(value: Any, default: float, low: float, high: float) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high:
+        return float(value)
+    return default
+
+
+def _new_id() -> str:
+    return f"proxy-{uuid.uuid4().hex}"
+
+
+def _upstream_error(status: int, message: str) -> JSONResponse:
+    # The OpenAI error shape, which the clients of every stack parse.
+    kind = "upstream_timeout" if status == 504 else "upstream_unavailable"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+
+
+for _path in FORWARDED_PATHS:
+    router.add_api_route(
+        _path,
+        forward,
+        methods=["GET"] if _path == "/v1/models" else ["POST"],
+        summary=f"pass-through {_path} (proxy mode)",
+        description="Forwarded to proxy.upstream unchanged, body and response alike; recorded as one request.",
+        tags=["proxy"],
+    )
+
+
+def client_for(settings: ProxySettings) -> httpx.AsyncClient:
+    """The upstream's client: one connection pool, the proxy's timeout for connecting and between chunks."""
+    assert settings.upstream is not None
+    timeout = httpx.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s))
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    return httpx.AsyncClient(base_url=settings.upstream, timeout=timeout, limits=limits, follow_redirects=False)
