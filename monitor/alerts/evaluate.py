@@ -130,18 +130,19 @@ def evaluate_signals(
             query = select(ALERTS).where(ALERTS.c.fingerprint.in_(sorted(extra)))
             rows |= {r.fingerprint: r for r in conn.execute(query)} if extra else {}
         silences = active_silences(conn, now)
-        views: list[AlertView] = []
+        notices: list[AlertView] = []
+        states: list[AlertView] = []
         for fp in sorted(set(verdicts) | {f for f, r in rows.items() if r.state == "firing"}):
             row = rows.get(fp)
             rule = rules.get(row.rule if row is not None else verdicts[fp][0].name)
             if rule is None or not rule.enabled:
                 continue  # a rule removed from the config: its alerts stay as they are
             found = verdicts.get(fp)
-            view = _evaluate_one(conn, config, rule, fp, row, found, silences, now, report)
-            if view is not None:
-                views.append(view)
+            notice, state = _evaluate_one(conn, config, rule, fp, row, found, silences, now, report)
+            notices += [notice] if notice is not None else []
+            states += [state] if state is not None else []
         args = (config.receivers, config.alerts.group_by, config.external_url, now)
-        report.outbox_rows = write_notifications(conn, views, *args)
+        report.outbox_rows = write_notifications(conn, notices, states, *args)
         if fence is not None:
             fence(conn)
     if report.transitions or report.notified:
@@ -159,8 +160,9 @@ def _evaluate_one(
     silences: Sequence[Silence],
     now: datetime,
     report: Evaluation,
-) -> AlertView | None:
-    """Step one alert, save it, and return what to notify about it (None: nothing)."""
+) -> tuple[AlertView | None, AlertView | None]:
+    """Step one alert, save it, and return the notice for webhooks (None: nothing to tell) and its state
+    for receivers that mirror state (None unless it fires, or resolved in this evaluation)."""
     cfg = config.alerts.state_config(rule)
     alert = _state_of(row)
     transition = None
@@ -169,7 +171,7 @@ def _evaluate_one(
         active = True if any(verdicts) else (False if any(v is False for v in verdicts) else None)
         transition = step(alert, active, cfg, now)
     if row is None and alert.state == "inactive":
-        return None  # never active: no row for it
+        return None, None  # never active: no row for it
     if row is not None:
         labels = {**row.labels, "severity": rule.severity}
     else:
@@ -183,12 +185,18 @@ def _evaluate_one(
     alert_id = _save(conn, row, fp, rule, labels, annotations, value, alert, now, found is not None)
     if transition is not None:
         report.transitions[alert_id] = transition
-    if notify is None:
-        return None
-    report.notified.append((alert_id, notify))
+    if notify is not None:
+        report.notified.append((alert_id, notify))
     start = alert.fired_at or alert.pending_since or now
-    end = alert.resolved_at if notify == "resolved" else None
-    return AlertView(alert_id, fp, rule.name, rule.severity, notify, labels, annotations, start, end, value)
+
+    def view(status: str | None) -> AlertView | None:
+        if status is None:
+            return None
+        end = alert.resolved_at if status == "resolved" else None
+        return AlertView(alert_id, fp, rule.name, rule.severity, status, labels, annotations, start, end, value)
+
+    state = "firing" if alert.state == "firing" else "resolved" if transition == "resolved" else None
+    return view(notify), view(state)
 
 
 def _state_of(row: Any) -> AlertState:

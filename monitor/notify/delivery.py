@@ -176,7 +176,7 @@ def _send(http: httpx.Client, receiver: WebhookReceiver, row: Any, config: Deliv
     body: str = row.body
     sent = headers(row.notification_id, int(stamp.timestamp()), body, receiver.secret)
     try:
-        response = http.post(receiver.url, content=body.encode(), headers=sent, timeout=config.timeout_s)
+        response = http.post(receiver.endpoint, content=body.encode(), headers=sent, timeout=config.timeout_s)
     except httpx.TimeoutException:
         return _Outcome(False, True, None, "timeout", transport=True)
     except httpx.HTTPError as error:

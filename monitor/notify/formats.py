@@ -1,16 +1,24 @@
 """Notification bodies per receiver format: ``alertmanager`` (webhook payload version "4"),
-``slack`` (incoming-webhook ``text`` plus ``blocks``) and ``json`` (draftwatch's own).
+``alertmanager-api`` (the alert list Alertmanager's ``POST /api/v2/alerts`` takes), ``slack``
+(incoming-webhook ``text`` plus ``blocks``) and ``json`` (draftwatch's own).
 
 A body is rendered once, when the notification is written to the outbox, so every retry sends the
 same bytes under the same ``webhook-id``.
 
 >>> from datetime import UTC, datetime
+>>> from monitor.notify.receivers import WebhookReceiver
 >>> a = AlertView(7, "3f2a9c0d1e4b5a69", "acceptance_drop", "warning", "firing",
 ...               {"alertname": "acceptance_drop", "severity": "warning", "workload": "code"},
 ...               {"summary": "acceptance rate dropped (code)"}, datetime(2026, 1, 1, tzinfo=UTC), None, -0.12)
->>> body = json.loads(render("alertmanager", "r", "msg_1", {"workload": "code"}, [a], "http://localhost:8321"))
+>>> t, url = datetime(2026, 1, 1, 0, 5, tzinfo=UTC), "http://localhost:8321"
+>>> hook = WebhookReceiver("r", "http://hooks.internal/x", "alertmanager")
+>>> body = json.loads(render(hook, "msg_1", {"workload": "code"}, [a], url, t))
 >>> body["version"], body["status"], body["groupKey"], body["alerts"][0]["endsAt"]
 ('4', 'firing', '{}:{workload="code"}', '0001-01-01T00:00:00Z')
+>>> am = WebhookReceiver("am", "http://am.internal:9093", "alertmanager-api")
+>>> (posted,) = json.loads(render(am, "msg_2", {"workload": "code"}, [a], url, t))
+>>> posted["labels"]["source"], posted["endsAt"]
+('draftwatch', '2026-01-01T00:25:00.000000Z')
 """
 
 from __future__ import annotations
@@ -21,9 +29,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from monitor.notify.receivers import ALERTMANAGER_API, WebhookReceiver
+
 # Alertmanager's zero time: "no end yet" for a firing alert.
 ZERO_TIME: Final = "0001-01-01T00:00:00Z"
 JSON_VERSION: Final = "draftwatch.alerts/1"
+# Added to every alert posted to Alertmanager, so its routes and silences can tell draftwatch's apart.
+SOURCE_LABEL: Final = "source"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +70,10 @@ def group_key(group_labels: Mapping[str, str]) -> str:
     return "{}:{" + ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(group_labels.items())) + "}"
 
 
+def _link(url: str, alert_id: int) -> str:
+    return f"{url}/v1/alerts?id={alert_id}"
+
+
 def _status(alerts: Sequence[AlertView]) -> str:
     return "firing" if any(a.status == "firing" for a in alerts) else "resolved"
 
@@ -80,12 +96,28 @@ def alertmanager(receiver: str, group_labels: Mapping[str, str], alerts: Sequenc
                 "annotations": dict(sorted(a.annotations.items())),
                 "startsAt": _rfc3339(a.starts_at),
                 "endsAt": _rfc3339(a.ends_at) if a.status == "resolved" else ZERO_TIME,
-                "generatorURL": f"{url}/v1/alerts?id={a.id}",
+                "generatorURL": _link(url, a.id),
                 "fingerprint": a.fingerprint,
             }
             for a in alerts
         ],
     }
+
+
+def alertmanager_api(alerts: Sequence[AlertView], url: str, expires_at: datetime) -> Any:
+    """Alertmanager's ``postableAlerts`` (api/v2/openapi.yaml): ``labels``, ``annotations``, ``startsAt``,
+    ``endsAt``, ``generatorURL``. A firing alert ends at ``expires_at`` unless posted again before; a
+    resolved one at the time draftwatch resolved it. Alertmanager identifies an alert by its labels."""
+    return [
+        {
+            "labels": dict(sorted({**a.labels, SOURCE_LABEL: "draftwatch"}.items())),
+            "annotations": dict(sorted(a.annotations.items())),
+            "startsAt": _rfc3339(a.starts_at),
+            "endsAt": _rfc3339(a.ends_at if a.status == "resolved" else expires_at),
+            "generatorURL": _link(url, a.id),
+        }
+        for a in alerts
+    ]
 
 
 def _line(a: AlertView) -> str:
@@ -138,20 +170,23 @@ def own_json(
 
 
 def render(
-    fmt: str,
-    receiver: str,
+    receiver: WebhookReceiver,
     notification_id: str,
     group_labels: Mapping[str, str],
     alerts: Sequence[AlertView],
     external_url: str,
+    now: datetime,
 ) -> str:
-    """The body text for ``fmt`` (compact JSON, UTF-8 safe)."""
+    """The body text in ``receiver``'s format (compact JSON, UTF-8 safe); ``now`` is the evaluation's time."""
+    fmt = receiver.format
     if fmt == "alertmanager":
-        doc = alertmanager(receiver, group_labels, alerts, external_url)
+        doc = alertmanager(receiver.name, group_labels, alerts, external_url)
+    elif fmt == ALERTMANAGER_API:
+        doc = alertmanager_api(alerts, external_url, now + receiver.expires_after)
     elif fmt == "slack":
         doc = slack(group_labels, alerts)
     elif fmt == "json":
-        doc = own_json(receiver, notification_id, group_labels, alerts, external_url)
+        doc = own_json(receiver.name, notification_id, group_labels, alerts, external_url)
     else:
         raise ValueError(f"unknown webhook format {fmt!r}")
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)

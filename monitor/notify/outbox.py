@@ -5,6 +5,12 @@ workload); each group becomes one notification per receiver, rendered in the rec
 and stored with a fresh ``notification_id`` (sent as ``webhook-id``). Nothing is sent here: the
 delivery worker (:mod:`monitor.notify.delivery`) reads the outbox, so a crash between the alert
 change and the send loses nothing and the alert change never waits for a receiver.
+
+Webhook receivers get *notices*: what the state machine decided to tell (a firing, a repeat, a
+resolution; none while silenced, acknowledged or flapping). A receiver that mirrors state
+(Alertmanager's API) gets *states* instead: every firing alert on every evaluation, and each
+resolution, because Alertmanager resolves an alert that is not posted again before its ``endsAt``
+and applies its own silences, grouping and repeats.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import insert
 from sqlalchemy.engine import Connection
@@ -48,16 +55,18 @@ def group(alerts: Sequence[AlertView], group_by: Sequence[str]) -> list[tuple[di
 
 def write_notifications(
     conn: Connection,
-    alerts: Sequence[AlertView],
+    notices: Sequence[AlertView],
+    states: Sequence[AlertView],
     receivers: Sequence[WebhookReceiver],
     group_by: Sequence[str],
     external_url: str,
     now: datetime,
 ) -> int:
-    """Insert the outbox rows for ``alerts`` on ``conn`` (the caller's transaction); returns how many."""
-    rows = []
-    for labels, members in group(alerts, group_by):
-        for receiver in receivers:
+    """Insert the outbox rows on ``conn`` (the caller's transaction): ``notices`` for webhook receivers,
+    ``states`` for receivers that mirror state (see the module docstring); returns how many."""
+    rows: list[dict[str, Any]] = []
+    for receiver in receivers:
+        for labels, members in group(states if receiver.mirrors_state else notices, group_by):
             notification_id = new_notification_id()
             rows.append(
                 {
@@ -66,7 +75,7 @@ def write_notifications(
                     "format": receiver.format,
                     "group_key": group_key(labels),
                     "status": "pending",
-                    "body": render(receiver.format, receiver.name, notification_id, labels, members, external_url),
+                    "body": render(receiver, notification_id, labels, members, external_url, now),
                     "alerts": [{"id": a.id, "status": a.status} for a in members],
                     "attempts": 0,
                     "created_at": now,
@@ -80,5 +89,5 @@ def write_notifications(
             )
     if rows:
         conn.execute(insert(NotificationRow), rows)
-        log.info("outbox: %d notification(s) for %d alert change(s)", len(rows), len(alerts))
+        log.info("outbox: %d notification(s) carrying %d alert(s)", len(rows), sum(len(r["alerts"]) for r in rows))
     return len(rows)

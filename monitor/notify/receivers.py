@@ -4,6 +4,11 @@ Parsed from ``[[webhooks]]`` TOML tables or the ``DRAFTWATCH_WEBHOOKS`` JSON lis
 ``http`` or ``https`` only; the repr and every error message leave the URL's path, query and the
 secret out, because Slack-style URLs carry their credential in the path.
 
+Format ``alertmanager-api`` is not a webhook but Alertmanager itself: its ``url`` is Alertmanager's
+base URL, alerts are posted to ``{url}/api/v2/alerts``, and it *mirrors state* (every firing alert
+on every evaluation, with ``endsAt`` ``expires_after`` ahead, and each resolution), because
+Alertmanager resolves an alert nobody re-posts and silences, groups and repeats by itself.
+
 >>> r = parse_webhooks('[{"url": "https://hooks.example.com/T0/B0/xyz", "format": "slack"}]')
 >>> r[0].name, r[0].format, r[0].host, r[0]
 ('slack-1', 'slack', 'hooks.example.com', WebhookReceiver(name='slack-1', format='slack', url='https://hooks.example.com/***'))
@@ -11,6 +16,9 @@ secret out, because Slack-style URLs carry their credential in the path.
 Traceback (most recent call last):
 ...
 ValueError: webhook 1: url must be http:// or https:// with a host
+>>> (am,) = parse_webhooks([{"url": "http://am.internal:9093/", "format": "alertmanager-api", "expires_after": "30m"}])
+>>> am.name, am.endpoint, am.mirrors_state, am.expires_after
+('alertmanager-api-1', 'http://am.internal:9093/api/v2/alerts', True, datetime.timedelta(seconds=1800))
 """
 
 from __future__ import annotations
@@ -19,12 +27,19 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-FORMATS: Final = ("alertmanager", "slack", "json")
+from monitor.settings.parsers import parse_duration
+
+ALERTMANAGER_API: Final = "alertmanager-api"
+FORMATS: Final = ("alertmanager", ALERTMANAGER_API, "slack", "json")
 SECRET_PREFIX: Final = "whsec_"
-_KEYS: Final = {"url", "format", "secret", "name"}
+# Four drift intervals (scheduler.drift_interval, 5m), as Prometheus sends four evaluation intervals:
+# an alert survives three missed evaluations, and the health job (1m) re-posts far more often.
+EXPIRES_AFTER: Final = timedelta(minutes=20)
+_KEYS: Final = {"url", "format", "secret", "name", "expires_after"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +50,17 @@ class WebhookReceiver:
     url: str
     format: str = "alertmanager"
     secret: bytes | None = None
+    expires_after: timedelta = EXPIRES_AFTER
+
+    @property
+    def mirrors_state(self) -> bool:
+        """Whether the receiver keeps alert state itself (Alertmanager's API) rather than taking notices."""
+        return self.format == ALERTMANAGER_API
+
+    @property
+    def endpoint(self) -> str:
+        """Where requests go: Alertmanager's alerts API under its base URL, else the URL as configured."""
+        return self.url.rstrip("/") + "/api/v2/alerts" if self.mirrors_state else self.url
 
     @property
     def host(self) -> str:
@@ -93,17 +119,32 @@ def parse_webhooks(raw: Any) -> tuple[WebhookReceiver, ...]:
         secret = entry.get("secret")
         if secret is not None and not isinstance(secret, str):
             raise ValueError(f"webhook {number}: secret must be a string")
+        if secret and fmt == ALERTMANAGER_API:
+            # Alertmanager checks no signature: a secret would only look like protection.
+            raise ValueError(f"webhook {number}: {ALERTMANAGER_API} takes no secret (Alertmanager checks none)")
         try:
             key = decode_secret(secret) if secret else None
+            expires = _expires_after(entry, str(fmt))
         except ValueError as error:
             raise ValueError(f"webhook {number}: {error}") from None
         name = entry.get("name") or f"{fmt}-{number}"
         if not isinstance(name, str) or len(name) > 128:
             raise ValueError(f"webhook {number}: name must be a string of at most 128 characters")
-        receivers.append(WebhookReceiver(name=name, url=str(url), format=str(fmt), secret=key))
+        receivers.append(WebhookReceiver(name=name, url=str(url), format=str(fmt), secret=key, expires_after=expires))
     if len({r.name for r in receivers}) != len(receivers):
         raise ValueError("webhook names must be unique")
     return tuple(receivers)
+
+
+def _expires_after(entry: dict[str, Any], fmt: str) -> timedelta:
+    if "expires_after" not in entry:
+        return EXPIRES_AFTER
+    if fmt != ALERTMANAGER_API:
+        raise ValueError(f"expires_after applies to format {ALERTMANAGER_API} only")
+    try:
+        return parse_duration(entry["expires_after"])
+    except ValueError as error:
+        raise ValueError(f"expires_after: {error}") from None
 
 
 def parse_hosts(raw: Any) -> tuple[str, ...]:

@@ -17,8 +17,9 @@ class DeliverySettings:
         "DRAFTWATCH_WEBHOOKS",
         parse_webhooks,
         (),
-        "webhook receivers: [[webhooks]] tables (url, format alertmanager|slack|json, secret whsec_..., name) or a "
-        "JSON list of the same in the environment (default: none)",
+        "webhook receivers: [[webhooks]] tables (url, format alertmanager|alertmanager-api|slack|json, secret "
+        "whsec_..., name, expires_after for alertmanager-api) or a JSON list of the same in the environment "
+        "(default: none)",
         secret=True,
     )
     allowed_hosts: tuple[str, ...] = setting(
