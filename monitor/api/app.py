@@ -33,6 +33,7 @@ from monitor.api.events import EventBatchIn, EventIn
 from monitor.api.limits import LimitsMiddleware
 from monitor.api.metrics import Metrics
 from monitor.api.state import ApiState
+from monitor.api.store_figures import StoreFigures
 from monitor.config import Settings
 from monitor.ingest.recorder import Recorder
 from monitor.store import migrate
@@ -62,7 +63,7 @@ def create_app(
 ) -> FastAPI:
     """The sidecar API over ``settings`` (database, tokens, limits); ``decoder`` enables generation."""
     tokens = TokenSet(settings.api.tokens)
-    metrics = Metrics()
+    metrics = Metrics(version=_version())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +91,7 @@ def create_app(
             state.upstream = proxy.client_for(settings.proxy)
             log.info("proxy mode: forwarding %s to %s", ", ".join(proxy.FORWARDED_PATHS), settings.proxy.upstream)
         metrics.add_collector(lambda: _own_figures(state))
+        metrics.add_families(StoreFigures(eng, settings).collect)
         app.state.api = state
         try:
             yield
