@@ -3,52 +3,95 @@
 Counters are per process and count records when this process made them durable (committed or
 fsync'd to the spool), ingested or decoded alike; Prometheus sums replicas. A record re-sent with a
 known ``request_id`` is stored once and counted once; only one that arrives while the database is
-down, and is therefore spooled before the store can tell, is counted again. Labels are bounded: after
-:data:`MAX_WORKLOADS` distinct workloads, further ones are counted under ``workload="_other"`` (a
-name no real tag can take), so a hostile client cannot blow up the series count.
+down, and is therefore spooled before the store can tell, is counted again.
+
+Every record family is labelled by ``workload``, ``target`` and ``drafter`` (the second half of the
+drift results' ``pair``: ``model:qwen-coder-0.5b``, ``ngram``), and by ``mode`` where a request's mode
+applies (requests, errors, tokens, latencies; drafts happen only in speculative mode). A label set
+seen for the first time gets zero samples in every family, for every mode, so ``rate()`` and ratios
+work from the first scrape. Label sets are bounded: after :data:`MAX_LABEL_SETS` distinct
+``(workload, target, drafter)`` sets, further ones are counted under ``_other`` in all three (a name no
+workload tag can take), and per-position counts beyond :data:`MAX_POSITIONS` under ``position="_other"``,
+so a hostile client cannot blow up the series count.
 
 >>> m = Metrics(); from monitor.ingest.synthetic import synthetic_record
 >>> m.observe([synthetic_record(1, workload="code")], "written")
->>> 'draftwatch_requests_total{workload="code",mode="speculative"} 1' in m.render()
-True
+>>> for line in m.render().splitlines():
+...     if line.startswith("draftwatch_requests_total{"):
+...         print(line)
+draftwatch_requests_total{workload="code",target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b",mode="holdout"} 0
+draftwatch_requests_total{workload="code",target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b",mode="plain"} 0
+draftwatch_requests_total{workload="code",target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b",mode="speculative"} 1
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import threading
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
-from decoder.record import RequestRecord
+from decoder.record import MODES, RequestRecord
+from monitor.store.types import Pair
 
-MAX_WORKLOADS: Final = 200
+MAX_LABEL_SETS: Final = 200
+MAX_POSITIONS: Final = 32
 OTHER: Final = "_other"
 TPOT_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 TTFT_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 Labels = tuple[tuple[str, str], ...]
-# (name, help, type) of every family, in exposition order.
-FAMILIES: Final = (
-    ("draftwatch_requests_total", "Finished requests recorded, by workload and mode.", "counter"),
-    ("draftwatch_request_errors_total", "Recorded requests that finished with an error.", "counter"),
-    ("draftwatch_spec_decode_num_drafts_total", "Verification steps (vLLM: spec_decode_num_drafts).", "counter"),
-    ("draftwatch_spec_decode_num_draft_tokens_total", "Draft tokens proposed.", "counter"),
-    ("draftwatch_spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", "counter"),
-    (
-        "draftwatch_spec_decode_num_accepted_tokens_per_pos_total",
-        "Steps whose draft token at position (0-based) was accepted.",
-        "counter",
+OTHER_KEY: Final[Labels] = (("workload", OTHER), ("target", OTHER), ("drafter", OTHER))
+
+REQUESTS: Final = "draftwatch_requests_total"
+ERRORS: Final = "draftwatch_request_errors_total"
+PROMPT_TOKENS: Final = "draftwatch_prompt_tokens_total"
+GENERATION_TOKENS: Final = "draftwatch_generation_tokens_total"
+DRAFTS: Final = "draftwatch_spec_decode_num_drafts_total"
+DRAFT_TOKENS: Final = "draftwatch_spec_decode_num_draft_tokens_total"
+ACCEPTED_TOKENS: Final = "draftwatch_spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS: Final = "draftwatch_spec_decode_num_accepted_tokens_per_pos_total"
+TPOT: Final = "draftwatch_time_per_output_token_seconds"
+TTFT: Final = "draftwatch_time_to_first_token_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family as exposed; without samples it still says HELP and TYPE."""
+
+    name: str
+    help: str
+    kind: str  # counter or gauge
+    samples: Sequence[tuple[Labels, float]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    name: str
+    help: str
+    by_mode: bool = False
+    buckets: tuple[float, ...] = ()  # a histogram when given
+
+
+# Every family fed by records, in exposition order.
+RECORD_FAMILIES: Final = (
+    _Spec(REQUESTS, "Finished requests recorded.", by_mode=True),
+    _Spec(ERRORS, "Recorded requests that finished with an error.", by_mode=True),
+    _Spec(PROMPT_TOKENS, "Prompt tokens of recorded requests.", by_mode=True),
+    _Spec(GENERATION_TOKENS, "Output tokens of recorded requests.", by_mode=True),
+    _Spec(DRAFTS, "Verification steps (vLLM: spec_decode_num_drafts)."),
+    _Spec(DRAFT_TOKENS, "Draft tokens proposed."),
+    _Spec(ACCEPTED_TOKENS, "Draft tokens accepted."),
+    _Spec(ACCEPTED_PER_POS, "Steps whose draft token at position (0-based) was accepted."),
+    _Spec(
+        TPOT,
+        "Time per output token after the first: (latency - TTFT) / (output tokens - 1), as vLLM's metric of that name.",
+        by_mode=True,
+        buckets=TPOT_BUCKETS,
     ),
-    ("draftwatch_prompt_tokens_total", "Prompt tokens of recorded requests.", "counter"),
-    ("draftwatch_generation_tokens_total", "Output tokens of recorded requests.", "counter"),
-    (
-        "draftwatch_time_per_output_token_seconds",
-        "Time per output token after the first (TTFT left out, as in vLLM's metric of that name).",
-        "histogram",
-    ),
-    ("draftwatch_time_to_first_token_seconds", "Time to first token.", "histogram"),
+    _Spec(TTFT, "Time to first token.", by_mode=True, buckets=TTFT_BUCKETS),
 )
 
 
@@ -72,17 +115,23 @@ class _Histogram:
 class Metrics:
     """Thread-safe counters and histograms; :meth:`observe` is the recorder's ``on_durable`` hook."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: str = "0.0.0") -> None:
         self._lock = threading.Lock()
-        self._counters: dict[str, dict[Labels, float]] = defaultdict(lambda: defaultdict(float))
-        self._histograms: dict[str, dict[Labels, _Histogram]] = defaultdict(dict)
-        self._workloads: set[str] = set()
-        # Extra families rendered at scrape time (recorder figures, decode queue): name -> callable.
+        self._version = version
+        self._counters: dict[str, dict[Labels, float]] = {s.name: {} for s in RECORD_FAMILIES if not s.buckets}
+        self._histograms: dict[str, dict[Labels, _Histogram]] = {s.name: {} for s in RECORD_FAMILIES if s.buckets}
+        self._keys: set[Labels] = set()  # at most MAX_LABEL_SETS, plus OTHER_KEY
+        # Figures rendered at scrape time: single values (recorder, decode queue) and whole families (store).
         self._collectors: list[Callable[[], Iterable[tuple[str, str, str, float]]]] = []
+        self._family_collectors: list[Callable[[], Iterable[Family]]] = []
 
     def add_collector(self, collect: Callable[[], Iterable[tuple[str, str, str, float]]]) -> None:
-        """``collect()`` yields ``(name, help, type, value)`` at every scrape."""
+        """``collect()`` yields ``(name, help, type, value)`` of unlabelled figures at every scrape."""
         self._collectors.append(collect)
+
+    def add_families(self, collect: Callable[[], Iterable[Family]]) -> None:
+        """``collect()`` yields labelled :class:`Family` objects at every scrape."""
+        self._family_collectors.append(collect)
 
     def observe(self, records: Sequence[RequestRecord], where: str) -> None:
         # A spooled batch is counted when spooled; its later replay is the same records again.
@@ -92,65 +141,94 @@ class Metrics:
             for rec in records:
                 self._observe_one(rec)
 
-    def _workload(self, tag: str) -> str:
-        if tag in self._workloads:
-            return tag
-        if len(self._workloads) >= MAX_WORKLOADS:
-            return OTHER
-        self._workloads.add(tag)
-        return tag
+    def _key(self, rec: RequestRecord) -> Labels:
+        """The record's label set; the first time it is seen, zero samples for it in every family."""
+        drafter = Pair(rec.target_model, rec.drafter, rec.draft_model).label.removeprefix(f"{rec.target_model}/")
+        key: Labels = (("workload", rec.workload), ("target", rec.target_model), ("drafter", drafter))
+        if key not in self._keys and len(self._keys) >= MAX_LABEL_SETS:
+            key = OTHER_KEY
+        if key in self._keys:
+            return key
+        self._keys.add(key)
+        for spec in RECORD_FAMILIES:
+            if spec.name == ACCEPTED_PER_POS:
+                continue  # positions are filled as records show them
+            for labels in [(*key, ("mode", mode)) for mode in MODES] if spec.by_mode else [key]:
+                if spec.buckets:
+                    self._histograms[spec.name][labels] = _Histogram(spec.buckets)
+                else:
+                    self._counters[spec.name][labels] = 0.0
+        return key
 
     def _observe_one(self, rec: RequestRecord) -> None:
-        workload = self._workload(rec.workload)
-        wl: Labels = (("workload", workload),)
+        key = self._key(rec)
+        by_mode: Labels = (*key, ("mode", rec.mode))
         c = self._counters
-        c["draftwatch_requests_total"][(*wl, ("mode", rec.mode))] += 1
+        c[REQUESTS][by_mode] += 1
         if rec.finish_reason == "error":
-            c["draftwatch_request_errors_total"][wl] += 1
-        c["draftwatch_prompt_tokens_total"][wl] += rec.prompt_tokens
-        c["draftwatch_generation_tokens_total"][wl] += rec.output_tokens
-        if rec.num_draft_tokens or rec.num_spec_steps:
-            c["draftwatch_spec_decode_num_drafts_total"][wl] += rec.num_spec_steps
-            c["draftwatch_spec_decode_num_draft_tokens_total"][wl] += rec.num_draft_tokens
-            c["draftwatch_spec_decode_num_accepted_tokens_total"][wl] += rec.num_accepted_tokens
-            for position, accepted in enumerate(rec.accepted_per_position):
-                c["draftwatch_spec_decode_num_accepted_tokens_per_pos_total"][(*wl, ("position", str(position)))] += (
-                    accepted
-                )
+            c[ERRORS][by_mode] += 1
+        c[PROMPT_TOKENS][by_mode] += rec.prompt_tokens
+        c[GENERATION_TOKENS][by_mode] += rec.output_tokens
+        c[DRAFTS][key] += rec.num_spec_steps
+        c[DRAFT_TOKENS][key] += rec.num_draft_tokens
+        c[ACCEPTED_TOKENS][key] += rec.num_accepted_tokens
+        per_pos = c[ACCEPTED_PER_POS]
+        # Every position the draft length allows, even one never accepted yet, so its rate exists.
+        width = max(rec.num_speculative_tokens, len(rec.accepted_per_position))
+        for position in range(min(width, MAX_POSITIONS + 1)):
+            per_pos.setdefault(_position(key, position), 0.0)
+        for position, accepted in enumerate(rec.accepted_per_position):
+            per_pos[_position(key, position)] += accepted
         tpot = rec.decode_ms_per_token
         if tpot is not None:
-            self._histogram("draftwatch_time_per_output_token_seconds", wl, TPOT_BUCKETS).observe(tpot / 1000)
+            self._histograms[TPOT][by_mode].observe(tpot / 1000)
         if rec.ttft_ms is not None:
-            self._histogram("draftwatch_time_to_first_token_seconds", wl, TTFT_BUCKETS).observe(rec.ttft_ms / 1000)
-
-    def _histogram(self, name: str, labels: Labels, buckets: Sequence[float]) -> _Histogram:
-        family = self._histograms[name]
-        if labels not in family:
-            family[labels] = _Histogram(buckets)
-        return family[labels]
+            self._histograms[TTFT][by_mode].observe(rec.ttft_ms / 1000)
 
     def render(self) -> str:
         """The Prometheus text format (version 0.0.4)."""
-        lines: list[str] = []
+        build = [((("version", self._version),), 1.0)]
+        lines = _family_lines(
+            Family("draftwatch_build_info", "The draftwatch version of this process.", "gauge", build)
+        )
         with self._lock:
-            for name, help_text, kind in FAMILIES:
-                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-                if kind == "counter":
-                    for labels, value in sorted(self._counters[name].items()):
-                        lines.append(f"{name}{_labels(labels)} {_number(value)}")
-                    continue
-                for labels, hist in sorted(self._histograms[name].items()):
-                    cumulative = 0
-                    for bound, count in zip(hist.buckets, hist.counts, strict=True):
-                        cumulative += count
-                        lines.append(f"{name}_bucket{_labels((*labels, ('le', _number(bound))))} {cumulative}")
-                    lines.append(f"{name}_bucket{_labels((*labels, ('le', '+Inf')))} {hist.count}")
-                    lines.append(f"{name}_sum{_labels(labels)} {_number(hist.total)}")
-                    lines.append(f"{name}_count{_labels(labels)} {hist.count}")
+            for spec in RECORD_FAMILIES:
+                if spec.buckets:
+                    lines += _histogram_lines(spec, self._histograms[spec.name])
+                else:
+                    lines += _family_lines(
+                        Family(spec.name, spec.help, "counter", sorted(self._counters[spec.name].items()))
+                    )
         for collect in self._collectors:
             for name, help_text, kind, value in collect():
-                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_number(value)}"]
+                lines += _family_lines(Family(name, help_text, kind, [((), value)]))
+        for collect_families in self._family_collectors:
+            for family in collect_families():
+                lines += _family_lines(family)
         return "\n".join(lines) + "\n"
+
+
+def _position(key: Labels, position: int) -> Labels:
+    return (*key, ("position", str(position) if position < MAX_POSITIONS else OTHER))
+
+
+def _family_lines(family: Family) -> list[str]:
+    lines = [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} {family.kind}"]
+    return lines + [f"{family.name}{_labels(labels)} {_number(value)}" for labels, value in family.samples]
+
+
+def _histogram_lines(spec: _Spec, histograms: dict[Labels, _Histogram]) -> list[str]:
+    name = spec.name
+    lines = [f"# HELP {name} {spec.help}", f"# TYPE {name} histogram"]
+    for labels, hist in sorted(histograms.items()):
+        cumulative = 0
+        for bound, count in zip(hist.buckets, hist.counts, strict=True):
+            cumulative += count
+            lines.append(f"{name}_bucket{_labels((*labels, ('le', _number(bound))))} {cumulative}")
+        lines.append(f"{name}_bucket{_labels((*labels, ('le', '+Inf')))} {hist.count}")
+        lines.append(f"{name}_sum{_labels(labels)} {_number(hist.total)}")
+        lines.append(f"{name}_count{_labels(labels)} {hist.count}")
+    return lines
 
 
 def _labels(labels: Labels) -> str:
@@ -165,4 +243,8 @@ def _escape(value: str) -> str:
 
 
 def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
     return str(int(value)) if float(value).is_integer() else repr(float(value))

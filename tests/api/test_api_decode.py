@@ -102,7 +102,9 @@ def test_holdout_share_and_the_metrics(tmp_path: Path, sqlite_url: str) -> None:
         assert body["record"]["holdout_reason"] == "target"  # the first of the workload's 30 per window
         client.app.state.api.recorder.flush(10)  # type: ignore[attr-defined]
         text = client.get("/metrics", headers=auth(READ)).text
-        assert 'draftwatch_requests_total{workload="default",mode="holdout"} 1' in text
+        pair = 'target="tiny-target",drafter="ngram"'
+        assert f'draftwatch_requests_total{{workload="default",{pair},mode="holdout"}} 1' in text
+        assert f'draftwatch_requests_total{{workload="default",{pair},mode="speculative"}} 0' in text
         assert "draftwatch_decode_queue_depth 0" in text
 
 

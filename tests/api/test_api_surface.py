@@ -93,14 +93,18 @@ def test_reads_workloads_series_and_metrics(client: TestClient) -> None:
     full = client.get("/v1/workloads/chat/series", params={"since": since}, headers=auth(READ)).json()
     assert full["points"][0]["requests"] == 12
     text = client.get("/metrics", headers=auth(READ)).text
-    assert 'draftwatch_requests_total{workload="code",mode="holdout"} 2' in text
-    assert 'draftwatch_spec_decode_num_accepted_tokens_per_pos_total{workload="code",position="0"}' in text
-    assert 'draftwatch_time_per_output_token_seconds_bucket{workload="chat",le="+Inf"} 12' in text
+    spec, plain = 'target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b"', 'target="qwen-coder-1.5b",drafter="none"'
+    assert f'draftwatch_requests_total{{workload="code",{plain},mode="holdout"}} 2' in text
+    assert f'draftwatch_requests_total{{workload="code",{spec},mode="speculative"}} 10' in text
+    assert f'draftwatch_spec_decode_num_accepted_tokens_per_pos_total{{workload="code",{spec},position="3"}}' in text
+    tpot = "draftwatch_time_per_output_token_seconds_bucket"
+    assert f'{tpot}{{workload="chat",{spec},mode="speculative",le="+Inf"}} 10' in text
+    assert f'{tpot}{{workload="chat",{plain},mode="holdout",le="+Inf"}} 2' in text
     assert "draftwatch_recorder_written_total 24" in text
     # Re-sending the same records stores nothing and counts nothing again.
     assert client.post("/v1/events", json={"events": batch}, headers=auth(INGEST)).json()["duplicates"] == 24
     again = client.get("/metrics", headers=auth(READ)).text
-    assert 'draftwatch_requests_total{workload="code",mode="holdout"} 2' in again
+    assert f'draftwatch_requests_total{{workload="code",{plain},mode="holdout"}} 2' in again
     assert "draftwatch_recorder_duplicates_total 24" in again
     assert client.get("/readyz").json()["status"] == "ready"
 
