@@ -26,6 +26,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/ensure-chromium.sh
+	bash scripts/ensure-prometheus.sh
 	$(BIN)/draftwatch models fetch smollm2-135m
 	$(BIN)/ruff check .
 	$(BIN)/mypy decoder monitor dashboard
