@@ -1,0 +1,1 @@
+"""Real serving stacks (llama.cpp's llama-server) run on loopback for the adapter tests and fixtures."""
