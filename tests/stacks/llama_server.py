@@ -174,7 +174,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 # What the tests and tests/stacks/capture.py ask of the server, in one place so that the captured
 # fixtures are the responses the tests check. One slot, so that a repeated prompt meets its own
 # cache; a 2048-token context holds these prompts and keeps two contexts (target and draft) small.
-BASE_ARGS: tuple[str, ...] = ("--ctx-size", "2048", "--parallel", "1", "--seed", "0")
+# The alias is the name responses carry as "model" (else the model file's path on this machine).
+BASE_ARGS: tuple[str, ...] = ("--ctx-size", "2048", "--parallel", "1", "--seed", "0", "--alias", "smollm2-135m")
 # ngram-simple drafts the tokens that followed the last occurrence of the current 3-gram; the
 # default 12-gram rarely recurs within a 32-token answer.
 NGRAM_ARGS: tuple[str, ...] = (
