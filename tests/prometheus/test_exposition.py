@@ -46,6 +46,7 @@ FAMILIES = (
     "draftwatch_health_signal",
     "draftwatch_alerts",
 )
+API_DOC = Path(__file__).resolve().parents[2] / "docs/api.md"
 SPEC = 'workload="code",target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b"'
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 
@@ -96,6 +97,16 @@ def test_every_family_is_described_before_any_record(client: TestClient) -> None
     assert samples['draftwatch_alerts{alertname="acceptance_drop",severity="warning",state="pending"}'] == 0
     assert samples['draftwatch_health_signal{check="dead_letters"}'] == 0
     assert not [name for name in samples if name.startswith(("draftwatch_requests_total", "draftwatch_drift_"))]
+
+
+def test_every_family_is_documented() -> None:
+    section = API_DOC.read_text().split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    documented = set()
+    for name in re.findall(r"`(draftwatch_[a-z_{},]+)`", section):
+        head, _, rest = name.partition("{")
+        inner, _, tail = rest.partition("}")
+        documented |= {f"{head}{part}{tail}" for part in inner.split(",")} if rest else {name}
+    assert set(FAMILIES) <= documented
 
 
 def test_time_per_output_token_leaves_the_first_token_out(client: TestClient) -> None:
