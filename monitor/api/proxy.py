@@ -187,7 +187,7 @@ async def forward(request: Request) -> Response:
     url = httpx.URL(request.url.path, query=request.url.query.encode())
     upstream_request = client.build_request(request.method, url, headers=exchange.headers, content=exchange.body)
     try:
-        response = await client.send(upstream_request, stream=True)
+        response = await _send(client, upstream_request)
     except httpx.TimeoutException:
         exchange.record(None, error="upstream timed out")
         return _upstream_error(504, f"the upstream sent nothing within {exchange.settings.timeout_s:g} s")
@@ -212,12 +212,30 @@ async def forward(request: Request) -> Response:
     return Response(content, response.status_code, headers)
 
 
+async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    try:
+        return await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        # llama-server may close a kept-alive connection after a stream without saying so: the request
+        # met a closed connection and reached no one, so it goes once more, on a fresh connection.
+        return await client.send(request, stream=True)
+
+
 async def _relay(exchange: _Exchange, response: httpx.Response) -> AsyncIterator[bytes]:
     """Pass the upstream's events on as each completes; keep the last report and finish reason for the record."""
     report: dict[str, Any] | None = None
     finish: str | None = None
     error: str | None = None
+    recorded = False
     pending = b""
+
+    def settle() -> None:
+        nonlocal recorded
+        if not recorded:
+            recorded = True
+            failed = error is not None or response.status_code >= 400 or report is None
+            exchange.record(None if failed else report, finish=finish, error=error)
+
     try:
         async for chunk in response.aiter_raw():
             pending += chunk
@@ -230,6 +248,8 @@ async def _relay(exchange: _Exchange, response: httpx.Response) -> AsyncIterator
                     report, finish = _remember(data, report, finish)
                     if exchange.strip_usage and _usage_only(data):
                         continue
+                elif _is_done(event):
+                    settle()  # before the client reads the end: what it has seen is recorded by then
                 yield event
         if pending:
             yield pending
@@ -242,8 +262,7 @@ async def _relay(exchange: _Exchange, response: httpx.Response) -> AsyncIterator
         raise
     finally:
         await response.aclose()
-        failed = error is not None or response.status_code >= 400 or report is None
-        exchange.record(None if failed else report, finish=finish, error=error)
+        settle()
 
 
 def _reason(refused: Exception) -> str:
@@ -285,6 +304,10 @@ def _event_data(event: bytes) -> bytes | None:
     lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
     data = b"\n".join(lines)
     return None if not lines or data.strip() == b"[DONE]" else data
+
+
+def _is_done(event: bytes) -> bool:
+    return any(line.startswith(b"data:") and line[5:].strip() == b"[DONE]" for line in event.splitlines())
 
 
 def _json_object(content: bytes) -> dict[str, Any] | None:
