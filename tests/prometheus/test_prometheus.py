@@ -34,6 +34,7 @@ import yaml
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
+from monitor.alerts.rules import DEFAULT_RULES
 from monitor.config import Settings
 from monitor.ingest.spool import Spool
 from monitor.scheduler.jobs import delivery_job, drift_job, run_tick
@@ -94,13 +95,9 @@ def rule_queries() -> list[tuple[str, str]]:
     return [(rule.get("alert") or rule["record"], rule["expr"]) for group in groups for rule in group["rules"]]
 
 
-def alerting_rules() -> list[str]:
-    return [
-        rule["alert"]
-        for group in yaml.safe_load(RULES.read_text())["groups"]
-        for rule in group["rules"]
-        if "alert" in rule
-    ]
+def alerting_rules() -> dict[str, dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["alert"]: rule for group in groups for rule in group["rules"] if "alert" in rule}
 
 
 def substitute(expr: str, values: Mapping[str, str]) -> str:
@@ -317,6 +314,13 @@ def test_every_rule_expression_returns_data_and_every_alert_is_active(prometheus
     assert states == expected
     acceptance = prometheus.query("ALERTS{alertname='acceptance_drop'}")
     assert [a["metric"]["workload"] for a in acceptance] == ["code"]
+
+
+def test_the_alerts_are_the_default_rules() -> None:
+    alerts = alerting_rules()
+    assert {name: rule["labels"]["severity"] for name, rule in alerts.items()} == {
+        rule.name: rule.severity for rule in DEFAULT_RULES
+    }
 
 
 def test_promtool_checks_the_rules() -> None:
