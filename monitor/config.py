@@ -31,7 +31,7 @@ from decoder.holdout import HoldoutPolicy
 from monitor.alerts.settings import AlertConfig, AlertSettings
 from monitor.api.settings import ApiSettings, DecoderSettings, ProxySettings
 from monitor.drift.settings import DriftSettings
-from monitor.ingest.settings import RecorderSettings
+from monitor.ingest.settings import RecorderSettings, ScrapeSettings
 from monitor.notify.settings import DeliverySettings
 from monitor.scheduler.settings import RetentionSettings, SchedulerSettings
 from monitor.settings.fields import Spec, resolve, specs
@@ -53,6 +53,7 @@ DATA_DIR: Final = Spec(
 SECTIONS: Final[Mapping[str, type[Any]]] = {
     "database": DatabaseSettings,
     "recorder": RecorderSettings,
+    "scrape": ScrapeSettings,
     "api": ApiSettings,
     "decoder": DecoderSettings,
     "proxy": ProxySettings,
@@ -87,6 +88,7 @@ class Settings:
     data_dir: Path
     database: DatabaseSettings
     recorder: RecorderSettings
+    scrape: ScrapeSettings
     api: ApiSettings
     decoder: DecoderSettings
     proxy: ProxySettings

@@ -94,6 +94,10 @@ DEFAULT_RULES: Final[tuple[Rule, ...]] = (
         "webhook_dead_letters", "health", ("dead_letters",), "warning", for_runs=1, clear_runs=1,
         summary="webhook notifications were given up on (dead letters)",
     ),
+    Rule(
+        "scrape_target_down", "health", ("scrape_target",), "warning", for_runs=1, clear_runs=1,
+        summary="a scrape target has failed its last scrapes (down or not an engine's metrics)",
+    ),
 )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The recorder's settings: its queue, its batches, what a full queue does, and where it spools."""
+"""Ingest's settings: the recorder (its queue, batches, full-queue policy, spool) and the scrape targets."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from monitor.ingest.scrape.targets import ScrapeTarget, parse_targets
 from monitor.settings.fields import setting
 from monitor.settings.parsers import parse_choice, parse_int, parse_path, parse_seconds
 
@@ -73,3 +74,15 @@ class RecorderSettings:
     def __post_init__(self) -> None:
         if self.full_queue_policy not in FULL_QUEUE_POLICIES:
             raise ValueError(f"full_queue_policy={self.full_queue_policy!r}: expected one of {FULL_QUEUE_POLICIES}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScrapeSettings:
+    targets: tuple[ScrapeTarget, ...] = setting(
+        "scrape",
+        "DRAFTWATCH_SCRAPE",
+        parse_targets,
+        (),
+        "engines' /metrics endpoints to read (scrape mode): [[scrape]] tables (url, kind vllm|llamacpp|sglang, "
+        "name, interval, workload, target_model, drafter, timeout_s) or a JSON list of the same (default: none)",
+    )

@@ -7,6 +7,8 @@
 * ``recorder_spool`` (label ``host``): spool segments older than a minute lie in this host's spool
   directory, i.e. a recorder here could not write to the database for a while.
 * ``dead_letters``: a notification became a dead letter in the last day.
+* ``scrape_target`` (label ``target``): a ``[[scrape]]`` target failed its last
+  ``SCRAPE_FAILURES`` scrapes (down, or a body that is not its engine's exposition).
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from monitor.config import Settings
 from monitor.ingest.spool import PREFIX, SUFFIX
 from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
+from monitor.store.scrape import target_health
 from monitor.store.types import Fence
 
 SPOOL_AGE_S: Final = 60.0
+# One failed scrape is a blip (a restart, a slow response); three in a row are an outage.
+SCRAPE_FAILURES: Final = 3
 DEAD_LETTER_WINDOW: Final = timedelta(days=1)
 
 
@@ -66,6 +71,10 @@ def health_signals(engine: Engine, settings: Settings, now: datetime) -> list[Si
             select(func.count()).where(n.status == "dead", n.created_at >= now - DEAD_LETTER_WINDOW)
         ).scalar_one()
     signals.append(Signal("health", "dead_letters", _decision(dead > 0), {}, float(dead)))
+    for target in target_health(engine):
+        failing = target.failures >= SCRAPE_FAILURES
+        note = f"{target.status}: {target.error}" if failing else None
+        signals.append(Signal("health", "scrape_target", _decision(failing), {"target": target.name}, None, note))
     spool = settings.recorder.spool_dir
     old = [p for p in spool.glob(f"{PREFIX}*{SUFFIX}") if _age(p) > SPOOL_AGE_S]
     host = socket.gethostname()

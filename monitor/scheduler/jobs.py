@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.config import Settings
 from monitor.drift.run import run_drift
+from monitor.ingest.scrape.run import scrape_due
 from monitor.notify.delivery import deliver_pending
 from monitor.scheduler.health import evaluate_health
 from monitor.scheduler.lease import Lease, LeaseLostError
@@ -67,12 +68,23 @@ def retention_job(engine: Engine, settings: Settings, tick: datetime, fence: Fen
     return apply_retention(engine, settings.retention, datetime.now(UTC), fence)
 
 
+def scrape_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
+    report = scrape_due(engine, settings.scrape.targets, fence=fence)
+    return {"scraped": report.scraped, "intervals": report.intervals, "failed": sorted(report.failed)}
+
+
 def _eval(evaluation: Any) -> dict[str, Any]:
     return {"transitions": len(evaluation.transitions), "notified": len(evaluation.notified),
             "outbox": evaluation.outbox_rows}  # fmt: skip
 
 
-JOBS: dict[str, Job] = {"drift": drift_job, "delivery": delivery_job, "health": health_job, "retention": retention_job}
+JOBS: dict[str, Job] = {
+    "drift": drift_job,
+    "delivery": delivery_job,
+    "health": health_job,
+    "retention": retention_job,
+    "scrape": scrape_job,
+}
 
 
 def intervals(settings: Settings) -> dict[str, timedelta]:
@@ -81,6 +93,7 @@ def intervals(settings: Settings) -> dict[str, timedelta]:
         "delivery": settings.scheduler.delivery_interval,
         "health": settings.scheduler.health_interval,
         "retention": settings.scheduler.retention_interval,
+        "scrape": settings.scheduler.scrape_interval,
     }
 
 

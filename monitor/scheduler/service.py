@@ -38,7 +38,9 @@ class SchedulerService:
         self.engine = engine or create_engine(settings.database.url)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = Lease(self.engine, self.holder, settings.scheduler.lease_ttl_s)
-        self.jobs = list(jobs) if jobs is not None else list(JOBS)
+        # Scrape mode's job runs only where targets are configured: elsewhere it would fill the job history.
+        default = [name for name in JOBS if name != "scrape" or settings.scrape.targets]
+        self.jobs = list(jobs) if jobs is not None else default
         unknown = set(self.jobs) - set(JOBS)
         if unknown:
             raise ValueError(f"unknown job(s): {', '.join(sorted(unknown))}")

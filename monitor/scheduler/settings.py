@@ -39,6 +39,13 @@ class SchedulerSettings:
         timedelta(days=1),
         "how often the retention job deletes old rows (default: 1d)",
     )
+    scrape_interval: timedelta = setting(
+        "scheduler.scrape_interval",
+        "DRAFTWATCH_SCHEDULER_SCRAPE_INTERVAL",
+        parse_duration,
+        timedelta(seconds=15),
+        "how often the scrape job looks for [[scrape]] targets due for their own interval (default: 15s)",
+    )
     misfire_grace_s: float = setting(
         "scheduler.misfire_grace_s",
         "DRAFTWATCH_SCHEDULER_MISFIRE_GRACE_S",

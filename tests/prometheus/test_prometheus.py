@@ -36,7 +36,10 @@ from sqlalchemy.engine import Engine
 from decoder.record import RequestRecord
 from monitor.alerts.rules import DEFAULT_RULES
 from monitor.config import Settings
+from monitor.ingest.scrape.run import scrape_due
+from monitor.ingest.scrape.targets import parse_targets
 from monitor.ingest.spool import Spool
+from monitor.scheduler.health import SCRAPE_FAILURES
 from monitor.scheduler.jobs import delivery_job, drift_job, run_tick
 from monitor.scheduler.lease import Lease
 from monitor.store.engine import create_engine
@@ -172,6 +175,10 @@ def run_the_scheduler_jobs(db_url: str, env: dict[str, str]) -> None:
         assert run_tick(engine, settings, lease, "delivery", tick, delivery_job) == "ok"
         for n in range(settings.scheduler.failure_alert_after):
             assert run_tick(engine, settings, lease, "retention", tick + timedelta(seconds=n), fail_job) == "failed"
+        # A [[scrape]] target nobody answers at, scraped as often as it takes to count as down.
+        (down,) = parse_targets([{"url": f"http://127.0.0.1:{free_port()}/metrics", "kind": "vllm", "name": "gone"}])
+        for n in range(SCRAPE_FAILURES):
+            scrape_due(engine, [down], tick + down.interval * n)
     finally:
         engine.dispose()
 
@@ -265,8 +272,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         wait_for("the first live records", lambda: prom.query("sum(draftwatch_requests_total) > 500"))
         post(sidecar, live(datetime.now(UTC), seed=12))
         wait_for("the second live records", lambda: prom.query("sum(draftwatch_requests_total) >= 600"))
-        # Every health check active: failures, stale drift runs, dead letters, the old spool segment.
-        wait_for("every health check active", lambda: prom.query("count(draftwatch_health_signal == 1) == 4"))
+        # Every health check active: failures, stale drift runs, dead letters, the old spool segment, the scrape.
+        wait_for("every health check active", lambda: prom.query("count(draftwatch_health_signal == 1) == 5"))
         yield prom
     finally:
         process.send_signal(signal.SIGTERM)
@@ -307,6 +314,7 @@ def test_every_rule_expression_returns_data_and_every_alert_is_active(prometheus
         "recorder_spooling": "pending",
         "scheduler": "firing",
         "webhook_dead_letters": "firing",
+        "scrape_target_down": "firing",
     }
     deadline = time.monotonic() + 10  # the rules are evaluated every second
     while (states := alert_states(prometheus)) != expected and time.monotonic() < deadline:
