@@ -17,7 +17,7 @@ from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import Problem, described, off_calendar, validation_error
 from monitor.api.state import ApiState, api_state
-from monitor.store import queries
+from monitor.store import queries, scrape
 from monitor.store.migrate import current_revision
 from monitor.store.rollups import minute_after, minute_of
 
@@ -90,6 +90,9 @@ class WorkloadsOut(BaseModel):
     since: datetime
     until: datetime
     workloads: list[dict[str, Any]]
+    # Scrape mode: aggregate figures per target and series (the unit is the interval), and each target's health.
+    scraped: list[dict[str, Any]] = []
+    scrape_targets: list[dict[str, Any]] = []
 
 
 class SeriesOut(BaseModel):
@@ -108,11 +111,22 @@ async def workloads(
     until: datetime | None = None,
     mode: Mode | None = None,
 ) -> WorkloadsOut:
-    """Per-workload aggregates over ``[since, until)`` (default: the last hour), from the store's rollups."""
+    """Per-workload aggregates over ``[since, until)`` (default: the last hour), from the store's rollups.
+
+    ``scraped`` holds the scrape-mode series (aggregate, per target; the unit is the interval) and
+    ``scrape_targets`` each target's health."""
     start, end = _range(since, until)
     engine = api_state(request).engine
     found = await anyio.to_thread.run_sync(lambda: queries.workload_summaries(engine, start, end, mode=mode))
-    return WorkloadsOut(since=start, until=end, workloads=[dataclasses.asdict(s) for s in found])
+    aggregate = await anyio.to_thread.run_sync(lambda: scrape.scraped_summaries(engine, start, end))
+    health = await anyio.to_thread.run_sync(lambda: scrape.target_health(engine))
+    return WorkloadsOut(
+        since=start,
+        until=end,
+        workloads=[dataclasses.asdict(s) for s in found],
+        scraped=[dataclasses.asdict(s) for s in aggregate],
+        scrape_targets=[dataclasses.asdict(t) for t in health],
+    )
 
 
 @router.get("/v1/workloads/{tag}/series", dependencies=read, response_model=SeriesOut, responses=READ_ERRORS)

@@ -9,6 +9,10 @@
   label is ``scheduler_job``: Prometheus keeps ``job`` for its scrape job.
 * ``draftwatch_alerts{alertname, severity, state}``: pending and firing alerts per rule, zero for
   every enabled rule.
+* ``draftwatch_scrape_target_up{scrape_target}`` (1: its last scrape succeeded) and
+  ``draftwatch_scraped_acceptance_rate{workload, target, drafter, scrape_target}``: scrape mode's
+  targets and the acceptance of their series over the last ``drift.current_window`` (accepted /
+  drafted tokens; SGLang's gauge averaged), so that panels and rules see scraped engines too.
 
 These are the same for every replica of one database, so rules take ``max`` over them
 (docs/prometheus/draftwatch-rules.yml). A scrape never waits long on the database: the figures are
@@ -38,6 +42,7 @@ from monitor.drift.queries import StoredResult, latest_results, latest_run
 from monitor.drift.result import DECISIONS
 from monitor.log_safe import describe
 from monitor.scheduler.health import health_signals
+from monitor.store.scrape import ScrapedSummary, TargetHealth, scraped_summaries, target_health
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,8 @@ class Read:
     results: Sequence[StoredResult]
     health: Sequence[Signal]
     alerts: Sequence[AlertItem]
+    scraped: Sequence[ScrapedSummary] = ()
+    targets: Sequence[TargetHealth] = ()
 
 
 def families(read: Read | None, settings: Settings) -> list[Family]:
@@ -83,7 +90,25 @@ def families(read: Read | None, settings: Settings) -> list[Family]:
         Family("draftwatch_drift_last_run_timestamp_seconds", "When the newest drift run finished.", "gauge", finished),
         Family("draftwatch_health_signal", "The scheduler's health checks, 1 when active.", "gauge", health),
         Family("draftwatch_alerts", "Pending and firing alerts per rule.", "gauge", _alert_counts(read, settings)),
+        Family(
+            "draftwatch_scrape_target_up",
+            "Scrape mode: 1 when a target's last scrape succeeded.",
+            "gauge",
+            [((("scrape_target", t.name),), float(t.status == "up")) for t in (read.targets if read else ())],
+        ),
+        Family(
+            "draftwatch_scraped_acceptance_rate",
+            "Scrape mode: acceptance of a target's series over the drift window (aggregate, per interval).",
+            "gauge",
+            [_scraped_sample(s) for s in (read.scraped if read else ())[:MAX_LABEL_SETS]],
+        ),
     ]
+
+
+def _scraped_sample(summary: ScrapedSummary) -> tuple[Labels, float]:
+    named = (("workload", summary.workload), ("target", summary.target_model), ("drafter", summary.drafter))
+    rate = summary.acceptance_rate if summary.acceptance_rate is not None else summary.accept_rate_gauge
+    return (*named, ("scrape_target", summary.target)), math.nan if rate is None else rate
 
 
 def _health_sample(signal: Signal) -> tuple[Labels, float]:
@@ -106,11 +131,14 @@ def _alert_counts(read: Read | None, settings: Settings) -> list[tuple[Labels, f
 
 def read_figures(engine: Engine, settings: Settings) -> Read:
     run = latest_run(engine)
+    now = datetime.now(UTC)
     return Read(
         finished_at=run.finished_at if run else None,
         results=latest_results(engine, run_id=run.run_id) if run else [],
-        health=health_signals(engine, settings, datetime.now(UTC)),
+        health=health_signals(engine, settings, now),
         alerts=list_alerts(engine, ALERT_STATES, limit=MAX_ALERT_ROWS),
+        scraped=scraped_summaries(engine, now - settings.drift.current_window, now),
+        targets=target_health(engine),
     )
 
 

@@ -29,6 +29,7 @@ from monitor.drift.net_loss import NetLoss
 from monitor.drift.prompt_length import PromptLengthShift
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, sample_requests, window_counts
+from monitor.drift.scraped import scraped_tests
 from monitor.drift.settings import DriftSettings
 from monitor.drift.traffic_mix import TrafficMixDrift
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
@@ -246,6 +247,7 @@ def run_drift(
                 cap = config.detector_batch
                 found = update_detector(conn, workload, pair, base.cur_start, base.cur_end, started, cap)
                 results.append(found.replace(workload=workload, pair=pair.label))
+        results += scraped_tests(conn, config, base)
         results = apply_bh(results, config.fdr_level)
         run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.fdr_level, results)
         if store:

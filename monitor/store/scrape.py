@@ -152,19 +152,21 @@ def target_health(engine: Engine) -> list[TargetHealth]:
     return [TargetHealth(r.name, r.kind, r.status, r.error, r.failures, r.scraped_at, r.up_at) for r in rows]
 
 
-def interval_rates(conn: Connection, start: datetime, end: datetime) -> dict[SeriesKey, list[tuple[float, float]]]:
-    """Per series, each interval's (acceptance, weight) in ``[start, end)``: accepted / drafted with the drafted
-    tokens as weight, or SGLang's gauge with weight 1; intervals that drafted nothing carry no evidence."""
+def interval_rates(
+    conn: Connection, start: datetime, end: datetime
+) -> dict[SeriesKey, list[tuple[float, int | None]]]:
+    """Per series, each interval's (acceptance, drafted tokens) in ``[start, end)``: accepted / drafted, or
+    SGLang's gauge with ``None`` drafted; intervals that drafted nothing carry no evidence."""
     s = ScrapeIntervalRow
     query = select(s.workload, s.target_model, s.drafter, s.target, s.accepted_tokens, s.draft_tokens, s.accept_rate)
-    found: dict[SeriesKey, list[tuple[float, float]]] = {}
+    found: dict[SeriesKey, list[tuple[float, int | None]]] = {}
     for workload, model, drafter, target, accepted, drafted, gauge in conn.execute(
         query.where(s.ended_at >= start, s.ended_at < end).order_by(s.ended_at)
     ):
         if drafted and accepted is not None:
-            found.setdefault((workload, model, drafter, target), []).append((accepted / drafted, float(drafted)))
+            found.setdefault((workload, model, drafter, target), []).append((accepted / drafted, drafted))
         elif gauge is not None and drafted is None:
-            found.setdefault((workload, model, drafter, target), []).append((float(gauge), 1.0))
+            found.setdefault((workload, model, drafter, target), []).append((float(gauge), None))
     return found
 
 

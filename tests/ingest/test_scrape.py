@@ -177,3 +177,25 @@ def test_targets_come_from_the_config_file_and_the_job_runs_only_with_targets(tm
     config.write_text('[[scrape]]\nurl = "http://h/metrics"\nkind = "vllm"\ntimeout_s = 90\n')
     with pytest.raises(ConfigError, match="scrape target 1: timeout_s 90: expected more than 0 and less than"):
         Settings.from_env(home, config)
+
+
+def test_the_workloads_read_shows_scraped_series_and_target_health(
+    engine: Engine, exposition: Exposition, tmp_path: Path, db_url: str
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from monitor.api.app import create_app
+    from tests.api.conftest import READ, auth, make_settings
+
+    now = datetime.now(UTC)
+    t = target(exposition.url, "llamacpp", workload="code", target_model="smollm2-135m")
+    exposition.serve("llamacpp-b11434-after-1-request.txt")
+    scrape_due(engine, [t], now - timedelta(minutes=2))
+    exposition.serve("llamacpp-b11434-after-3-requests.txt")
+    scrape_due(engine, [t], now - timedelta(minutes=1))
+    with TestClient(create_app(make_settings(tmp_path, db_url))) as client:
+        body = client.get("/v1/workloads", headers=auth(READ)).json()
+    (series,) = body["scraped"]
+    assert (series["source"], series["workload"], series["intervals"]) == ("scrape:engine-a", "code", 1)
+    assert (series["draft_tokens"], series["accepted_tokens"]) == (46, 44)
+    assert [(h["name"], h["status"], h["failures"]) for h in body["scrape_targets"]] == [("engine-a", "up", 0)]

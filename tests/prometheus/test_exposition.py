@@ -45,6 +45,8 @@ FAMILIES = (
     "draftwatch_drift_last_run_timestamp_seconds",
     "draftwatch_health_signal",
     "draftwatch_alerts",
+    "draftwatch_scrape_target_up",
+    "draftwatch_scraped_acceptance_rate",
 )
 API_DOC = Path(__file__).resolve().parents[2] / "docs/api.md"
 SPEC = 'workload="code",target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b"'

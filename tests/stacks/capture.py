@@ -58,6 +58,7 @@ def capture(binary: Path, out: Path) -> list[Path]:
     model = fetch_preset("smollm2-135m", progress=False)
     build, full_version = build_number(binary), version(binary)
     cases: list[tuple[str, str, bool, Json]] = []
+    posted: dict[str, Json] = {}
     with httpx.Client(timeout=120.0) as client:
         with llama_server(model, *BASE_ARGS, binary=binary) as server:
             cases.append(("completion-nodraft", "/completion", False, post(client, server, "/completion", COMPLETION)))
@@ -67,6 +68,11 @@ def capture(binary: Path, out: Path) -> list[Path]:
             cases.append(("chat-draft", "/v1/chat/completions", False, chat))
             chunks = stream(client, server, "/v1/chat/completions", CHAT_STREAMED)
             cases.append(("chat-draft-streamed-final", "/v1/chat/completions", True, final_chunk(chunks)))
+            # The usage chunk has no choices: a log shipper posts the finish reason of the chunk that carried it.
+            reasons = [
+                c["finish_reason"] for chunk in chunks for c in chunk.get("choices", []) if c.get("finish_reason")
+            ]
+            posted["chat-draft-streamed-final"] = {"finish_reason": reasons[-1]}
             post(client, server, "/completion", CACHED)
             cases.append(("completion-cached", "/completion", False, post(client, server, "/completion", CACHED)))
         with llama_server(model, *BASE_ARGS, *NGRAM_ARGS, binary=binary) as server:
@@ -82,6 +88,7 @@ def capture(binary: Path, out: Path) -> list[Path]:
             "streamed": streamed,
             "response": response,
             "expected": expected(response),
+            **({"posted": posted[case]} if case in posted else {}),
         }
         path = out / f"real-b{build}-{case}.json"
         path.write_text(json.dumps(fixture, indent=2, ensure_ascii=False) + "\n")
