@@ -164,7 +164,8 @@ async def series(
     summary="Prometheus text format",
 )
 async def metrics(request: Request) -> PlainTextResponse:
-    body = api_state(request).metrics.render()
+    # Rendering may wait a moment on the database's figures (store_figures): on a thread, not the event loop.
+    body = await anyio.to_thread.run_sync(api_state(request).metrics.render)
     return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
