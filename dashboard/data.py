@@ -22,7 +22,7 @@ from monitor.alerts.silences import Silence, list_silences
 from monitor.config import Settings, default_config_file
 from monitor.drift import queries as drift_queries
 from monitor.store import dashboard_queries as dq
-from monitor.store import queries
+from monitor.store import queries, scrape
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 
@@ -144,6 +144,16 @@ def notifications(url: str, statuses: tuple[str, ...] | None = None) -> list[ale
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def silences(url: str, now: datetime) -> list[Silence]:
     return list_silences(engine(url), now, include_expired=False)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def scraped(url: str, start: datetime, end: datetime) -> list[scrape.ScrapedSummary]:
+    return scrape.scraped_summaries(engine(url), start, end)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def scrape_targets(url: str) -> list[scrape.TargetHealth]:
+    return scrape.target_health(engine(url))
 
 
 def clear() -> None:

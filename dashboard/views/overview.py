@@ -27,10 +27,22 @@ COLUMNS = {
 }
 
 
+SCRAPED_COLUMNS = {
+    "Intervals": st.column_config.NumberColumn(help="intervals between two scrapes: the unit of evidence here"),
+    "Acceptance": st.column_config.NumberColumn(format="percent", help="accepted / drafted tokens (SGLang: its gauge)"),
+    "Mean accept. length": st.column_config.NumberColumn(format="%.2f"),
+    "Drafted": st.column_config.NumberColumn(format="localized"),
+}
+
+
 def body(f: Filters) -> None:
     alerts_view.firing_banner(f.url)
-    if components.empty_state(f):
-        return
+    if not components.empty_state(f):
+        requests(f)
+    scraped(f)
+
+
+def requests(f: Filters) -> None:
     window = f.range
     shown = [s for s in data.summaries(f.url, window.start, window.end) if f.shows(s.workload)]
     reference = data.summaries(f.url, window.reference.start, window.reference.end)
@@ -54,6 +66,36 @@ def body(f: Filters) -> None:
             if run
             else "No drift run yet: statuses use the figures only (`draftwatch drift run`)."
         )
+    )
+
+
+def scraped(f: Filters) -> None:
+    """Scrape mode's engines: aggregate figures per target and series, marked apart from the request records."""
+    targets = data.scrape_targets(f.url)
+    if not targets:
+        return
+    st.subheader("Scraped engines (aggregate)")
+    # The workload filter lists the request records' workloads: it narrows scraped series only when used.
+    narrowed = f.workloads != f.available
+    series = [s for s in data.scraped(f.url, f.range.start, f.range.end) if not narrowed or f.shows(s.workload)]
+    rows = [
+        {
+            "Source": s.source,
+            "Workload": s.workload,
+            "Target": s.target_model,
+            "Drafter": s.drafter,
+            "Intervals": s.intervals,
+            "Acceptance": s.acceptance_rate if s.acceptance_rate is not None else s.accept_rate_gauge,
+            "Mean accept. length": s.mean_acceptance_length,
+            "Drafted": s.draft_tokens,
+        }
+        for s in series
+    ]
+    st.dataframe(rows, hide_index=True, column_config=SCRAPED_COLUMNS, key="scraped_table")
+    down = [t for t in targets if t.status != "up"]
+    st.caption(
+        f"From the engines' own counters ({len(targets)} target(s)), per interval between scrapes, not per request. "
+        + ("; ".join(f"{t.name}: {t.status} ({t.error})" for t in down) if down else "Every target is up.")
     )
 
 

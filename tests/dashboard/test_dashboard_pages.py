@@ -184,3 +184,37 @@ def test_password_login(monkeypatch: pytest.MonkeyPatch, seeded_store: Store) ->
     assert [t.value for t in at.title] == ["Overview"]
     at.switch_page("views/alerts.py").run()
     assert "needs an admin login" in texts(at)
+
+
+def test_overview_marks_scraped_engines_apart_even_without_request_records(
+    app: AppFactory, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import insert
+
+    from monitor.store.engine import create_engine
+    from monitor.store.migrate import upgrade
+    from monitor.store.scrape import ScrapeIntervalRow, ScrapeTargetRow
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('dash') / 'scraped.db'}"
+    engine = create_engine(url)
+    upgrade(engine)
+    end = datetime.now(UTC) - timedelta(minutes=2)
+    with engine.begin() as conn:
+        conn.execute(insert(ScrapeIntervalRow).values(
+            target="vllm-a", kind="vllm", workload="chat", target_model="llama-8b", drafter="eagle",
+            started_at=end - timedelta(seconds=30), ended_at=end, drafts=100, draft_tokens=300,
+            accepted_tokens=210, accepted_per_position=[100, 70, 40], reset=False,
+        ))  # fmt: skip
+        conn.execute(insert(ScrapeTargetRow).values(
+            name="vllm-a", kind="vllm", status="down", error="HTTP 503", failures=1, scraped_at=end, up_at=end,
+            counters={},
+        ))  # fmt: skip
+    engine.dispose()
+    at = app(url, "overview")
+    assert not at.exception
+    (row,) = table(at, "scraped_table")
+    assert (row["Source"], row["Workload"], row["Intervals"], row["Drafted"]) == ("scrape:vllm-a", "chat", 1, 300)
+    assert close(row["Acceptance"], 0.7) and close(row["Mean accept. length"], 3.1)
+    assert "vllm-a: down (HTTP 503)" in texts(at) and "No records yet" in texts(at)
