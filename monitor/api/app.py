@@ -34,6 +34,7 @@ from monitor.api.limits import LimitsMiddleware
 from monitor.api.metrics import Metrics
 from monitor.api.state import ApiState
 from monitor.api.store_figures import StoreFigures
+from monitor.api.upstream import Upstream
 from monitor.config import Settings
 from monitor.ingest.recorder import Recorder
 from monitor.store import migrate
@@ -88,7 +89,7 @@ def create_app(
                 state_path=settings.data_dir / STATE_FILE,
             ).start()
         if settings.proxy.upstream is not None:
-            state.upstream = proxy.client_for(settings.proxy)
+            state.upstream = Upstream(settings.proxy)
             log.info("proxy mode: forwarding %s to %s", ", ".join(proxy.FORWARDED_PATHS), settings.proxy.upstream)
         metrics.add_collector(lambda: _own_figures(state))
         metrics.add_families(StoreFigures(eng, settings).collect)

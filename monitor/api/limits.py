@@ -33,11 +33,11 @@ class LimitsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.timeout_s <= 0 or scope["path"] in self.untimed:
+            await self._handle(scope, receive, send)
+            return
         tracked = TrackedSend(send)
         task = asyncio.ensure_future(self._handle(scope, receive, tracked))
-        if self.timeout_s <= 0 or scope["path"] in self.untimed:
-            await task
-            return
         done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
         if task in done:
             task.result()

@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -39,6 +38,7 @@ from monitor.api.adapters import AdapterFields, record_of
 from monitor.api.errors import ApiError
 from monitor.api.settings import ProxySettings
 from monitor.api.state import ApiState, api_state
+from monitor.api.upstream import UpstreamError, UpstreamResponse, UpstreamTimeoutError, UpstreamUnavailableError
 from monitor.ingest.stacks import PARSERS, Stack, StackError
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class _Exchange:
         self.state = state
         self.settings = state.settings.proxy
         self.path = request.url.path
-        self.upstream_host = httpx.URL(self.settings.upstream or "").netloc.decode()
+        self.upstream_host = state.upstream.netloc if state.upstream is not None else ""
         self.started = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.ttft_s: float | None = None
@@ -180,48 +180,39 @@ class _Exchange:
 
 async def forward(request: Request) -> Response:
     state = api_state(request)
-    client = state.upstream
-    if client is None:  # the route exists only in proxy mode
+    upstream = state.upstream
+    if upstream is None:  # the route exists only in proxy mode
         raise ApiError(503, "proxy_off", "proxy mode is off: start the sidecar with --upstream URL")
     exchange = _Exchange(state, request, await request.body())
-    url = httpx.URL(request.url.path, query=request.url.query.encode())
-    upstream_request = client.build_request(request.method, url, headers=exchange.headers, content=exchange.body)
+    target = request.url.path.encode() + (b"?" + request.url.query.encode() if request.url.query else b"")
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exchange.headers.items()]
     try:
-        response = await _send(client, upstream_request)
-    except httpx.TimeoutException:
+        response = await upstream.send(request.method, target, headers, exchange.body)
+    except UpstreamTimeoutError:
         exchange.record(None, error="upstream timed out")
         return _upstream_error(504, f"the upstream sent nothing within {exchange.settings.timeout_s:g} s")
-    except httpx.HTTPError as error:
-        exchange.record(None, error=f"upstream unreachable: {type(error).__name__}")
-        return _upstream_error(502, f"the upstream at {client.base_url} cannot be reached ({type(error).__name__})")
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS}
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        return StreamingResponse(_relay(exchange, response), response.status_code, headers)
+    except UpstreamUnavailableError as error:
+        exchange.record(None, error=f"upstream unreachable: {error}")
+        return _upstream_error(502, f"the upstream at {upstream.netloc} cannot be reached ({error})")
+    headers_out = {k: v for k, v in response.headers if k.lower() not in HOP_HEADERS}
+    if response.header("content-type").startswith("text/event-stream"):
+        return StreamingResponse(_relay(exchange, response), response.status, headers_out)
     try:
-        content = await response.aread()
-    except httpx.HTTPError as error:
-        exchange.record(None, error=f"upstream response cut: {type(error).__name__}")
+        content = await response.read()
+    except UpstreamError as error:
+        exchange.record(None, error=f"upstream response cut: {error}")
         return _upstream_error(502, "the upstream's response was cut short")
     finally:
         await response.aclose()
     report = _json_object(content)
-    if response.status_code >= 400 or report is None:
-        exchange.record(None, error=f"upstream status {response.status_code}")
+    if response.status >= 400 or report is None:
+        exchange.record(None, error=f"upstream status {response.status}")
     else:
         exchange.record(report)
-    return Response(content, response.status_code, headers)
+    return Response(content, response.status, headers_out)
 
 
-async def _send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    try:
-        return await client.send(request, stream=True)
-    except httpx.RemoteProtocolError:
-        # llama-server may close a kept-alive connection after a stream without saying so: the request
-        # met a closed connection and reached no one, so it goes once more, on a fresh connection.
-        return await client.send(request, stream=True)
-
-
-async def _relay(exchange: _Exchange, response: httpx.Response) -> AsyncIterator[bytes]:
+async def _relay(exchange: _Exchange, response: UpstreamResponse) -> AsyncIterator[bytes]:
     """Pass the upstream's events on as each completes; keep the last report and finish reason for the record."""
     report: dict[str, Any] | None = None
     finish: str | None = None
@@ -233,11 +224,11 @@ async def _relay(exchange: _Exchange, response: httpx.Response) -> AsyncIterator
         nonlocal recorded
         if not recorded:
             recorded = True
-            failed = error is not None or response.status_code >= 400 or report is None
+            failed = error is not None or response.status >= 400 or report is None
             exchange.record(None if failed else report, finish=finish, error=error)
 
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response.chunks():
             pending += chunk
             while (end := _event_end(pending)) is not None:
                 event, pending = pending[:end], pending[end:]
@@ -253,8 +244,8 @@ async def _relay(exchange: _Exchange, response: httpx.Response) -> AsyncIterator
                 yield event
         if pending:
             yield pending
-    except httpx.HTTPError as cut:
-        error = f"upstream stream cut: {type(cut).__name__}"
+    except UpstreamError as cut:
+        error = f"upstream stream cut: {cut}"
         message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
         yield f"data: {json.dumps(message)}\n\n".encode()
     except BaseException:  # the client went away (cancellation) or the server stops
@@ -343,11 +334,3 @@ for _path in FORWARDED_PATHS:
         description="Forwarded to proxy.upstream unchanged, body and response alike; recorded as one request.",
         tags=["proxy"],
     )
-
-
-def client_for(settings: ProxySettings) -> httpx.AsyncClient:
-    """The upstream's client: one connection pool, the proxy's timeout for connecting and between chunks."""
-    assert settings.upstream is not None
-    timeout = httpx.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s))
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    return httpx.AsyncClient(base_url=settings.upstream, timeout=timeout, limits=limits, follow_redirects=False)

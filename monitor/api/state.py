@@ -7,13 +7,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from fastapi import Request
 from sqlalchemy.engine import Engine
 
 from monitor.api.auth import TokenSet
 from monitor.api.decoding import DecodeWorker
 from monitor.api.metrics import Metrics
+from monitor.api.upstream import Upstream
 from monitor.config import Settings
 from monitor.ingest.recorder import Recorder
 
@@ -27,7 +27,7 @@ class ApiState:
     metrics: Metrics
     worker: DecodeWorker | None = None
     # Proxy mode: the upstream's client, and the proxied responses whose figures could not be read.
-    upstream: httpx.AsyncClient | None = None
+    upstream: Upstream | None = None
     proxy_unrecorded: int = 0
     head_revision: str | None = None
     schema_current: bool = False

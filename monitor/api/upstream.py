@@ -1,0 +1,129 @@
+"""The serving stack behind proxy mode: keep-alive connections, spoken to through httpcore.
+
+httpx's client layers (URL merging, auth and redirect handling, cookies, event hooks) cost about
+0.4 ms a request on this machine, as much as the rest of the proxy, and httpcore's pool scans every
+connection (a ``poll`` system call each) whenever it assigns a request: at 32 concurrent clients
+that scan took a third of the proxy's time. The proxy needs neither, so it keeps its own stack of
+idle HTTP/1.1 connections (httpcore's, one per request in flight) and reuses the newest. A reused
+connection the upstream has closed meanwhile fails before any answer: the request goes once more,
+on a new one. Errors become two kinds: :class:`UpstreamTimeoutError` (nothing within
+``proxy.timeout_s``) and :class:`UpstreamUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final
+from urllib.parse import urlsplit
+
+import httpcore
+
+from monitor.api.settings import ProxySettings
+
+Headers = Sequence[tuple[bytes, bytes]]
+# Idle connections kept for reuse; a burst beyond them opens new ones, closed once idle.
+KEEPALIVE: Final = 64
+KEEPALIVE_EXPIRY_S: Final = 30.0
+
+
+class UpstreamError(Exception):
+    """The upstream did not answer as HTTP should; ``str()`` names what happened, never a body."""
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """Nothing arrived within ``proxy.timeout_s``."""
+
+
+class UpstreamUnavailableError(UpstreamError):
+    """Refused, reset or cut: the upstream cannot be reached, or stopped in mid-answer."""
+
+
+class Upstream:
+    def __init__(self, settings: ProxySettings) -> None:
+        if settings.upstream is None:
+            raise ValueError("proxy.upstream is not set")
+        parts = urlsplit(settings.upstream)
+        self.url = settings.upstream
+        self.netloc = parts.netloc.rpartition("@")[2]
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._origin = httpcore.Origin(parts.scheme.encode(), (parts.hostname or "").encode(), port)
+        self._prefix = parts.path.rstrip("/").encode()
+        t = settings.timeout_s
+        self._timeouts = {"connect": min(10.0, t), "read": t, "write": t, "pool": t}
+        self._idle: list[httpcore.AsyncHTTPConnection] = []
+
+    async def send(self, method: str, target: bytes, headers: Headers, body: bytes) -> UpstreamResponse:
+        """Send one request (``target``: path and query); the response's body is read as it arrives."""
+        o = self._origin
+        url = httpcore.URL(scheme=o.scheme, host=o.host, port=o.port, target=self._prefix + target)
+        sent = [(b"host", self.netloc.encode()), *headers, (b"content-length", str(len(body)).encode())]
+        request = httpcore.Request(method, url, headers=sent, content=body, extensions={"timeout": self._timeouts})
+        while True:
+            reused = bool(self._idle)
+            connection = self._idle.pop() if reused else self._connection()
+            try:
+                response = await connection.handle_async_request(request)
+            except (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError) as error:
+                await connection.aclose()
+                if reused:
+                    continue  # llama-server closes kept-alive connections after a stream without saying so
+                raise UpstreamUnavailableError(type(error).__name__) from None
+            except httpcore.TimeoutException as error:
+                await connection.aclose()
+                raise UpstreamTimeoutError(type(error).__name__) from None
+            except (httpcore.NetworkError, httpcore.ProtocolError) as error:
+                await connection.aclose()
+                raise UpstreamUnavailableError(type(error).__name__) from None
+            return UpstreamResponse(response, functools.partial(self._release, connection))
+
+    def _connection(self) -> httpcore.AsyncHTTPConnection:
+        return httpcore.AsyncHTTPConnection(self._origin, keepalive_expiry=KEEPALIVE_EXPIRY_S, http1=True, http2=False)
+
+    async def _release(self, connection: httpcore.AsyncHTTPConnection) -> None:
+        if connection.is_idle() and len(self._idle) < KEEPALIVE:
+            self._idle.append(connection)
+        else:
+            await connection.aclose()
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.aclose()
+
+
+class UpstreamResponse:
+    def __init__(self, response: httpcore.Response, release: Callable[[], Awaitable[None]]) -> None:
+        self._response = response
+        self._release = release
+        self._closed = False
+        self.status = response.status
+        self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers]
+
+    def header(self, name: str) -> str:
+        return next((v for k, v in self.headers if k.lower() == name), "")
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a cut connection raises :class:`UpstreamUnavailableError`, silence a timeout."""
+        stream = self._response.aiter_stream()
+        while True:
+            try:
+                chunk = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except httpcore.TimeoutException as error:
+                raise UpstreamTimeoutError(type(error).__name__) from None
+            except (httpcore.NetworkError, httpcore.ProtocolError) as error:
+                raise UpstreamUnavailableError(type(error).__name__) from None
+            yield chunk
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def aclose(self) -> None:
+        """Close the body; a connection left reusable goes back to the idle ones."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._response.aclose()
+        await self._release()
