@@ -19,9 +19,10 @@ Rules come from ``alerts.rules`` (TOML ``[[alerts.rules]]`` tables or a JSON lis
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Final
+
+from monitor.settings.parsers import parse_tables
 
 SEVERITIES: Final = ("info", "warning", "critical")
 SOURCES: Final = ("drift", "health")
@@ -140,13 +141,7 @@ def _rule_fields(entry: dict[str, Any], number: int) -> dict[str, Any]:
 
 def parse_rules(raw: Any) -> tuple[Rule, ...]:
     """The default rules with the configured overrides and additions applied."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else []
-        except json.JSONDecodeError:
-            raise ValueError("expected a JSON list of rule objects") from None
-    if not isinstance(raw, list):
-        raise ValueError("expected a list of rule tables")
+    raw = parse_tables(raw, "rule tables")
     rules = {r.name: r for r in DEFAULT_RULES}
     for number, entry in enumerate(raw, start=1):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from monitor.settings.parsers import parse_duration
+from monitor.settings.parsers import parse_duration, parse_tables
 
 ALERTMANAGER_API: Final = "alertmanager-api"
 FORMATS: Final = ("alertmanager", ALERTMANAGER_API, "slack", "json")
@@ -95,15 +94,8 @@ def decode_secret(raw: str) -> bytes:
 
 def parse_webhooks(raw: Any) -> tuple[WebhookReceiver, ...]:
     """Receivers from a JSON string (environment) or a list of tables (TOML)."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else []
-        except json.JSONDecodeError:
-            raise ValueError("expected a JSON list of {url, format, secret} objects") from None
-    if not isinstance(raw, list):
-        raise ValueError("expected a list of {url, format, secret} tables")
     receivers: list[WebhookReceiver] = []
-    for number, entry in enumerate(raw, start=1):
+    for number, entry in enumerate(parse_tables(raw, "{url, format, secret} tables"), start=1):
         if not isinstance(entry, dict):
             raise ValueError(f"webhook {number}: expected a table with url, format, secret")
         unknown = sorted(set(entry) - _KEYS)

@@ -7,6 +7,7 @@ came from.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -161,3 +162,19 @@ def format_duration(value: timedelta) -> str:
         if seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def parse_tables(raw: Any, what: str) -> list[Any]:
+    """A list of tables: TOML's ``[[name]]`` arrives as a list, the environment's as a JSON string.
+
+    >>> parse_tables('[{"url": "http://h"}]', "{url, kind} objects"), parse_tables("", "x")
+    ([{'url': 'http://h'}], [])
+    """
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else []
+        except json.JSONDecodeError:
+            raise ValueError(f"expected a JSON list of {what}") from None
+    if not isinstance(raw, list):
+        raise ValueError(f"expected a list of {what}")
+    return raw

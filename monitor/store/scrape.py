@@ -152,9 +152,7 @@ def target_health(engine: Engine) -> list[TargetHealth]:
     return [TargetHealth(r.name, r.kind, r.status, r.error, r.failures, r.scraped_at, r.up_at) for r in rows]
 
 
-def interval_rates(
-    conn: Connection, start: datetime, end: datetime
-) -> dict[SeriesKey, list[tuple[float, int | None]]]:
+def interval_rates(conn: Connection, start: datetime, end: datetime) -> dict[SeriesKey, list[tuple[float, int | None]]]:
     """Per series, each interval's (acceptance, drafted tokens) in ``[start, end)``: accepted / drafted, or
     SGLang's gauge with ``None`` drafted; intervals that drafted nothing carry no evidence."""
     s = ScrapeIntervalRow

@@ -11,7 +11,6 @@ ValueError: scrape target 1: kind 'tgi': expected one of vllm, llamacpp, sglang
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
@@ -19,7 +18,7 @@ from urllib.parse import urlsplit
 
 from decoder.record import WORKLOAD_PATTERN
 from monitor.ingest.scrape.engines import KINDS, Kind
-from monitor.settings.parsers import parse_duration, parse_seconds
+from monitor.settings.parsers import parse_duration, parse_seconds, parse_tables
 
 _KEYS: Final = {"url", "kind", "name", "interval", "workload", "target_model", "drafter", "timeout_s"}
 DEFAULT_INTERVAL: Final = timedelta(seconds=30)
@@ -48,14 +47,8 @@ class ScrapeTarget:
 
 def parse_targets(raw: Any) -> tuple[ScrapeTarget, ...]:
     """Targets from a JSON string (environment) or a list of tables (TOML ``[[scrape]]``)."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else []
-        except json.JSONDecodeError:
-            raise ValueError("expected a JSON list of {url, kind, ...} objects") from None
-    if not isinstance(raw, list):
-        raise ValueError("expected a list of {url, kind, ...} tables")
-    targets = [_target(number, entry) for number, entry in enumerate(raw, start=1)]
+    tables = parse_tables(raw, "{url, kind, ...} tables")
+    targets = [_target(number, entry) for number, entry in enumerate(tables, start=1)]
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise ValueError(f"scrape targets need distinct names (give each a name): {sorted(names)}")
