@@ -13,7 +13,8 @@ Rules come from ``alerts.rules`` (TOML ``[[alerts.rules]]`` tables or a JSON lis
 >>> rules = parse_rules([{"name": "net_loss", "severity": "warning"}, {"name": "latency_regression", "enabled": False}])
 >>> [(r.name, r.severity) for r in rules if r.enabled]  # doctest: +NORMALIZE_WHITESPACE
 [('acceptance_drop', 'warning'), ('net_loss', 'warning'), ('traffic_mix_shift', 'info'),
- ('recorder_spooling', 'warning'), ('scheduler', 'critical'), ('webhook_dead_letters', 'warning')]
+ ('recorder_spooling', 'warning'), ('scheduler', 'critical'), ('webhook_dead_letters', 'warning'),
+ ('scrape_target_down', 'warning')]
 """
 
 from __future__ import annotations
