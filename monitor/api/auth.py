@@ -20,9 +20,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 
 from monitor.api.errors import ApiError, described
-from monitor.api.settings import ApiToken
+from monitor.api.settings import API_SCOPES, ApiToken
 
-SCOPES: Final = ("ingest", "read", "admin")
 _CHALLENGE: Final = {"WWW-Authenticate": 'Bearer realm="draftwatch"'}
 _CHECKED: Final = "draftwatch.checked_scopes"  # in the ASGI scope: the guards this request has passed
 
@@ -39,6 +38,10 @@ class TokenSet:
     @property
     def enabled(self) -> bool:
         return bool(self._entries)
+
+    def has_scope(self, scope: str) -> bool:
+        """Whether any configured token carries ``scope``."""
+        return any(s == scope for _, s in self._entries)
 
     def scopes_of(self, presented: str) -> set[str]:
         """Scopes granted to ``presented`` (empty when it matches no token)."""
@@ -63,7 +66,7 @@ class Guard:
     """
 
     def __init__(self, scope: str) -> None:
-        if scope not in SCOPES:
+        if scope not in API_SCOPES:
             raise ValueError(f"unknown scope {scope!r}")
         self.scope = scope
 
@@ -73,11 +76,11 @@ class Guard:
         if self.scope not in request.scope.get(_CHECKED, ()):
             self.check(request, None if credentials is None else credentials.credentials)
 
-    def check(self, request: Request, presented: str | None) -> None:
+    def check(self, request: Request, presented: str | None, how: str = "Authorization: Bearer <token>") -> None:
         tokens: TokenSet = request.app.state.api.tokens
         if tokens.enabled:
             if presented is None:
-                raise ApiError(401, "missing_token", "send the header Authorization: Bearer <token>",
+                raise ApiError(401, "missing_token", f"send the header {how}",
                                headers=_CHALLENGE)  # fmt: skip
             granted = tokens.scopes_of(presented)
             if not granted:

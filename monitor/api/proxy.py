@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from decoder.record import WORKLOAD_PATTERN, RequestRecord
 from monitor.api.adapters import AdapterFields, record_of
+from monitor.api.auth import Guard
 from monitor.api.errors import ApiError
 from monitor.api.settings import ProxySettings
 from monitor.api.state import ApiState, api_state
@@ -52,6 +53,8 @@ HOP_HEADERS: Final = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host",
      "content-length", "content-encoding"}
 )  # fmt: skip
+
+PROXY_TOKEN_HEADER: Final = "x-draftwatch-token"
 
 router = APIRouter()
 
@@ -112,7 +115,8 @@ class _Exchange:
         self.headers = {
             k: v
             for k, v in request.headers.items()
-            if k.lower() not in HOP_HEADERS and k.lower() != self.settings.workload_header.lower()
+            if k.lower() not in HOP_HEADERS
+            and k.lower() not in (self.settings.workload_header.lower(), PROXY_TOKEN_HEADER)
         }
 
     def record(self, report: Mapping[str, Any] | None, *, finish: str | None = None, error: str | None = None) -> None:
@@ -183,6 +187,10 @@ async def forward(request: Request) -> Response:
     upstream = state.upstream
     if upstream is None:  # the route exists only in proxy mode
         raise ApiError(503, "proxy_off", "proxy mode is off: start the sidecar with --upstream URL")
+    if state.tokens.has_scope("proxy"):
+        # The client's own Authorization belongs to the upstream: draftwatch's token comes apart.
+        presented = request.headers.get(PROXY_TOKEN_HEADER)
+        Guard("proxy").check(request, presented, how="X-Draftwatch-Token: <token of scope proxy>")
     exchange = _Exchange(state, request, await request.body())
     target = request.url.path.encode() + (b"?" + request.url.query.encode() if request.url.query else b"")
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exchange.headers.items()]

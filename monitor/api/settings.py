@@ -9,7 +9,8 @@ from decoder.record import WORKLOAD_PATTERN
 from monitor.settings.fields import setting
 from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_share, parse_str
 
-API_SCOPES: Final = ("ingest", "read", "admin")
+# proxy: the pass-through routes of proxy mode, once any token has it (see monitor/api/proxy.py).
+API_SCOPES: Final = ("ingest", "read", "admin", "proxy")
 API_TOKEN_MIN_LENGTH: Final = 16
 
 
@@ -56,7 +57,8 @@ class ApiSettings:
         parse_api_tokens,
         (),
         "bearer tokens of the API as comma-separated scope:token pairs, scopes ingest, read, admin "
-        "(admin may do everything); none configured: no auth, loopback only",
+        "(admin may do everything), proxy (once given, proxied requests need one in X-Draftwatch-Token); "
+        "none configured: no auth, loopback only",
         secret=True,
     )
     max_batch_size: int = setting(

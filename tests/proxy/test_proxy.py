@@ -137,3 +137,28 @@ def test_a_bad_upstream_setting_is_refused_with_the_value(tmp_path: Path) -> Non
 
     with pytest.raises(ConfigError, match="DRAFTWATCH_PROXY_UPSTREAM='localhost:8080': expected an http"):
         make_settings(tmp_path, "sqlite:///unused.db", DRAFTWATCH_PROXY_UPSTREAM="localhost:8080")
+
+
+def test_a_proxy_scope_token_guards_the_proxied_routes_apart_from_the_clients_authorization(
+    tmp_path: Path, db_url: str, upstream: tuple[Upstream, str]
+) -> None:
+    stub, url = upstream
+    proxy_token = "proxy-token-0123456789"
+    tokens = f"proxy:{proxy_token},read:read-token-0123456789ab"
+    body = {"model": "m", "messages": []}
+    with sidecar(tmp_path, db_url, url, DRAFTWATCH_API_TOKENS=tokens) as client:
+        missing = client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer upstream-key"})
+        wrong = client.post(
+            "/v1/chat/completions", json=body, headers={"X-Draftwatch-Token": "read-token-0123456789ab"}
+        )
+        passed = client.post(
+            "/v1/chat/completions",
+            json=body,
+            headers={"X-Draftwatch-Token": proxy_token, "Authorization": "Bearer upstream-key"},
+        )
+    assert (missing.status_code, missing.json()["error"]) == (401, "missing_token")
+    assert "X-Draftwatch-Token" in missing.json()["message"]
+    assert wrong.status_code == 403 and passed.status_code == 200
+    (_, seen, _) = stub.seen[-1]
+    assert seen["authorization"] == "Bearer upstream-key" and "x-draftwatch-token" not in seen
+    assert len(stub.seen) == 1  # the refused requests never reached the upstream
