@@ -24,7 +24,10 @@ def test_settings_table_lists_every_setting() -> None:
 def shown_commands() -> list[list[str]]:
     """Every `draftwatch ...` command in the README's code blocks, as argument lists."""
     commands = []
-    for block in re.findall(r"```(?:sh|bash)?\n(.*?)```", README.read_text(), re.S):
+    # Every fenced block is matched, whatever its language, so that a toml block cannot shift the pairing.
+    for language, block in re.findall(r"```(\w*)\n(.*?)```", README.read_text(), re.S):
+        if language not in ("", "sh", "bash"):
+            continue
         for line in block.splitlines():
             line = line.split("#", 1)[0].strip()
             match = re.match(r"^(?:\.venv/bin/)?draftwatch\s+(.*)$", line)
