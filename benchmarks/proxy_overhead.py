@@ -60,9 +60,12 @@ async def app(scope, receive, send):
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     events = int(request.get("max_tokens", 20))
     for number in range(events):
+        finish = "length" if number == events - 1 else None
+        choice = {"index": 0, "delta": {"content": "x"}, "finish_reason": finish}
         chunk = {"id": "s", "object": "chat.completion.chunk", "model": CHAT["model"], "sent_ns": time.time_ns(),
-                 "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length" if number == events - 1 else None}]}
-        await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\\n\\n".encode(), "more_body": True})
+                 "choices": [choice]}
+        event = f"data: {json.dumps(chunk)}\\n\\n".encode()
+        await send({"type": "http.response.body", "body": event, "more_body": True})
         await asyncio.sleep(float(sys.argv[3]))
     usage = {"id": "s", "object": "chat.completion.chunk", "model": CHAT["model"], "choices": [],
              "usage": CHAT["usage"], "metrics": CHAT["metrics"]}
