@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from sqlalchemy import insert
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
@@ -43,6 +44,7 @@ from monitor.scheduler.health import SCRAPE_FAILURES
 from monitor.scheduler.jobs import delivery_job, drift_job, run_tick
 from monitor.scheduler.lease import Lease
 from monitor.store.engine import create_engine
+from monitor.store.scrape import ScrapeIntervalRow
 from monitor.store.types import Fence
 from tests.api.conftest import INGEST, READ, TOKENS, auth, bodies
 from tests.api.test_api_decode import free_port
@@ -179,6 +181,13 @@ def run_the_scheduler_jobs(db_url: str, env: dict[str, str]) -> None:
         (down,) = parse_targets([{"url": f"http://127.0.0.1:{free_port()}/metrics", "kind": "vllm", "name": "gone"}])
         for n in range(SCRAPE_FAILURES):
             scrape_due(engine, [down], tick + down.interval * n)
+        # ... and one that answers: an interval of its counters, ending now.
+        with engine.begin() as conn:
+            conn.execute(insert(ScrapeIntervalRow).values(
+                target="vllm-a", kind="vllm", workload="code", target_model="llama-8b", drafter="eagle",
+                started_at=tick - timedelta(seconds=30), ended_at=tick, drafts=100, draft_tokens=300,
+                accepted_tokens=210, accepted_per_position=[100, 70, 40], reset=False,
+            ))  # fmt: skip
     finally:
         engine.dispose()
 
