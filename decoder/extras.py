@@ -20,7 +20,7 @@ from typing import Final
 
 # The import names each extra brings (pyproject.toml's optional-dependencies).
 EXTRAS: Final = {
-    "decoder": ("torch", "transformers", "gguf"),
+    "decoder": ("torch", "transformers", "gguf", "accelerate"),
     "dashboard": ("streamlit", "altair"),
 }
 EXIT_MISSING: Final = 2  # a command whose extra is not installed exits with this

@@ -254,6 +254,7 @@ async def _relay(exchange: _Exchange, response: UpstreamResponse) -> AsyncIterat
             yield pending
     except UpstreamError as cut:
         error = f"upstream stream cut: {cut}"
+        settle()  # before the client reads the error event, as before a [DONE]
         message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
         yield f"data: {json.dumps(message)}\n\n".encode()
     except BaseException:  # the client went away (cancellation) or the server stops
