@@ -93,9 +93,11 @@ def scraped(f: Filters) -> None:
     ]
     st.dataframe(rows, hide_index=True, column_config=SCRAPED_COLUMNS, key="scraped_table")
     down = [t for t in targets if t.status != "up"]
+    restarted = [f"{t.name} restarted {t.resets}×, last {t.reset_at:%Y-%m-%d %H:%M} UTC" for t in targets if t.reset_at]
     st.caption(
         f"From the engines' own counters ({len(targets)} target(s)), per interval between scrapes, not per request. "
         + ("; ".join(f"{t.name}: {t.status} ({t.error})" for t in down) if down else "Every target is up.")
+        + (" " + "; ".join(restarted) + "." if restarted else "")
     )
 
 

@@ -54,6 +54,8 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("error", sa.String(length=300), nullable=True),
         sa.Column("failures", sa.Integer(), nullable=False),
+        sa.Column("resets", sa.Integer(), nullable=False),
+        _ts("reset_at", nullable=True),
         _ts("scraped_at"),
         _ts("up_at", nullable=True),
         sa.Column("counters", sa.JSON(), nullable=False),

@@ -5,8 +5,8 @@
   engine with gauges only (SGLang), the gauge read at the interval's end; ``reset`` marks an
   interval in which the engine restarted (its figure is what it counted since).
 * ``scrape_targets``: one row per target: the last cumulative counters per series (so a new leader
-  continues where the last one stopped), and the target's health (``up``, ``down``, ``garbage``),
-  which is never read as a change of acceptance.
+  continues where the last one stopped), and the target's health (``up``, ``down``, ``garbage``,
+  and how often and when last its counters went back), which is never read as a change of acceptance.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class ScrapeTargetRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(String(300))
     failures: Mapped[int] = mapped_column(Integer)
+    # Counters that went back (the engine restarted): never a drop, but part of the target's health.
+    resets: Mapped[int] = mapped_column(Integer)
+    reset_at: Mapped[datetime | None]
     scraped_at: Mapped[datetime]
     up_at: Mapped[datetime | None]
     # {series key: {"counters": {...}, "per_position": {...}}}, the last successful scrape's values.
@@ -92,6 +95,8 @@ class TargetHealth:
     failures: int
     scraped_at: datetime
     up_at: datetime | None
+    resets: int
+    reset_at: datetime | None
 
 
 SeriesKey = tuple[str, str, str, str]  # workload, target_model, drafter, target
@@ -149,7 +154,10 @@ def scraped_summaries(
 def target_health(engine: Engine) -> list[TargetHealth]:
     with engine.connect() as conn:
         rows = conn.execute(select(ScrapeTargetRow.__table__).order_by(ScrapeTargetRow.name)).all()
-    return [TargetHealth(r.name, r.kind, r.status, r.error, r.failures, r.scraped_at, r.up_at) for r in rows]
+    return [
+        TargetHealth(r.name, r.kind, r.status, r.error, r.failures, r.scraped_at, r.up_at, r.resets, r.reset_at)
+        for r in rows
+    ]
 
 
 def interval_rates(conn: Connection, start: datetime, end: datetime) -> dict[SeriesKey, list[tuple[float, int | None]]]:

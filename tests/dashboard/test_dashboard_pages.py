@@ -209,7 +209,7 @@ def test_overview_marks_scraped_engines_apart_even_without_request_records(
         ))  # fmt: skip
         conn.execute(insert(ScrapeTargetRow).values(
             name="vllm-a", kind="vllm", status="down", error="HTTP 503", failures=1, scraped_at=end, up_at=end,
-            counters={},
+            counters={}, resets=0,
         ))  # fmt: skip
     engine.dispose()
     at = app(url, "overview")

@@ -96,6 +96,9 @@ def test_llama_cpp_counters_become_intervals_and_a_restart_is_a_reset(engine: En
         "engine-a",
     )
     assert grown.started_at == T0 and grown.ended_at == T0 + timedelta(minutes=1)
+    # The restart is part of the target's health, not of its acceptance.
+    (health,) = target_health(engine)
+    assert (health.status, health.resets, health.reset_at) == ("up", 1, T0 + timedelta(minutes=2))
 
 
 def test_vllm_engines_of_a_model_are_summed_and_models_kept_apart(engine: Engine, exposition: Exposition) -> None:
@@ -199,3 +202,18 @@ def test_the_workloads_read_shows_scraped_series_and_target_health(
     assert (series["source"], series["workload"], series["intervals"]) == ("scrape:engine-a", "code", 1)
     assert (series["draft_tokens"], series["accepted_tokens"]) == (46, 44)
     assert [(h["name"], h["status"], h["failures"]) for h in body["scrape_targets"]] == [("engine-a", "up", 0)]
+
+
+def test_the_migration_creates_the_tables_the_models_declare(engine: Engine) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from monitor.store.models import Base
+
+    def ours(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        table = name if type_ == "table" else getattr(getattr(obj, "table", None), "name", None)
+        return table in ("scrape_intervals", "scrape_targets")
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": ours})
+        assert compare_metadata(context, Base.metadata) == []

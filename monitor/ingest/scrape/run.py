@@ -110,9 +110,9 @@ def _key(model: str | None) -> str:
 def _store(conn: Connection, target: ScrapeTarget, row: Row[Any] | None, outcome: Outcome, now: datetime) -> int:
     previous: dict[str, Any] = dict(row.counters) if row is not None else {}
     stored = 0
+    values: list[dict[str, Any]] = []
     if outcome.readings is not None:
         since = row.up_at if row is not None else None
-        values = []
         for model, reading in outcome.readings.items():
             before = previous.get(_key(model))
             if since is not None and before is not None:
@@ -129,6 +129,8 @@ def _store(conn: Connection, target: ScrapeTarget, row: Row[Any] | None, outcome
         "status": outcome.status,
         "error": outcome.error,
         "failures": 0 if outcome.error is None else (row.failures if row is not None else 0) + 1,
+        "resets": (row.resets if row is not None else 0) + sum(bool(v.get("reset")) for v in values),
+        "reset_at": now if any(v.get("reset") for v in values) else (row.reset_at if row is not None else None),
         "scraped_at": now,
         "up_at": now if outcome.error is None else (row.up_at if row is not None else None),
         "counters": previous,
