@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # The OpenAI-compatible endpoints, and the stacks' own (llama.cpp /completion, SGLang /generate).
 OPENAI_PATHS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 NATIVE_PATHS: Final = ("/completion", "/generate")
+USAGE_ON_REQUEST: Final = ("/v1/chat/completions", "/v1/completions")
 FORWARDED_PATHS: Final = (*OPENAI_PATHS, *NATIVE_PATHS, "/v1/models")
 # Hop-by-hop headers (RFC 9110 section 7.6.1) and those the HTTP layers recompute.
 HOP_HEADERS: Final = frozenset(
@@ -104,7 +105,8 @@ class _Exchange:
         self.workload = workload_of(request, self.payload, self.settings)
         self.streamed = bool(self.payload and self.payload.get("stream") is True)
         self.strip_usage = False
-        if self.streamed and self.path in OPENAI_PATHS and self.payload is not None:
+        # Chat and completions streams carry usage only when asked; a Responses stream always ends with it.
+        if self.streamed and self.path in USAGE_ON_REQUEST and self.payload is not None:
             options = self.payload.get("stream_options")
             options = options if isinstance(options, dict) else {}
             if options.get("include_usage") is not True:
@@ -278,6 +280,8 @@ def _remember(
     event = _json_object(data)
     if event is None:
         return report, finish
+    if event.get("type") == "response.completed" and isinstance(event.get("response"), dict):
+        return event["response"], finish  # a Responses stream's last event holds the whole response
     choices = event.get("choices")
     if isinstance(choices, list):
         for choice in choices:

@@ -162,3 +162,20 @@ def test_a_proxy_scope_token_guards_the_proxied_routes_apart_from_the_clients_au
     (_, seen, _) = stub.seen[-1]
     assert seen["authorization"] == "Bearer upstream-key" and "x-draftwatch-token" not in seen
     assert len(stub.seen) == 1  # the refused requests never reached the upstream
+
+
+def test_a_responses_stream_is_recorded_from_its_completed_event_and_left_as_it_is(
+    tmp_path: Path, db_url: str, upstream: tuple[Upstream, str]
+) -> None:
+    stub, url = upstream
+    body = {"model": "openai/gpt-oss-20b", "input": "hi", "stream": True}
+    with (
+        sidecar(tmp_path, db_url, url) as client,
+        client.stream("POST", "/v1/responses", json=body, headers={"X-Workload": "chat"}) as response,
+    ):
+        received = b"".join(response.iter_raw())
+    assert received == b"".join(stub.response_events())
+    assert stub.seen[-1][2] == body  # no stream_options: the Responses API has no usage to ask for
+    (row,) = rows(db_url)
+    assert (row["request_id"], row["prompt_tokens"], row["output_tokens"]) == ("resp_7d0c2b1e", 211, 256)
+    assert (row["num_draft_tokens"], row["num_accepted_tokens"], row["finish_reason"]) == (300, 155, "length")

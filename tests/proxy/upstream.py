@@ -40,6 +40,7 @@ class Upstream:
         self.seen: list[tuple[str, dict[str, str], dict[str, Any] | None]] = []
         self.chat = fixture("vllm", "chat-summary")["response"]
         self.generate = fixture("sglang", "generate-current")["response"]
+        self.responses = fixture("vllm", "responses-incomplete")["response"]
         self.stream_pieces = ["Hel", "lo", " there"]
         self.stream_pause_s = 0.0
         self.fail_with: int | None = None
@@ -49,6 +50,7 @@ class Upstream:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/generate", self._generate, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -85,6 +87,23 @@ class Upstream:
         for event in self.stream_events(usage):
             yield event
             await asyncio.sleep(self.stream_pause_s)
+
+    def response_events(self) -> list[bytes]:
+        """A streamed Responses request as vLLM frames it: typed events, the last one holding the response."""
+        done = {"type": "response.completed", "response": self.responses}
+        delta = {"type": "response.output_text.delta", "delta": "Hello"}
+        return [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in (delta, done)]
+
+    async def _responses(self, request: Request) -> Response:
+        body = await self._remember(request) or {}
+        if not body.get("stream"):
+            return JSONResponse(self.responses)
+
+        async def events() -> AsyncIterator[bytes]:
+            for event in self.response_events():
+                yield event
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _generate(self, request: Request) -> Response:
         await self._remember(request)
