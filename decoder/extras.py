@@ -1,11 +1,11 @@
 """The optional parts of the draftwatch distribution, and what a command says when one is missing.
 
 The base install is the watching sidecar (ingest, store, drift, alerts, webhooks, API, scheduler);
-``draftwatch[decoder]`` adds the embedded decoder (torch, transformers, gguf), ``draftwatch[dashboard]``
+``draftwatch[decoder]`` adds the embedded decoder (torch, transformers, gguf, accelerate), ``draftwatch[dashboard]``
 the dashboard, ``draftwatch[all]`` both. Checking finds the packages without importing them, so a
 command's ``--help`` stays fast.
 
->>> missing("decoder", {"torch": True, "transformers": True, "gguf": True}.get) is None
+>>> missing("decoder", {"torch": True, "transformers": True, "gguf": True, "accelerate": True}.get) is None
 True
 >>> missing("dashboard", {"streamlit": False, "altair": True}.get)
 "streamlit is not installed: pip install 'draftwatch[dashboard]' (or 'draftwatch[all]')"
