@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.types import ASGIApp
 
 from monitor.api.app import create_app
 from tests.api.conftest import READ, auth, make_settings
@@ -22,7 +23,7 @@ from tests.api.test_api_decode import free_port
 
 
 @contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
+def serving(app: ASGIApp) -> Iterator[str]:
     """``app`` on uvicorn in this process; its loggers propagate to pytest's (no logging config of its own)."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="info"))

@@ -14,7 +14,8 @@ from monitor.api.app import create_app
 from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow
 from tests.api.conftest import make_settings, stored
-from tests.proxy.upstream import Upstream, free_port, serving
+from tests.api.test_api_decode import free_port
+from tests.proxy.upstream import Upstream, serving
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ record's drafted and accepted counts must equal llama-server's own ``timings``.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,13 +15,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from decoder.fetch import fetch_preset
 from monitor.api.app import create_app
 from tests.api.conftest import make_settings, stored
+from tests.api.test_api_errors import serving
 from tests.proxy.test_proxy import rows
-from tests.proxy.upstream import free_port
 from tests.stacks.llama_server import BASE_ARGS, LlamaServer, draft_args, llama_server, require_binary
 
 pytestmark = pytest.mark.models
@@ -40,18 +37,8 @@ def upstream() -> Iterator[LlamaServer]:
 def serve(tmp_path: Path, db_url: str, upstream_url: str) -> Iterator[tuple[str, Any]]:
     settings = make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream_url, DRAFTWATCH_API_TOKENS="")
     app = create_app(settings)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with serving(app) as url:
+        yield url, app
 
 
 @pytest.fixture

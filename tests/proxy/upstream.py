@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.api.test_api_errors import serving as serving_app
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 
@@ -114,27 +112,8 @@ class Upstream:
         return JSONResponse({"object": "list", "data": [{"id": self.chat["model"], "object": "model"}]})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextmanager
 def serving(upstream: Upstream) -> Iterator[str]:
     """Serve ``upstream`` on a free loopback port; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(upstream.app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the stub upstream did not start within 10 s")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving_app(upstream.app()) as url:
+        yield url
