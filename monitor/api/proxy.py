@@ -287,7 +287,10 @@ def _remember(
         for choice in choices:
             if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
                 finish = choice["finish_reason"]
-    if any(key in event for key in ("usage", "timings", "meta_info", "metrics")) and event.get("usage", 0) is not None:
+    # The event that carries the figures: usage (OpenAI), timings (llama.cpp), meta_info (SGLang). A chunk
+    # with "usage": null (vLLM writes it on every chunk but the last when usage was asked for) is not one.
+    carries = any(key in event for key in ("usage", "timings", "meta_info", "metrics"))
+    if carries and not ("usage" in event and event["usage"] is None):
         report = event
     return report, finish
 
