@@ -217,3 +217,14 @@ def test_the_migration_creates_the_tables_the_models_declare(engine: Engine) -> 
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": ours})
         assert compare_metadata(context, Base.metadata) == []
+
+
+def test_sglang_ranks_of_one_model_are_averaged_evenly() -> None:
+    from monitor.ingest.scrape.engines import read
+    from monitor.ingest.scrape.exposition import parse
+
+    text = "".join(
+        f'sglang:spec_accept_rate{{model_name="m",tp_rank="{r}"}} {v}\n' for r, v in enumerate((0.6, 0.6, 0.3))
+    )
+    # A pairwise running average gave 0.45, weighing the last rank as half of the model.
+    assert read("sglang", parse(text))["m"].accept_rate == pytest.approx(0.5)

@@ -44,8 +44,16 @@ class Reading:
     model: str | None
     counters: dict[str, float] = field(default_factory=dict)
     per_position: dict[int, float] = field(default_factory=dict)
-    accept_rate: float | None = None
-    accept_length: float | None = None
+    # SGLang's gauges per rank of the model (its ranks report the same batch statistic): their mean stands for it.
+    gauges: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def accept_rate(self) -> float | None:
+        return _mean(self.gauges.get("spec_accept_rate"))
+
+    @property
+    def accept_length(self) -> float | None:
+        return _mean(self.gauges.get("spec_accept_length"))
 
 
 def read(kind: Kind, samples: Iterable[Sample]) -> dict[str | None, Reading]:
@@ -81,12 +89,17 @@ def read(kind: Kind, samples: Iterable[Sample]) -> dict[str | None, Reading]:
 
 
 def _gauge(reading: Reading, name: str, value: float) -> None:
-    # Several ranks of one model report the same batch statistic; their mean stands for the model.
-    if not math.isfinite(value):
-        return
-    attribute = "accept_rate" if name == "spec_accept_rate" else "accept_length"
-    previous = getattr(reading, attribute)
-    setattr(reading, attribute, value if previous is None else (previous + value) / 2)
+    if math.isfinite(value):
+        reading.gauges.setdefault(name, []).append(value)
+
+
+def _mean(values: list[float] | None) -> float | None:
+    """The mean of the ranks' values (a pairwise running average would weigh the last rank as half).
+
+    >>> _mean([0.6, 0.6, 0.3]), _mean(None)
+    (0.5, None)
+    """
+    return sum(values) / len(values) if values else None
 
 
 def _position(sample: Sample) -> int:
