@@ -173,7 +173,7 @@ class _Exchange:
             ts_start=fields["ts_start"],
             ts_end=fields["ts_end"],
             workload=self.workload,
-            target_model=fields["target_model"] or "unknown",
+            target_model=fields["target_model"],
             drafter="upstream",
             mode="plain",
             ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000,
