@@ -3,10 +3,12 @@
     python benchmarks/dashboard_speed.py                    # 1,000,000 records, writes RESULTS.md
     python benchmarks/dashboard_speed.py --records 50000 --no-write
     python benchmarks/dashboard_speed.py --db /tmp/dw-dash.db   # keep (and reuse) the generated store
+    python benchmarks/dashboard_speed.py --url postgresql+psycopg://postgres@127.0.0.1:5432/mydb --no-fill
 
-The store is a SQLite file filled through the store's own batch writer with synthetic records over
-the last seven days (four workloads, 5 % holdout), followed by one real drift run. Each page is then
-run with Streamlit's AppTest (the same script execution the server does, without a browser) with
+The store is a SQLite file (or the database at ``--url``, any SQLAlchemy URL) filled through the
+store's own batch writer with synthetic records over the last seven days (four workloads, 5 %
+holdout), followed by one real drift run (``--no-fill`` renders the store as it is). Each page is
+then run with Streamlit's AppTest (the same script execution the server does, without a browser) with
 every cache cleared first, so the time is a cold render: all queries, charts and tables. Ranges:
 the default (last 24 hours) and the widest usual one (last 7 days).
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import func, select
+from sqlalchemy import func, make_url, select
 
 from decoder.record import Mode
 from monitor.drift.run import run_drift
@@ -98,7 +100,13 @@ def render_times(url: str, repeats: int) -> dict[tuple[str, str], list[float]]:
     return times
 
 
-def report(count: int, fill_s: float, times: dict[tuple[str, str], list[float]], load: tuple[float, float]) -> str:
+def report(
+    count: int,
+    fill_s: float,
+    times: dict[tuple[str, str], list[float]],
+    load: tuple[float, float],
+    store: str = "a SQLite file",
+) -> str:
     lines = [
         "| page | " + " | ".join(f"{r}: median / max s" for r in RANGES) + " |",
         "| --- | " + " | ".join("---:" for _ in RANGES) + " |",
@@ -109,7 +117,7 @@ def report(count: int, fill_s: float, times: dict[tuple[str, str], list[float]],
     worst = max(max(v) for v in times.values())
     lines += [
         "",
-        f"{count:,} synthetic requests over the last 7 days (4 workloads, 5 % holdout) in a SQLite file, plus one "
+        f"{count:,} synthetic requests over the last 7 days (4 workloads, 5 % holdout) in {store}, plus one "
         f"drift run. Each figure is a cold render (every Streamlit cache cleared) of the whole page through "
         f"AppTest, {len(next(iter(times.values())))} runs per page. Slowest render: {worst:.2f} s "
         f"(target: under {TARGET_S:.0f} s per page). "
@@ -125,18 +133,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--db", type=Path, default=None, help="SQLite file to fill (reused when it holds enough)")
+    parser.add_argument("--url", default=None, help="a database URL to use instead of a SQLite file (e.g. PostgreSQL)")
+    parser.add_argument("--no-fill", action="store_true", help="render the store as it is (with --url)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("streamlit").setLevel(logging.ERROR)
-    db = args.db or Path(tempfile.mkdtemp(prefix="dw-dash-")) / "dashboard.db"
-    url = f"sqlite:///{db}"
+    if args.url:
+        url, store = args.url, f"a {make_url(args.url).get_backend_name()} database"
+    else:
+        db = args.db or Path(tempfile.mkdtemp(prefix="dw-dash-")) / "dashboard.db"
+        url, store = f"sqlite:///{db}", "a SQLite file"
     load_start = os.getloadavg()[0]
-    print(f"filling {db} with {args.records:,} records", flush=True)
-    fill_s = fill(url, args.records)
+    fill_s = 0.0
+    if not args.no_fill:
+        print(f"filling {make_url(url).render_as_string(hide_password=True)} to {args.records:,} records", flush=True)
+        fill_s = fill(url, args.records)
     times = render_times(url, args.repeats)
-    body = report(args.records, fill_s, times, (load_start, os.getloadavg()[0]))
+    body = report(args.records, fill_s, times, (load_start, os.getloadavg()[0]), store)
     print(body)
     if not args.no_write:
         from benchmarks.results import write_section
