@@ -1,0 +1,96 @@
+"""benchmarks/store_scale.py's generator: its COPY rows are valid records, and the rollups it copies beside them
+are exactly what the store's writer (monitor/store/rollups.py) computes from those records."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from benchmarks import store_scale
+from benchmarks.store_scale import REQUEST_COLUMNS, Plan, generate_chunk, request_lines, rollup_lines
+from decoder.record import RequestRecord
+from monitor.store import rollups
+from monitor.store.rows import validate
+
+INTS = {
+    "num_speculative_tokens",
+    "prompt_tokens",
+    "output_tokens",
+    "num_spec_steps",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+}
+FLOATS = {"ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p"}
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def _record(line: str) -> RequestRecord:
+    values: dict[str, object] = {}
+    for name, raw in zip(REQUEST_COLUMNS, line.split("\t"), strict=True):
+        if name == "ingested_at":
+            continue
+        value: object = None if raw == "\\N" else raw
+        if name in ("ts_start", "ts_end"):
+            value = _time(raw)
+        elif name in INTS:
+            value = int(raw)
+        elif name in FLOATS:
+            value = float(raw)
+        elif name in ("accepted_per_position", "acceptance_histogram"):
+            value = [int(x) for x in raw.strip("[]").split(",") if x]
+        elif name == "stopped_mid_step":
+            value = raw == "t"
+        values[name] = value
+    return validate(RequestRecord(**values))  # type: ignore[arg-type]
+
+
+def test_generated_rollups_equal_the_writers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_scale, "CHUNK_ROWS", 500)
+    plan = Plan(records=3000, days=1, workloads=12, seed=3, anchor=datetime(2026, 3, 2, tzinfo=UTC))
+    chunks = plan.chunks()
+    assert chunks[0][0] == 0 and chunks[-1][1] == plan.records and len(chunks) > 2
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
+    minute = plan.offsets_us(0, plan.records) // 60_000_000
+    assert all(minute[b - 1] != minute[b] for _, b in chunks[:-1])  # whole minutes: their rollups are final
+    number, (first, stop) = 1, chunks[1]
+    data = generate_chunk(plan, number, first, stop)
+    records = [_record(line) for line in request_lines(plan, data).splitlines()]
+    assert len(records) == stop - first
+    assert {r.mode for r in records} == {"speculative", "holdout"}
+    assert len({(r.target_model, r.drafter, r.draft_model) for r in records}) == 5  # 3 pairs, 2 holdout keys
+
+    minutes_text, bins_text = rollup_lines(plan, data)
+    delta = rollups.compute(records)
+    key_names = ("bucket", "workload", "target_model", "drafter", "draft_model", "mode")
+    want_minutes = {tuple(m[k] for k in key_names): m for m in delta.minutes}
+    have_minutes = {}
+    for line in minutes_text.splitlines():
+        fields = line.split("\t")
+        key = (_time(fields[0]), *fields[1:6])
+        have_minutes[key] = dict(zip(rollups.SUM_COLUMNS, map(float, fields[6:]), strict=True))
+    assert have_minutes.keys() == want_minutes.keys()
+    for key, sums in have_minutes.items():
+        for column in rollups.SUM_COLUMNS:
+            assert math.isclose(sums[column], want_minutes[key][column], rel_tol=1e-12, abs_tol=1e-9), (key, column)
+
+    want_bins = {(*(b[k] for k in key_names), b["metric"], b["bin"]): b["count"] for b in delta.bins}
+    have_bins = {}
+    for line in bins_text.splitlines():
+        fields = line.split("\t")
+        have_bins[(_time(fields[0]), *fields[1:7], int(fields[7]))] = int(fields[8])
+    assert have_bins == want_bins
+
+
+def test_a_chunk_is_made_again_identically() -> None:
+    """The retention measurement copies the deleted day back by generating its chunks again."""
+    plan = Plan(records=2000, days=2, workloads=5, seed=0, anchor=datetime(2026, 3, 2, tzinfo=UTC))
+    first, stop = plan.chunks()[0]
+    assert request_lines(plan, generate_chunk(plan, 0, first, stop)) == request_lines(
+        plan, generate_chunk(plan, 0, first, stop)
+    )
