@@ -9,7 +9,7 @@ from datetime import datetime
 
 from decoder.controller import Observation
 from decoder.holdout import HoldoutReason
-from decoder.record import Mode, RequestRecord, utc_now
+from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, output_span, utc_now
 
 
 @dataclass(slots=True)
@@ -29,6 +29,8 @@ class RequestStats:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     acceptance_histogram: list[int] = field(default_factory=list)
+    drafted_by_span: list[int] = field(default_factory=lambda: [0] * OUTPUT_SPANS)
+    accepted_by_span: list[int] = field(default_factory=lambda: [0] * OUTPUT_SPANS)
     draft_seconds: float = 0.0  # proposing, step by step
     draft_prefill_seconds: float = 0.0  # the drafter reading the prompt when the request began
     draft_prefill_tokens: int = 0
@@ -56,9 +58,13 @@ class RequestStats:
 
     def step(self, drafted: int, accepted: int, emitted: int, stopped_mid_step: bool) -> None:
         """Count one verification pass that drafted ``drafted``, accepted ``accepted`` and emitted ``emitted``."""
+        # The step's first output position is the number of tokens output before it.
+        span = output_span(self.output_tokens)
         self.output_tokens += emitted
         if self.mode != "speculative":
             return
+        self.drafted_by_span[span] += drafted
+        self.accepted_by_span[span] += accepted
         self.num_spec_steps += 1
         self.num_draft_tokens += drafted
         self.num_accepted_tokens += accepted
@@ -116,6 +122,8 @@ class RequestStats:
             num_accepted_tokens=self.num_accepted_tokens,
             accepted_per_position=list(self.accepted_per_position),
             acceptance_histogram=list(self.acceptance_histogram),
+            drafted_by_span=list(self.drafted_by_span),
+            accepted_by_span=list(self.accepted_by_span),
             ttft_ms=None if self.first_token_at is None else (self.first_token_at - self.started) * 1000,
             latency_ms=(now - self.started) * 1000,
             draft_ms=(self.draft_prefill_seconds + self.draft_seconds) * 1000,

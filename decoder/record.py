@@ -15,12 +15,20 @@ Counting rules (the decoder guarantees them, :meth:`RequestRecord.check` enforce
   drafted but not accepted: they were proposed, and never emitted. The step's own target token is
   then not emitted either, which is why ``output_tokens`` is ``1 + accepted + steps`` minus one when
   the request ended inside a step (``stopped_mid_step``).
+* ``drafted_by_span[k]`` and ``accepted_by_span[k]`` count the drafted and accepted tokens of the
+  steps whose first output position falls in span ``k`` of :data:`OUTPUT_SPAN_EDGES`: ``[0, 32)``,
+  ``[32, 128)``, ``[128, ∞)``. A step's first output position is the number of tokens the request
+  had output before the step (the first token, from the prompt pass, is position 0, so the first
+  step is at position 1); a step that straddles an edge counts whole in the span it starts in.
+  Their sums are ``num_draft_tokens`` and ``num_accepted_tokens``. Both are ``None`` where the
+  positions are unknown (a serving stack reports only the request's totals), never zeros.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -34,6 +42,9 @@ MODES: Final = ("speculative", "plain", "holdout")
 FINISH_REASONS: Final = ("stop", "length", "error")
 WORKLOAD_MAX_LENGTH: Final = 64
 WORKLOAD_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$")
+# Output positions where a span of drafted_by_span / accepted_by_span ends: [0, 32), [32, 128), [128, ∞).
+OUTPUT_SPAN_EDGES: Final = (32, 128)
+OUTPUT_SPANS: Final = len(OUTPUT_SPAN_EDGES) + 1
 
 
 class RecordError(ValueError):
@@ -82,6 +93,15 @@ def decode_ms_per_token(latency_ms: float | None, ttft_ms: float | None, output_
     return max(latency_ms - ttft_ms, 0.0) / (output_tokens - 1)
 
 
+def output_span(position: int) -> int:
+    """The span of :data:`OUTPUT_SPAN_EDGES` that output position ``position`` (0-based) falls in.
+
+    >>> output_span(1), output_span(31), output_span(32), output_span(127), output_span(128)
+    (0, 0, 1, 1, 2)
+    """
+    return bisect_right(OUTPUT_SPAN_EDGES, position)
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -120,6 +140,8 @@ class RequestRecord:
     prompt_hash: str | None = None
     stopped_mid_step: bool = False
     holdout_reason: HoldoutReason | None = None  # at which rate a holdout request was drawn (decoder/holdout.py)
+    drafted_by_span: list[int] | None = None  # by the step's first output position (module docstring)
+    accepted_by_span: list[int] | None = None
 
     # Derived figures: computed, never stored twice.
 
@@ -217,6 +239,7 @@ class RequestRecord:
                 f"has {len(self.acceptance_histogram)} bins, expected num_speculative_tokens + 1 = "
                 f"{self.num_speculative_tokens + 1}",
             )
+        self._check_spans()
         if (
             self.source == "embedded"
             and self.mode == "speculative"
@@ -238,6 +261,24 @@ class RequestRecord:
             raise RecordError(name, f"must hold non-negative integers, got {counts!r}")
         if counts and sum(counts) != total:
             raise RecordError(name, f"sums to {sum(counts)}, but {total_name} is {total}")
+
+    def _check_spans(self) -> None:
+        drafted, accepted = self.drafted_by_span, self.accepted_by_span
+        if (drafted is None) != (accepted is None):
+            missing = "accepted_by_span" if accepted is None else "drafted_by_span"
+            raise RecordError(missing, "must be given with the other span count (both, or neither)")
+        if drafted is None or accepted is None:
+            return
+        for name, counts in (("drafted_by_span", drafted), ("accepted_by_span", accepted)):
+            if not isinstance(counts, list) or len(counts) != OUTPUT_SPANS:
+                raise RecordError(
+                    name, f"must be a list of {OUTPUT_SPANS} counts (one per output span), got {counts!r}"
+                )
+        self._check_counts("drafted_by_span", self.num_draft_tokens, "num_draft_tokens")
+        self._check_counts("accepted_by_span", self.num_accepted_tokens, "num_accepted_tokens")
+        for span, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
+            if a > d:
+                raise RecordError("accepted_by_span", f"span {span}: {a} accepted exceeds {d} drafted")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: timestamps as ISO 8601 strings, derived figures left out."""

@@ -6,8 +6,9 @@ Tables:
 * ``model_versions`` and ``deployment_events``: the first time a (role, model, version) is seen is
   an event with a timestamp, so the monitor can annotate charts and reset baselines.
 * ``rollup_minute`` and ``rollup_bins``: per-minute counts and sums per workload, pair and mode,
-  plus fixed-bucket histograms (latency per output token, TTFT) and per-position acceptance counts,
-  all additive so that any range aggregates by summing.
+  plus fixed-bucket histograms (latency per output token, TTFT), per-position acceptance counts and
+  acceptance by prompt-length bucket and output span (:mod:`monitor.store.lengths`), all additive
+  so that any range aggregates by summing.
 * ``recorder_batches``: one row per committed recorder batch; it makes spool replay exactly-once.
 """
 
@@ -48,6 +49,8 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 # Plain JSON (text) also on PostgreSQL: the arrays are only read back whole, never queried inside,
 # and JSONB's conversion cost showed up in ingest throughput.
 JsonList = JSON()
+# A missing list is SQL NULL, as the bulk writer stores it, not the JSON text 'null'.
+OptionalJsonList = JSON(none_as_null=True)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -115,6 +118,9 @@ class RequestRow(Base):
     prompt_hash: Mapped[str | None]
     stopped_mid_step: Mapped[bool] = mapped_column(Boolean)
     holdout_reason: Mapped[str | None] = mapped_column(String(16))
+    # NULL where the source does not know output positions (serving stacks), and before migration 0007.
+    drafted_by_span: Mapped[list[int] | None] = mapped_column(OptionalJsonList)
+    accepted_by_span: Mapped[list[int] | None] = mapped_column(OptionalJsonList)
     ingested_at: Mapped[datetime]
 
     __table_args__ = (
