@@ -21,7 +21,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from decoder.holdout import HoldoutReason
-from decoder.record import WORKLOAD_PATTERN, Mode, RecordError, RequestRecord
+from decoder.record import OUTPUT_SPANS, WORKLOAD_PATTERN, Mode, RecordError, RequestRecord
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
 from monitor.store.rows import MAX_COUNT, MAX_ERROR_TEXT, MAX_SPECULATIVE_TOKENS, MAX_TEXT
 
@@ -70,6 +70,8 @@ Millis = Annotated[float | None, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
 Timestamp = Annotated[datetime, AfterValidator(_plausible_time)]
 Workload = Annotated[str, Field(min_length=1, max_length=64, pattern=WORKLOAD_PATTERN.pattern)]
 FinishReason = Literal["stop", "length", "error"]
+# Per output span (decoder.record.OUTPUT_SPAN_EDGES); null when the sender does not know positions.
+SpanCounts = Annotated[list[Count], Field(min_length=OUTPUT_SPANS, max_length=OUTPUT_SPANS)] | None
 
 
 class EventIn(BaseModel):
@@ -107,6 +109,8 @@ class EventIn(BaseModel):
     prompt_hash: Annotated[str | None, Field(max_length=128), AfterValidator(_clean_optional)] = None
     stopped_mid_step: StrictBool = False
     holdout_reason: HoldoutReason | None = None
+    drafted_by_span: SpanCounts = None
+    accepted_by_span: SpanCounts = None
 
 
 class EventBatchIn(BaseModel):

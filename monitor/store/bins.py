@@ -22,12 +22,24 @@ PER_DOUBLING: Final = 8
 NUM_BINS: Final = 1 + PER_DOUBLING * 30  # up to 0.01 ms * 2**30, about three hours
 
 # Metrics stored in rollup_bins. The first two are latency histograms (bins from value_bin); the
-# others use the bin as an index: draft position i, or number of drafts accepted in a step j.
+# others use the bin as an index: draft position i, number of drafts accepted in a step j, or a
+# length bucket.
 MS_PER_TOKEN: Final = "ms_per_token"
 TTFT_MS: Final = "ttft_ms"
 ACCEPTED_AT_POSITION: Final = "accepted_at_position"
 ACCEPTANCE_LENGTH: Final = "acceptance_length"
-METRICS: Final = (MS_PER_TOKEN, TTFT_MS, ACCEPTED_AT_POSITION, ACCEPTANCE_LENGTH)
+# Acceptance by length (monitor.store.lengths), the bin being the bucket's index: per prompt-length
+# bucket, the requests that drafted and their drafted and accepted tokens; per output span, the
+# same from the records that report spans (drafted_by_span, accepted_by_span).
+PROMPT_DRAFTING: Final = "prompt_drafting"
+PROMPT_DRAFTED: Final = "prompt_drafted"
+PROMPT_ACCEPTED: Final = "prompt_accepted"
+SPAN_DRAFTING: Final = "span_drafting"
+SPAN_DRAFTED: Final = "span_drafted"
+SPAN_ACCEPTED: Final = "span_accepted"
+BY_PROMPT: Final = (PROMPT_DRAFTING, PROMPT_DRAFTED, PROMPT_ACCEPTED)
+BY_SPAN: Final = (SPAN_DRAFTING, SPAN_DRAFTED, SPAN_ACCEPTED)
+METRICS: Final = (MS_PER_TOKEN, TTFT_MS, ACCEPTED_AT_POSITION, ACCEPTANCE_LENGTH, *BY_PROMPT, *BY_SPAN)
 
 
 def value_bin(value_ms: float) -> int:

@@ -78,6 +78,11 @@ def _ints(values: list[int]) -> str:
     return "[" + ",".join(map(str, values)) + "]"
 
 
+def _spans(values: list[int] | None) -> str | None:
+    # NULL, not a JSON null: the column is NULL where the source does not know output positions.
+    return None if values is None else _ints(values)
+
+
 def _utc(value: datetime) -> datetime:
     tz = value.tzinfo
     if tz is UTC:  # the common case, and the cheap one
@@ -120,6 +125,8 @@ def copy_line(rec: RequestRecord, ingested: str) -> str:
                 _text(rec.prompt_hash),
                 "t" if rec.stopped_mid_step else "f",
                 _text(rec.holdout_reason),
+                _text(_spans(rec.drafted_by_span)),
+                _text(_spans(rec.accepted_by_span)),
                 ingested,
             )
         )
@@ -185,6 +192,8 @@ def sqlite_row(rec: RequestRecord, ingested: str) -> tuple[Any, ...]:
         rec.prompt_hash,
         int(rec.stopped_mid_step),
         rec.holdout_reason,
+        _spans(rec.drafted_by_span),
+        _spans(rec.accepted_by_span),
         ingested,
     )
 

@@ -18,11 +18,12 @@ from sqlalchemy import ColumnElement, Select, and_, func, select
 from sqlalchemy.engine import Engine
 
 from decoder.record import decode_ms_per_token
-from monitor.store import bins
+from monitor.store import bins, lengths
 from monitor.store.models import DeploymentEventRow, RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.store.rollups import SUM_COLUMNS, minute_of
 from monitor.store.types import (
     DeploymentEvent,
+    LengthAcceptance,
     LengthBin,
     Pair,
     PositionAcceptance,
@@ -34,6 +35,7 @@ from monitor.store.types import (
 
 __all__ = [
     "DeploymentEvent",
+    "LengthAcceptance",
     "LengthBin",
     "Pair",
     "PositionAcceptance",
@@ -42,6 +44,7 @@ __all__ = [
     "Sums",
     "WorkloadSummary",
     "acceptance_length_histogram",
+    "by_length",
     "deployment_events",
     "pairs",
     "position_acceptance",
@@ -100,7 +103,8 @@ def workload_summaries(
     """Per-workload aggregates over ``[start, end)``, sorted by workload.
 
     ``mode`` restricts the latency, acceptance and throughput figures (e.g. to ``speculative``);
-    ``requests_by_mode`` and ``measured_speedup`` always look at every mode.
+    ``requests_by_mode`` and ``measured_speedup`` always look at every mode. ``by_prompt_length``
+    and ``by_output_position`` come from the same rollup bins (:func:`by_length`).
     """
     by_mode: dict[str, dict[str, Sums]] = defaultdict(dict)
     hist: dict[tuple[str, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -114,7 +118,10 @@ def workload_summaries(
             by_mode[row[0]][row[1]] = _to_sums(row[2:])
         bin_rows = conn.execute(
             select(B.workload, B.metric, B.bin, func.sum(B.count))
-            .where(_filters(B, start, end, workload, pair, mode), B.metric.in_([bins.MS_PER_TOKEN, bins.TTFT_MS]))
+            .where(
+                _filters(B, start, end, workload, pair, mode),
+                B.metric.in_([bins.MS_PER_TOKEN, bins.TTFT_MS, *bins.BY_PROMPT, *bins.BY_SPAN]),
+            )
             .group_by(B.workload, B.metric, B.bin)
         )
         for wl, metric, index, count in bin_rows:
@@ -148,9 +155,27 @@ def workload_summaries(
                 tokens_per_second=total.tokens_per_second,
                 measured_speedup=speedup,
                 holdout_requests=holdout.n_requests if holdout else 0,
+                by_prompt_length=by_length(lengths.PROMPT_EDGES, *(hist[(wl, m)] for m in bins.BY_PROMPT)),
+                by_output_position=by_length(lengths.OUTPUT_SPAN_EDGES, *(hist[(wl, m)] for m in bins.BY_SPAN)),
             )
         )
     return summaries
+
+
+def by_length(
+    edges: tuple[int, ...], drafting: dict[int, int], drafted: dict[int, int], accepted: dict[int, int]
+) -> list[LengthAcceptance]:
+    """Every bucket of ``edges`` with its counts (bin index to count, as the rollup bins hold them).
+
+    >>> [(b.bucket, b.acceptance_rate) for b in by_length((32, 128), {0: 2}, {0: 10}, {0: 7})]
+    [('0-32', 0.7), ('32-128', None), ('128+', None)]
+    """
+    out = []
+    for index, label in enumerate(lengths.labels(edges)):
+        low, high = lengths.bounds(edges, index)
+        d, a = drafted.get(index, 0), accepted.get(index, 0)
+        out.append(LengthAcceptance(label, low, high, drafting.get(index, 0), d, a, a / d if d else None))
+    return out
 
 
 def workload_summary(

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from decoder.record import RequestRecord
 from monitor.store import bins
+from monitor.store.lengths import prompt_bucket
 
 SUM_COLUMNS: Final = (
     "n_requests",
@@ -118,6 +119,17 @@ def compute(records: Iterable[RequestRecord]) -> RollupDelta:
         for length, count in enumerate(rec.acceptance_histogram):
             if count:
                 entry.bins[(bins.ACCEPTANCE_LENGTH, length)] += count
+        if rec.num_draft_tokens > 0:
+            bucket = prompt_bucket(rec.prompt_tokens)
+            entry.bins[(bins.PROMPT_DRAFTING, bucket)] += 1
+            entry.bins[(bins.PROMPT_DRAFTED, bucket)] += rec.num_draft_tokens
+            entry.bins[(bins.PROMPT_ACCEPTED, bucket)] += rec.num_accepted_tokens
+        if rec.drafted_by_span is not None and rec.accepted_by_span is not None:
+            for span, (drafted, accepted) in enumerate(zip(rec.drafted_by_span, rec.accepted_by_span, strict=True)):
+                if drafted:
+                    entry.bins[(bins.SPAN_DRAFTING, span)] += 1
+                    entry.bins[(bins.SPAN_DRAFTED, span)] += drafted
+                    entry.bins[(bins.SPAN_ACCEPTED, span)] += accepted
     minutes: list[dict[str, Any]] = []
     bin_rows: list[dict[str, Any]] = []
     for key in sorted(sums):

@@ -65,6 +65,9 @@ def validate(rec: object) -> RequestRecord:
     for name in ("accepted_per_position", "acceptance_histogram"):
         if not isinstance(getattr(rec, name), list):
             raise RecordError(name, f"must be a list, got {getattr(rec, name)!r}")
+    for name in ("drafted_by_span", "accepted_by_span"):
+        if getattr(rec, name) is not None and not isinstance(getattr(rec, name), list):
+            raise RecordError(name, f"must be a list or null, got {getattr(rec, name)!r}")
     for name in ("ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p"):
         value = getattr(rec, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -111,6 +114,8 @@ def from_row(row: Any) -> RequestRecord:
     values = {name: mapping[name] for name in RECORD_FIELDS}
     values["accepted_per_position"] = list(values["accepted_per_position"] or [])
     values["acceptance_histogram"] = list(values["acceptance_histogram"] or [])
+    for name in ("drafted_by_span", "accepted_by_span"):
+        values[name] = None if values[name] is None else list(values[name])
     return RequestRecord(**values)
 
 

@@ -87,6 +87,23 @@ class Sums:
 
 
 @dataclass(frozen=True, slots=True)
+class LengthAcceptance:
+    """Acceptance of one length bucket (a prompt-length bucket or an output span, :mod:`monitor.store.lengths`).
+
+    ``drafting_requests`` are the requests that drafted in it (for a span: at an output position in
+    it); ``acceptance_rate`` is accepted / drafted tokens, None when nothing was drafted.
+    """
+
+    bucket: str
+    low: int
+    high: int | None  # exclusive; None for the last, open bucket
+    drafting_requests: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadSummary:
     """One workload over a time range."""
 
@@ -108,6 +125,10 @@ class WorkloadSummary:
     # traffic: above 1 speculation is faster. None without both populations.
     measured_speedup: float | None
     holdout_requests: int
+    # Acceptance by prompt-length bucket (every request that drafted) and by output span (the
+    # records that report spans: the embedded decoder's, not a serving stack's), every bucket listed.
+    by_prompt_length: list[LengthAcceptance]
+    by_output_position: list[LengthAcceptance]
 
 
 @dataclass(frozen=True, slots=True)
