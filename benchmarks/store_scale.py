@@ -63,6 +63,8 @@ if __package__ in (None, ""):
 import numpy as np
 import psycopg
 
+from monitor.store.lengths import PROMPT_EDGES
+
 TITLE = "Store at production volume (benchmarks/store_scale.py)"
 ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 PROTECTED = frozenset({"postgres", "test", "template0", "template1"})
@@ -107,7 +109,17 @@ REQUEST_COLUMNS = (
     "ingested_at",
 )
 MINUTE_KEY = ("bucket", "workload", "target_model", "drafter", "draft_model", "mode")
-BIN_METRICS = ("ms_per_token", "ttft_ms", "accepted_at_position", "acceptance_length")
+# monitor.store.bins' metrics in the order the codes below use; the span metrics stay empty (generated records,
+# like a serving stack's, do not know output positions).
+BIN_METRICS = (
+    "ms_per_token",
+    "ttft_ms",
+    "accepted_at_position",
+    "acceptance_length",
+    "prompt_drafting",
+    "prompt_drafted",
+    "prompt_accepted",
+)
 NUM_BINS = 241  # monitor.store.bins.NUM_BINS
 WRITER_WORKLOAD = "scale-writer"
 PAGE_TARGETS = {1_000_000: 2.0, 10_000_000: 5.0}
@@ -310,24 +322,33 @@ def rollup_lines(plan: Plan, data: dict[str, Any]) -> tuple[str, str]:
     )
 
     # Bins: (key, metric, bin) with the count each request adds; only non-zero counts, as the writer stores.
+    nm = len(BIN_METRICS)
     parts = [
-        (inv * 4 + 0) * NUM_BINS + _value_bins(decode),
-        (inv * 4 + 1) * NUM_BINS + _value_bins(ttft),
+        (inv * nm + 0) * NUM_BINS + _value_bins(decode),
+        (inv * nm + 1) * NUM_BINS + _value_bins(ttft),
     ]
     weights = [np.ones(len(inv)), np.ones(len(inv))]
     for i in range(GAMMA):
-        parts.append((inv * 4 + 2) * NUM_BINS + i)
+        parts.append((inv * nm + 2) * NUM_BINS + i)
         weights.append(data["per_position"][:, i].astype(np.float64))
     for j in range(GAMMA + 1):
-        parts.append((inv * 4 + 3) * NUM_BINS + j)
+        parts.append((inv * nm + 3) * NUM_BINS + j)
         weights.append(data["hist"][:, j].astype(np.float64))
+    present = [w > 0 for w in weights]  # the writer adds these only where the count is not 0
+    # Acceptance by prompt length (monitor.store.lengths.prompt_bucket), over requests that drafted.
+    bucket = np.searchsorted(np.asarray(PROMPT_EDGES), data["prompt"], side="right")
+    drafting = drafted > 0
+    for m, values in ((4, np.ones(len(inv))), (5, drafted), (6, accepted)):
+        parts.append((inv * nm + m) * NUM_BINS + bucket)
+        weights.append(np.where(drafting, values, 0).astype(np.float64))
+        present.append(drafting)  # ... these for every request that drafted, a 0 included
     all_codes, all_weights = np.concatenate(parts), np.concatenate(weights)
     bin_codes, bin_inv = np.unique(all_codes, return_inverse=True)
     counts = np.rint(np.bincount(bin_inv, weights=all_weights)).astype(np.int64)
-    keep = counts > 0
+    keep = np.bincount(bin_inv, weights=np.concatenate(present).astype(np.float64)) > 0
     bin_codes, counts = bin_codes[keep], counts[keep]
     rest, index = np.divmod(bin_codes, NUM_BINS)
-    owner, metric = np.divmod(rest, 4)
+    owner, metric = np.divmod(rest, nm)
     bins = "".join(
         "\t".join(heads[o]) + f"\t{BIN_METRICS[mt]}\t{b}\t{c}\n"
         for o, mt, b, c in zip(owner.tolist(), metric.tolist(), index.tolist(), counts.tolist(), strict=True)
