@@ -30,6 +30,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -82,6 +83,10 @@ class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, str: Text}
 
 
+# The rows of ix_requests_baseline_*: requests decoded without speculation, the speed comparisons' baseline.
+BASELINE_MODES = "mode <> 'speculative'"
+
+
 class RequestRow(Base):
     """One finished request: the record's fields, nothing derived."""
 
@@ -129,6 +134,23 @@ class RequestRow(Base):
         Index("ix_requests_pair_ts", "target_model", "drafter", "draft_model", "ts_start"),
         # BRIN on PostgreSQL: time-only scans (retention) at almost no cost per insert.
         Index("ix_requests_ts", "ts_start", postgresql_using="brin"),
+        # Baseline traffic only (holdout and plain, a few per cent of rows; migration 0008): the dashboard's cost
+        # ratios per workload and the drift run's net-loss fallback per target read it without walking speculation.
+        Index(
+            "ix_requests_baseline_workload_ts",
+            "workload",
+            "ts_start",
+            postgresql_where=text(BASELINE_MODES),
+            sqlite_where=text(BASELINE_MODES),
+        ),
+        Index(
+            "ix_requests_baseline_target_ts",
+            "target_model",
+            "ts_start",
+            postgresql_include=["id", "mode"],
+            postgresql_where=text(BASELINE_MODES),
+            sqlite_where=text(BASELINE_MODES),
+        ),
     )
 
 
