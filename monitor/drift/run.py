@@ -21,6 +21,7 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Connection, Engine
 
 from monitor.drift.acceptance import AcceptanceDrift
+from monitor.drift.acceptance_by_length import acceptance_by_length
 from monitor.drift.detectors import update_detector
 from monitor.drift.latency import METRICS as LATENCY_METRICS
 from monitor.drift.latency import LatencyRegression
@@ -90,11 +91,17 @@ def _workload_tests(
 
     spec_ref, spec_cur = ref.where(ref.mode == "speculative"), cur.where(cur.mode == "speculative")
     drafting_ref, drafting_cur = spec_ref.where(spec_ref.drafted > 0), spec_cur.where(spec_cur.drafted > 0)
-    results = [
-        AcceptanceDrift(floor=floor("acceptance"), n_boot=config.n_boot, **common).compare(
-            drafting_ref.accepted / drafting_ref.drafted, drafting_cur.accepted / drafting_cur.drafted
-        )
-    ]
+    ref_rates, cur_rates = drafting_ref.accepted / drafting_ref.drafted, drafting_cur.accepted / drafting_cur.drafted
+    results = [AcceptanceDrift(floor=floor("acceptance"), n_boot=config.n_boot, **common).compare(ref_rates, cur_rates)]
+    results += acceptance_by_length(
+        drafting_ref.prompt_tokens,
+        ref_rates,
+        drafting_cur.prompt_tokens,
+        cur_rates,
+        floor=floor("acceptance"),
+        n_boot=config.n_boot,
+        **common,
+    )
     for metric in LATENCY_METRICS:
         test = LatencyRegression(metric, floor=floor("latency"), n_boot=config.n_boot, seed=s(metric), **common)
         results.append(test.compare(_latency(spec_ref, metric), _latency(spec_cur, metric)))
