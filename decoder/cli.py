@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
         "generate",
         help="decode one prompt speculatively and print its text and record",
         description="Decode PROMPT with the target, drafting with --draft (a model) or --drafter ngram, "
-        "and print the text plus a one-line summary of what speculation did.",
+        "and print the text plus a one-line summary of what speculation did. With several drafters, the "
+        "first one named drafts (a single request has no controller to choose).",
     )
     add_model_arguments(generate)
     generate.add_argument("prompt", metavar="PROMPT", help="the prompt text (with --chat: the user message)")
@@ -56,18 +57,25 @@ def register(subparsers: Any) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--target, --draft / --drafter and --gamma, shared by every command that decodes."""
+    """--target, --draft / --drafter and --gamma, shared by every command that decodes.
+
+    Both drafting options repeat, and together they name a portfolio: ``--draft D --drafter ngram``
+    holds the draft model D and the n-gram drafter, and the controller picks one per request.
+    """
     parser.add_argument(
         "--target",
         default=DEFAULT_TARGET,
         help=f"preset ({', '.join(sorted(PRESETS))}), .gguf file, model directory or hub id (default: %(default)s)",
     )
-    drafting = parser.add_mutually_exclusive_group()
-    drafting.add_argument(
-        "--draft", default=None, help=f"draft model, same forms as --target (default: {DEFAULT_DRAFT})"
-    )
-    drafting.add_argument("--drafter", choices=["model", "ngram"], default=None,
-                          help="ngram: prompt lookup, no draft model")  # fmt: skip
+    parser.add_argument(
+        "--draft", action="append", default=None, metavar="MODEL",
+        help=f"a draft model, same forms as --target; repeatable (default without --drafter: {DEFAULT_DRAFT})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drafter", action="append", choices=["model", "ngram"], default=None,
+        help=f"a drafter kind; repeatable. model: the --draft models, or {DEFAULT_DRAFT} without one; "
+        "ngram: prompt lookup, no draft model. --draft D --drafter ngram holds both, chosen per request",
+    )  # fmt: skip
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step (default: %(default)s)")
     parser.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram to look up (default: 1)")
     parser.add_argument("--ngram-max", type=int, default=4, help="longest n-gram to look up (default: 4)")
@@ -90,17 +98,38 @@ def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool =
 
     quantize = getattr(args, "quantize", None)
     target = load_model(args.target, progress=progress, quantize=quantize)
-    drafter: Drafter
     if plain:
         return SpeculativeDecoder(target, None, gamma=args.gamma)
-    if args.drafter == "ngram":
-        drafter = NgramDrafter(min_n=args.ngram_min, max_n=args.ngram_max)
-    else:
-        draft_spec = args.draft or DEFAULT_DRAFT
-        draft = target if draft_spec == args.target else load_model(draft_spec, progress=progress, quantize=quantize)
+    drafters: list[Drafter] = []
+    for _, spec in drafter_choices(args):
+        if spec is None:  # the n-gram drafter
+            drafters.append(NgramDrafter(min_n=args.ngram_min, max_n=args.ngram_max))
+            continue
+        draft = target if spec == args.target else load_model(spec, progress=progress, quantize=quantize)
         check_pair(target, draft)
-        drafter = ModelDrafter(draft, target_vocab_size=target.vocab_size)
-    return SpeculativeDecoder(target, drafter, gamma=args.gamma)
+        drafters.append(ModelDrafter(draft, target_vocab_size=target.vocab_size))
+    return SpeculativeDecoder(target, drafters, gamma=args.gamma)
+
+
+def drafter_choices(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The drafters that --draft and --drafter name, in order: ``("model", spec)`` or ``("ngram", None)``.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_model_arguments(parser)
+    >>> drafter_choices(parser.parse_args([]))
+    [('model', 'qwen-coder-0.5b')]
+    >>> drafter_choices(parser.parse_args(["--drafter", "ngram"]))
+    [('ngram', None)]
+    >>> drafter_choices(parser.parse_args(["--draft", "smollm2-135m", "--drafter", "ngram"]))
+    [('model', 'smollm2-135m'), ('ngram', None)]
+    >>> drafter_choices(parser.parse_args(["--drafter", "ngram", "--drafter", "model"]))
+    [('model', 'qwen-coder-0.5b'), ('ngram', None)]
+    """
+    kinds, drafts = args.drafter or [], list(dict.fromkeys(args.draft or []))
+    if not drafts and ("model" in kinds or not kinds):
+        drafts = [DEFAULT_DRAFT]
+    choices: list[tuple[str, str | None]] = [("model", spec) for spec in drafts]
+    return [*choices, ("ngram", None)] if "ngram" in kinds else choices
 
 
 def summary(record: RequestRecord) -> str:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -58,6 +58,7 @@ class Plan:
     expected_speedup: float
     measure_t1: bool = False  # run the first step without drafts: t1 has not been measured lately
     holdout_reason: HoldoutReason | None = None  # why a holdout request was held out (decoder/holdout.py)
+    drafter: str = ""  # which of the decoder's drafters serves it (its label); for plain and holdout, the best one
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,20 +165,42 @@ class PairCosts:
 
 @dataclass(slots=True)
 class WorkloadState:
-    """Per workload: forgotten sums of accepted and judged drafts (alpha), and the last decisions."""
+    """Per workload and drafter: forgotten sums of accepted and judged drafts (alpha), and the last decisions."""
 
     accepted: float = 0.0
     judged: float = 0.0
     output_tokens: float = 0.0  # forgotten like the others, over the forgotten count of requests below
     weighted_requests: float = 0.0
     requests: int = 0
-    plain_streak: int = 0  # plain requests since the last speculative one
+    plain_streak: int = 0  # requests since this drafter last speculated for the workload
     gamma: int = 0
     mode: Mode = "speculative"
 
 
+@dataclass(slots=True)
+class Arm:
+    """One drafter's view: the pass costs of target + this drafter, and each workload's acceptance with it."""
+
+    costs: PairCosts = field(default_factory=PairCosts)
+    workloads: dict[str, WorkloadState] = field(default_factory=dict)
+
+    def state(self, workload: str) -> WorkloadState:
+        return self.workloads.setdefault(workload, WorkloadState())
+
+
+UNNAMED = ""  # the label of a controller's drafter when there is only one and the caller names none
+
+
 class SpeculationController:
-    """Choose gamma in ``[1, gamma_max]`` and the mode per workload from the decoder's own measurements.
+    """Choose the drafter, gamma in ``[1, gamma_max]`` and the mode per workload from the decoder's own measurements.
+
+    A decoder may hold several drafters (a portfolio, e.g. a draft model and the n-gram drafter).
+    Each drafter, named by its label, is an :class:`Arm`: costs are the pair's (target + that
+    drafter), acceptance is per workload and drafter. A request goes to the drafter with the best
+    expected request speedup, or decodes plain when none reaches 1; a drafter that has not served a
+    workload for ``probe_every`` requests serves the next one (a probe), so that its estimates stay
+    current while another one wins. Plain and holdout requests measure the target alone, so every
+    drafter's costs learn from them. With one drafter the label may be left out everywhere.
 
     Parameters
     ----------
@@ -189,7 +212,7 @@ class SpeculationController:
         Which requests decode without speculation and are recorded as ``holdout`` (control traffic):
         a floor share, and a per-workload target per window reached at a higher share.
     probe_every : int
-        While speculation is off for a workload, every ``probe_every``-th request speculates anyway.
+        A drafter that has not speculated on a workload for this many requests speculates on the next.
     seed : int
         Seeds the holdout draws, so a run is reproducible.
     clock : callable
@@ -212,6 +235,16 @@ class SpeculationController:
     'speculative'
     >>> controller.replan("prose", request(accepted=0, judged=25)).mode  # 0 of 25, as in prose's history
     'plain'
+
+    Two drafters: the one that measured better on a workload serves it.
+
+    >>> portfolio = SpeculationController(gamma_max=8, seed=0)
+    >>> for _ in range(20):
+    ...     portfolio.observe("prose", request(accepted=70, judged=100), drafter="model")
+    ...     portfolio.observe("prose", request(accepted=0, judged=25), drafter="ngram")
+    >>> plan = portfolio.plan("prose", drafters=("model", "ngram"))
+    >>> plan.mode, plan.drafter
+    ('speculative', 'model')
     """
 
     def __init__(
@@ -236,51 +269,58 @@ class SpeculationController:
         self.probe_every = probe_every
         self.seed = seed
         self.priors = priors or Priors()
-        self._workloads: dict[str, WorkloadState] = {}
-        self._costs = PairCosts()
+        self._arms: dict[str, Arm] = {}
 
     # Estimates
 
-    def estimates(self, workload: str, running: Observation | None = None) -> dict[str, float]:
-        """alpha, c, b/t1 and t1 (ms) for ``workload``: measurements blended with the priors.
+    def estimates(self, workload: str, running: Observation | None = None, drafter: str = UNNAMED) -> dict[str, float]:
+        """alpha, c, b/t1 and t1 (ms) for ``workload`` with ``drafter``: measurements blended with the priors.
 
         ``running``: what the request in progress has measured so far, counted in without forgetting.
         """
-        alpha, _ = self._alpha(workload, running)
-        return {"alpha": alpha, **self._costs_with(running).terms(self.priors)}
+        alpha, _ = self._alpha(workload, running, drafter)
+        return {"alpha": alpha, **self._costs_with(running, drafter).terms(self.priors)}
 
-    def pair_costs(self) -> dict[str, float]:
-        """c, b/t1, t1 (ms) and the drafter's prefill per prompt token (over t1): the model pair's, shared by all."""
-        return self._costs.terms(self.priors)
+    def pair_costs(self, drafter: str = UNNAMED) -> dict[str, float]:
+        """c, b/t1, t1 (ms) and the drafter's prefill per prompt token (over t1): the pair's, for all workloads."""
+        return self._arm(drafter).costs.terms(self.priors)
 
-    def cost_summary(self) -> str:
+    def cost_summary(self, drafter: str = UNNAMED) -> str:
         """The pair's costs in one line, for logs: t1, c, the prefill and v at 1 and gamma_max drafts."""
-        terms, widest = self.pair_costs(), self.gamma_max
+        terms, widest = self.pair_costs(drafter), self.gamma_max
+        v1, v_widest = self.verification_cost(1, drafter), self.verification_cost(widest, drafter)
         return (
             f"t1 {terms['t1_ms']:.1f} ms, c {terms['c']:.3f}, prefill {terms['prefill_per_token']:.3f} t1 a prompt "
-            f"token, v(1) {self.verification_cost(1):.2f}, v({widest}) {self.verification_cost(widest):.2f}"
+            f"token, v(1) {v1:.2f}, v({widest}) {v_widest:.2f}"
         )
 
-    @property
-    def needs_calibration(self) -> bool:
-        """True until any verification pass has been measured (by :meth:`calibrate` or by requests).
+    def needs_calibration_for(self, drafter: str = UNNAMED) -> bool:
+        """True until any verification pass of ``drafter`` has been measured (by :meth:`calibrate` or by requests).
 
         Faded sums do not count as unmeasured: calibrating again would stall a request for seconds,
         and requests keep the costs current (probes included) once there are any.
         """
-        return self._costs.verify_passes == 0
+        return self._arm(drafter).costs.verify_passes == 0
 
-    def verification_cost(self, gamma: int) -> float:
+    @property
+    def needs_calibration(self) -> bool:
+        """True while no drafter has been measured, or any drafter seen has not been."""
+        return not self._arms or any(arm.costs.verify_passes == 0 for arm in self._arms.values())
+
+    def verification_cost(self, gamma: int, drafter: str = UNNAMED) -> float:
         """v(gamma): a pass over gamma drafts in one-token passes, measured at that size where seen."""
-        return self._costs.verification_cost(gamma, self._costs.terms(self.priors))
+        costs = self._arm(drafter).costs
+        return costs.verification_cost(gamma, costs.terms(self.priors))
 
-    def best_gamma(self, workload: str, running: Observation | None = None) -> tuple[int, float]:
+    def best_gamma(
+        self, workload: str, running: Observation | None = None, drafter: str = UNNAMED
+    ) -> tuple[int, float]:
         """The gamma in ``1..gamma_max`` with the largest S(gamma), and that S."""
-        return self._best(self._alpha(workload, running)[0], self._costs_with(running))
+        return self._best(self._alpha(workload, running, drafter)[0], self._costs_with(running, drafter))
 
-    def _alpha(self, workload: str, running: Observation | None) -> tuple[float, float]:
+    def _alpha(self, workload: str, running: Observation | None, drafter: str = UNNAMED) -> tuple[float, float]:
         """alpha's estimate, and how many judged drafts (the prior's included) it rests on."""
-        state, prior = self._workloads.get(workload) or WorkloadState(), self.priors
+        state, prior = self._arm(drafter).workloads.get(workload) or WorkloadState(), self.priors
         accepted = state.accepted + (running.accepted if running else 0)
         judged = state.judged + (running.judged if running else 0) + prior.weight
         return min((accepted + prior.alpha * prior.weight) / judged, 1.0), judged
@@ -294,44 +334,69 @@ class SpeculationController:
         gamma = max(speedups, key=lambda g: (speedups[g], -g))
         return gamma, speedups[gamma]
 
-    def _costs_with(self, running: Observation | None) -> PairCosts:
-        return self._costs if running is None else self._costs.plus(running)
+    def _costs_with(self, running: Observation | None, drafter: str = UNNAMED) -> PairCosts:
+        costs = self._arm(drafter).costs
+        return costs if running is None else costs.plus(running)
 
     # Decisions
 
-    def plan(self, workload: str, prompt_tokens: int = 0, max_new_tokens: int | None = None) -> Plan:
-        """The mode and gamma for the next request of ``workload``.
+    def plan(
+        self,
+        workload: str,
+        prompt_tokens: int = 0,
+        max_new_tokens: int | None = None,
+        drafters: Sequence[str] = (UNNAMED,),
+    ) -> Plan:
+        """The drafter, mode and gamma for the next request of ``workload``, among ``drafters`` (labels).
 
         ``prompt_tokens`` and ``max_new_tokens`` describe the request: the drafter's prefill of a long
         prompt before a short answer can cost more than speculation saves.
         """
-        state = self._state(workload)
-        gamma, step_speedup = self.best_gamma(workload)
-        speedup = self._request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens)
+        if not drafters:
+            raise ValueError("plan needs at least one drafter to choose from")
+        options: dict[str, tuple[int, float]] = {}
+        for drafter in drafters:
+            gamma, step_speedup = self.best_gamma(workload, drafter=drafter)
+            options[drafter] = (
+                gamma,
+                self._request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens, drafter),
+            )
+        best = max(drafters, key=lambda label: options[label][1])  # the first listed wins a tie
+        gamma, speedup = options[best]
         reason = self.holdout.draw(workload)
         if reason is not None:
-            return Plan("holdout", gamma, speedup, holdout_reason=reason)
-        if speedup >= 1.0:
-            state.mode, state.gamma = "speculative", gamma
-            return Plan("speculative", gamma, speedup, measure_t1=self._costs.single_passes < MIN_WEIGHT)
-        state.mode, state.gamma = "plain", gamma
-        if state.plain_streak + 1 >= self.probe_every:
-            return Plan("speculative", gamma, speedup)  # a probe: has the drafter recovered?
-        return Plan("plain", gamma, speedup)
+            return Plan("holdout", gamma, speedup, holdout_reason=reason, drafter=best)
+        for drafter in drafters:
+            state = self._arm(drafter, create=True).state(workload)
+            state.gamma = options[drafter][0]
+            state.mode = "speculative" if drafter == best and speedup >= 1.0 else "plain"
+        stale = max(drafters, key=lambda label: self._arm(label).state(workload).plain_streak)
+        due = self._arm(stale).state(workload).plain_streak + 1 >= self.probe_every
+        if due and (stale != best or speedup < 1.0):
+            return Plan("speculative", *options[stale], drafter=stale)  # a probe: is it better than thought?
+        if speedup < 1.0:
+            return Plan("plain", gamma, speedup, drafter=best)
+        measure_t1 = self._arm(best).costs.single_passes < MIN_WEIGHT
+        return Plan("speculative", gamma, speedup, measure_t1=measure_t1, drafter=best)
 
     def _request_speedup(
-        self, workload: str, step_speedup: float, prompt_tokens: int, max_new_tokens: int | None = None
+        self,
+        workload: str,
+        step_speedup: float,
+        prompt_tokens: int,
+        max_new_tokens: int | None = None,
+        drafter: str = UNNAMED,
     ) -> float:
         """A whole request's speedup: ``1 / (1 / S + D / T)``, the drafter's prefill ``D`` spread over ``T`` tokens."""
-        prefill = prompt_tokens * self.pair_costs()["prefill_per_token"]  # D, in one-token passes
-        state = self._workloads.get(workload)
+        prefill = prompt_tokens * self.pair_costs(drafter)["prefill_per_token"]  # D, in one-token passes
+        state = self._arm(drafter).workloads.get(workload)
         expected = state.output_tokens / state.weighted_requests if state and state.weighted_requests else math.inf
         tokens = min(expected, max_new_tokens or math.inf)  # T
         if prefill <= 0 or math.isinf(tokens):
             return step_speedup
         return 1.0 / (1.0 / step_speedup + prefill / max(tokens, 1.0))
 
-    def replan(self, workload: str, running: Observation) -> Plan:
+    def replan(self, workload: str, running: Observation, drafter: str = UNNAMED) -> Plan:
         """Mid-request: with what this request has measured so far, should it go on speculating, and how far?
 
         A request that finds speculation losing stops drafting for its remaining steps, so that trying
@@ -340,34 +405,47 @@ class SpeculationController:
         a one-sided 90 % upper bound of alpha (Wilson's), not at its point estimate. Draws nothing
         from the holdout generator and changes no state.
         """
-        gamma, speedup = self._best(wilson_upper(*self._alpha(workload, running)), self._costs.plus(running))
-        return Plan("speculative" if speedup >= 1.0 else "plain", gamma, speedup)  # the prefill is paid by now
+        alpha = wilson_upper(*self._alpha(workload, running, drafter))
+        gamma, speedup = self._best(alpha, self._costs_with(running, drafter))
+        mode: Mode = "speculative" if speedup >= 1.0 else "plain"  # the prefill is paid by now
+        return Plan(mode, gamma, speedup, drafter=drafter)
 
-    def calibrate(self, observation: Observation) -> None:
+    def calibrate(self, observation: Observation, drafter: str = UNNAMED) -> None:
         """Add passes timed outside any request (decoder/calibration.py) to the pair's costs; alpha is untouched."""
         if observation.accepted or observation.judged:
             raise ValueError(
                 f"a calibration measures costs, not acceptance: got accepted={observation.accepted!r}, "
                 f"judged={observation.judged!r}"
             )
-        self._costs.fold(observation, keep=1.0)
+        self._arm(drafter, create=True).costs.fold(observation, keep=1.0)
 
-    def observe(self, workload: str, observation: Observation, mode: Mode = "speculative") -> None:
-        """Fold one finished request into the sums, forgetting a share of the old ones."""
-        state = self._state(workload)
-        keep = 1.0 - self.forgetting
-        state.accepted = keep * state.accepted + observation.accepted
-        state.judged = keep * state.judged + observation.judged
-        state.output_tokens = keep * state.output_tokens + observation.output_tokens
-        state.weighted_requests = keep * state.weighted_requests + 1
-        self._costs.fold(observation, keep)
-        state.requests += 1
-        state.plain_streak = state.plain_streak + 1 if mode != "speculative" else 0
+    def observe(
+        self, workload: str, observation: Observation, mode: Mode = "speculative", drafter: str = UNNAMED
+    ) -> None:
+        """Fold one finished request into the sums, forgetting a share of the old ones.
+
+        A speculative request measured ``drafter`` and only that one; a plain or holdout request
+        measured the target alone, which every drafter's costs share.
+        """
+        serving = self._arm(drafter, create=True)
+        for arm in self._arms.values():
+            state = arm.state(workload)
+            if mode == "speculative" and arm is not serving:
+                state.plain_streak += 1
+                continue
+            keep = 1.0 - self.forgetting
+            state.accepted = keep * state.accepted + observation.accepted
+            state.judged = keep * state.judged + observation.judged
+            state.output_tokens = keep * state.output_tokens + observation.output_tokens
+            state.weighted_requests = keep * state.weighted_requests + 1
+            arm.costs.fold(observation, keep)
+            state.requests += 1
+            state.plain_streak = state.plain_streak + 1 if mode != "speculative" else 0
 
     # State
 
     def state(self) -> dict[str, Any]:
-        """Everything needed to resume: settings, the random generator, the pair's costs and each workload's sums."""
+        """Everything needed to resume: settings, the random generator, and per drafter its costs and workloads."""
         return {
             "gamma_max": self.gamma_max,
             "forgetting": self.forgetting,
@@ -376,16 +454,20 @@ class SpeculationController:
             "seed": self.seed,
             "priors": asdict(self.priors),
             "holdout_draws": self.holdout.state(),
-            "costs": asdict(self._costs),
-            "workloads": {name: asdict(state) for name, state in self._workloads.items()},
+            "arms": {
+                label: {"costs": asdict(arm.costs), "workloads": {w: asdict(s) for w, s in arm.workloads.items()}}
+                for label, arm in self._arms.items()
+            },
         }
 
     @classmethod
     def from_state(cls, data: dict[str, Any], holdout: HoldoutPolicy | None = None) -> SpeculationController:
         """The controller :meth:`state` described, with ``holdout`` instead of the saved policy if given.
 
-        A state from before costs were shared has them summed; one from before holdout targets
-        (``holdout_share`` and ``rng``) resumes its draws with a share-only policy.
+        A state from before portfolios (one drafter's ``costs`` and ``workloads``) becomes the unnamed
+        drafter, which the first drafter named later takes over; one from before costs were shared
+        has them summed; one from before holdout targets (``holdout_share`` and ``rng``) resumes its
+        draws with a share-only policy.
         """
         saved = HoldoutPolicy(**data["holdout"]) if "holdout" in data else HoldoutPolicy(data["holdout_share"])
         controller = cls(
@@ -397,23 +479,46 @@ class SpeculationController:
             priors=Priors(**data["priors"]),
         )
         controller.holdout.restore(data.get("holdout_draws") or {"rng": data["rng"], "recent": {}})
-        workloads = {name: dict(values) for name, values in data["workloads"].items()}
-        costs = data.get("costs") or _pooled_costs(workloads.values())
-        controller._costs = PairCosts(**costs)
-        controller._workloads = {name: WorkloadState(**values) for name, values in workloads.items()}
+        arms = (
+            data["arms"] if "arms" in data else {UNNAMED: {"costs": data.get("costs"), "workloads": data["workloads"]}}
+        )
+        for label, saved_arm in arms.items():
+            workloads = {name: dict(values) for name, values in saved_arm["workloads"].items()}
+            costs = saved_arm["costs"] or _pooled_costs(workloads.values())
+            controller._arms[label] = Arm(
+                PairCosts(**costs), {name: WorkloadState(**values) for name, values in workloads.items()}
+            )
         return controller
 
-    def summary(self) -> dict[str, dict[str, Any]]:
-        """Per workload: the estimates, gamma, mode and expected speedup, for logs and dashboards."""
+    def summary(self, drafter: str = UNNAMED) -> dict[str, dict[str, Any]]:
+        """Per workload with ``drafter``: the estimates, gamma, mode and expected speedup, for logs and dashboards."""
         out: dict[str, dict[str, Any]] = {}
-        for name, state in self._workloads.items():
-            gamma, speedup = self.best_gamma(name)
-            out[name] = {**self.estimates(name), "gamma": gamma, "expected_speedup": speedup,
+        for name, state in self._arm(drafter).workloads.items():
+            gamma, speedup = self.best_gamma(name, drafter=drafter)
+            out[name] = {**self.estimates(name, drafter=drafter), "gamma": gamma, "expected_speedup": speedup,
                          "mode": state.mode, "requests": state.requests}  # fmt: skip
         return out
 
-    def _state(self, workload: str) -> WorkloadState:
-        return self._workloads.setdefault(workload, WorkloadState())
+    def _arm(self, drafter: str, create: bool = False) -> Arm:
+        """The arm of ``drafter`` (kept when ``create``, else a blank one stands in for an unknown drafter).
+
+        With one arm, the unnamed drafter is that arm, and an unnamed arm (a single drafter's state
+        saved before portfolios) becomes the first drafter named.
+        """
+        arm = self._arms.get(drafter)
+        if arm is not None:
+            return arm
+        if len(self._arms) == 1:
+            ((only_label, only),) = self._arms.items()
+            if drafter == UNNAMED:
+                return only
+            if only_label == UNNAMED:
+                self._arms[drafter] = self._arms.pop(UNNAMED)
+                return only
+        arm = Arm()
+        if create:
+            self._arms[drafter] = arm
+        return arm
 
 
 def _pooled_costs(workloads: Iterable[dict[str, Any]]) -> dict[str, Any]:

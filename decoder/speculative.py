@@ -28,7 +28,7 @@ from decoder.accounting import RequestStats
 from decoder.calibration import CALIBRATION_ROUNDS, measure_pair_costs
 from decoder.controller import Observation, Plan, SpeculationController
 from decoder.cpu.row_stable import row_stable_passes
-from decoder.drafters.base import Drafter
+from decoder.drafters.base import Drafter, drafter_label
 from decoder.loading import LoadedModel
 from decoder.record import Mode, RequestRecord, validate_workload
 from decoder.sampling import SamplingParams, choose
@@ -110,7 +110,10 @@ def speculative_step(
 
 
 class SpeculativeDecoder:
-    """A target model, an optional drafter, and the loop that runs requests through them.
+    """A target model, no, one or several drafters, and the loop that runs requests through them.
+
+    With several drafters (a portfolio) the controller picks one per request; without a
+    controller, or when the caller fixes mode and gamma, the first one serves.
 
     Every finished request, failed ones included, becomes a :class:`RequestRecord` handed to
     ``sink`` (errors raised by the sink are logged, never passed to the caller). With a
@@ -123,7 +126,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: LoadedModel,
-        drafter: Drafter | None = None,
+        drafter: Drafter | Sequence[Drafter] | None = None,
         *,
         gamma: int = 4,
         sink: Sink | None = None,
@@ -134,7 +137,12 @@ class SpeculativeDecoder:
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
         self.target = target
-        self.drafter = drafter
+        self.drafters: tuple[Drafter, ...] = (
+            () if drafter is None else tuple(drafter) if isinstance(drafter, Sequence) else (drafter,)
+        )
+        self.labels = tuple(drafter_label(d) for d in self.drafters)
+        if len(set(self.labels)) < len(self.labels):
+            raise ValueError(f"each drafter must be different, got {', '.join(self.labels)}")
         self.gamma = gamma
         self.sink = sink
         self.source = source
@@ -143,33 +151,43 @@ class SpeculativeDecoder:
         self.eos_token_ids = eos_token_ids(target.model, target.tokenizer)
         self.max_positions = int(getattr(target.model.config, "max_position_embeddings", 0) or 0)
 
+    @property
+    def drafter(self) -> Drafter | None:
+        """The first drafter: the one that serves when the controller does not choose."""
+        return self.drafters[0] if self.drafters else None
+
     # Public API
 
-    def calibrate(self, rounds: int = CALIBRATION_ROUNDS) -> Observation | None:
-        """Time the pair's passes (decoder/calibration.py) and give them to the controller.
+    def calibrate(self, rounds: int = CALIBRATION_ROUNDS, only_unmeasured: bool = False) -> list[Observation]:
+        """Time each pair's passes (decoder/calibration.py) and give them to the controller.
 
-        ``None`` without a controller or a drafter. :meth:`calibrate_if_needed` is the usual entry.
+        Empty without a controller or a drafter. :meth:`calibrate_if_needed` is the usual entry.
         """
-        if self.controller is None or self.drafter is None:
-            return None
-        started = time.perf_counter()
-        observation = measure_pair_costs(self.target, self.drafter, self.controller.gamma_max, rounds)
-        self.controller.calibrate(observation)
-        logger.info(
-            "calibrated %s (%s) with %s drafts in %.1f s: %s", self.target.name, self.target.version,
-            self.drafter.name or self.drafter.kind, time.perf_counter() - started, self.controller.cost_summary(),
-        )  # fmt: skip
-        return observation
+        if self.controller is None:
+            return []
+        timed = []
+        for drafter, label in zip(self.drafters, self.labels, strict=True):
+            if only_unmeasured and not self.controller.needs_calibration_for(label):
+                continue
+            started = time.perf_counter()
+            observation = measure_pair_costs(self.target, drafter, self.controller.gamma_max, rounds)
+            self.controller.calibrate(observation, drafter=label)
+            logger.info(
+                "calibrated %s (%s) with %s drafts in %.1f s: %s", self.target.name, self.target.version,
+                label, time.perf_counter() - started, self.controller.cost_summary(label),
+            )  # fmt: skip
+            timed.append(observation)
+        return timed
 
-    def calibrate_if_needed(self) -> Observation | None:
-        """Calibrate when ``auto_calibrate`` is on and the controller has never measured the pair.
+    def calibrate_if_needed(self) -> list[Observation]:
+        """Calibrate each drafter the controller has never measured, when ``auto_calibrate`` is on.
 
         Runs by itself before the first request the controller plans; call it at start-up to keep
-        that time out of the first request. ``None`` when nothing was timed.
+        that time out of the first request. Empty when nothing was timed.
         """
-        if not self.auto_calibrate or self.controller is None or not self.controller.needs_calibration:
-            return None
-        return self.calibrate()
+        if not self.auto_calibrate:
+            return []
+        return self.calibrate(only_unmeasured=True)
 
     def generate(self, prompt: Prompt, **options: Any) -> GenerationResult:
         """Decode one request; ``options`` are those of :meth:`stream`."""
@@ -191,7 +209,9 @@ class SpeculativeDecoder:
         ``temperature`` (0 = greedy), ``top_p`` (1.0), ``top_k`` (0 = off), ``seed``, ``chat``
         (apply the chat template to a string prompt), ``stop`` (stop strings), ``mode``
         (``speculative``, ``plain`` or ``holdout``; default: the controller's choice, else
-        speculative), ``gamma`` (default: the controller's choice, else the decoder's), ``request_id``.
+        speculative), ``gamma`` (default: the controller's choice, else the decoder's), ``drafter``
+        (a label of :attr:`labels` or a kind such as ``ngram``; default: the controller's choice,
+        else the first), ``request_id``.
         """
         return self._run(prompt, [], **options)
 
@@ -212,6 +232,7 @@ class SpeculativeDecoder:
         stop: Sequence[str] = (),
         mode: Mode | None = None,
         gamma: int | None = None,
+        drafter: str | None = None,
         request_id: str | None = None,
     ) -> Iterator[str | RequestRecord]:
         validate_workload(workload)
@@ -226,14 +247,19 @@ class SpeculativeDecoder:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"target's context of {self.max_positions} tokens"
             )
+        candidates = self.labels if drafter is None else (self._label_of(drafter),)
+        label = candidates[0] if candidates else None
         measure_t1 = False
         holdout_reason = None
         replan: Replan | None = None
-        if self.controller is not None and self.drafter is not None and (mode is None or gamma is None):
+        if self.controller is not None and candidates and (mode is None or gamma is None):
             self.calibrate_if_needed()
-            plan = self.controller.plan(workload, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens)
+            plan = self.controller.plan(
+                workload, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens, drafters=candidates
+            )
+            label = plan.drafter
             if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
-                replan = partial(self.controller.replan, workload)
+                replan = partial(self.controller.replan, workload, drafter=label)
             if mode is None:
                 mode, holdout_reason = plan.mode, plan.holdout_reason
             gamma = plan.gamma if gamma is None else gamma
@@ -242,7 +268,8 @@ class SpeculativeDecoder:
         gamma = self.gamma if gamma is None else gamma
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
-        if mode == "speculative" and self.drafter is None:
+        chosen = self.drafters[self.labels.index(label)] if label is not None else None
+        if mode == "speculative" and chosen is None:
             mode = "plain"
         stats = RequestStats(gamma=gamma, mode=mode, holdout_reason=holdout_reason)
         if request_id:
@@ -252,9 +279,9 @@ class SpeculativeDecoder:
             "workload": workload,
             "target_model": self.target.name,
             "target_version": self.target.version,
-            "drafter": self.drafter.kind if self.drafter is not None else "none",
-            "draft_model": self.drafter.name if self.drafter is not None else None,
-            "draft_version": self.drafter.version if self.drafter is not None else None,
+            "drafter": chosen.kind if chosen is not None else "none",
+            "draft_model": chosen.name if chosen is not None else None,
+            "draft_version": chosen.version if chosen is not None else None,
             "temperature": float(temperature),
             "top_p": float(top_p),
             "source": self.source,
@@ -266,7 +293,7 @@ class SpeculativeDecoder:
         try:
             with torch.inference_mode():
                 steps = self._decode(
-                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, measure_t1, replan
+                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, chosen, measure_t1, replan
                 )
                 for finished in steps:
                     text = stopper.visible_text(token_ids, final=finished is not None)
@@ -280,8 +307,8 @@ class SpeculativeDecoder:
             self._hand_over(record)
             raise
         record = stats.to_record(finish_reason=finish, **identity)
-        if self.controller is not None and self.drafter is not None:
-            self.controller.observe(workload, stats.observation(), mode)
+        if self.controller is not None and label is not None:
+            self.controller.observe(workload, stats.observation(), mode, drafter=label)
         self._hand_over(record)
         yield record
 
@@ -294,11 +321,13 @@ class SpeculativeDecoder:
         stats: RequestStats,
         stopper: Stopper,
         output: list[int],
+        chosen: Drafter | None,
         measure_t1: bool = False,
         replan: Replan | None = None,
     ) -> Iterator[str | None]:
         """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end.
 
+        ``chosen``: the drafter of a speculative request.
         ``measure_t1``: the first step carries no drafts, so the controller sees a one-token pass.
         ``replan``: asked every ``REPLAN_STEPS`` steps with what the request measured so far; when it
         answers ``plain``, the remaining steps draft nothing, and a lower gamma caps this request's.
@@ -307,7 +336,7 @@ class SpeculativeDecoder:
 
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         seq = _Sequence(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=DynamicCache())
-        drafter = self.drafter if stats.mode == "speculative" else None
+        drafter = chosen if stats.mode == "speculative" else None
         first = prefill(self.target, seq, params, generator)
         seq.tokens.append(first)
         output.append(first)
@@ -355,6 +384,14 @@ class SpeculativeDecoder:
         yield "length"
 
     # Helpers
+
+    def _label_of(self, name: str) -> str:
+        """The label of the drafter a request asked for by label or by kind; ValueError naming the choices."""
+        matches = [label for label, d in zip(self.labels, self.drafters, strict=True) if name in (label, d.kind)]
+        if len(matches) != 1:
+            known = ", ".join(self.labels) or "none: the decoder has no drafter"
+            raise ValueError(f"drafter {name!r} is not one of this decoder's drafters ({known})")
+        return matches[0]
 
     def _encode(self, prompt: Prompt, chat: bool) -> tuple[list[int], str]:
         tokenizer = self.target.tokenizer

@@ -51,3 +51,12 @@ class Drafter(Protocol):
 
     def rollback(self, num_valid: int) -> None:
         """Forget anything computed beyond the first ``num_valid`` tokens of the sequence."""
+
+
+def drafter_label(drafter: Drafter) -> str:
+    """The name the controller keeps a drafter's measurements under: its kind, model and version.
+
+    A new draft version is a new label, so its costs and acceptance are learned afresh.
+    """
+    label = f"{drafter.kind}:{drafter.name}" if drafter.name else drafter.kind
+    return f"{label}@{drafter.version}" if drafter.version else label

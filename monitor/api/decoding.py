@@ -162,7 +162,7 @@ class DecodeWorker:
         except Exception:  # the worker must live on; the first request will try again and report the error
             log.exception("timing the model pair before the first request failed")
             return
-        if timed is not None and self.decoder.controller is not None and self.state_path is not None:
+        if timed and self.decoder.controller is not None and self.state_path is not None:
             save_controller(self.decoder.controller, self.state_path)
 
 

@@ -24,7 +24,7 @@ def test_controller_state_is_saved_and_resumed(tmp_path: Path, sqlite_url: str) 
             assert response.status_code == 200, response.text
             assert response.json()["record"]["mode"] in ("speculative", "plain")
     assert first.controller is not None
-    saved = json.loads((settings.data_dir / STATE_FILE).read_text())
+    (saved,) = json.loads((settings.data_dir / STATE_FILE).read_text())["arms"].values()
     assert saved["workloads"]["code"]["requests"] == 2 and saved["workloads"]["chat"]["requests"] == 1
 
     second = tiny_decoder()
@@ -54,7 +54,7 @@ def test_the_pair_is_timed_at_start_before_any_request(tmp_path: Path, sqlite_ur
         deadline = time.monotonic() + 60
         while not (settings.data_dir / STATE_FILE).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        saved = json.loads((settings.data_dir / STATE_FILE).read_text())
+        saved = json.loads((settings.data_dir / STATE_FILE).read_text())["arms"][decoder.labels[0]]
         assert not decoder.controller.needs_calibration
     assert saved["workloads"] == {}  # no request has run
     assert saved["costs"]["verify_passes"] > 0 and saved["costs"]["single_passes"] > 0

@@ -71,10 +71,14 @@ def test_the_decoder_calibrates_once_before_the_first_planned_request(
         assert result.token_ids == plain.generate(prompt, max_new_tokens=12).token_ids
     assert len(timed) == 1 and not controller.needs_calibration
 
-    # A controller that already knows the pair (restored from its saved state, say) is not calibrated again.
+    # A controller that already knows the pair (restored from its saved state, say) is not calibrated again,
     restored = SpeculationController.from_state(controller.state())
-    SpeculativeDecoder(tiny_target, NgramDrafter(), controller=restored).generate("a b c d", max_new_tokens=6)
+    again = SpeculativeDecoder(tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=restored)
+    again.generate("a b c d", max_new_tokens=6)
     assert len(timed) == 1
+    # but a drafter it has not measured is: its costs are its own.
+    SpeculativeDecoder(tiny_target, NgramDrafter(), controller=restored).generate("a b c d", max_new_tokens=6)
+    assert len(timed) == 2
 
     # Nor is one whose requests measured verification passes: a caller fixed this one's mode and gamma.
     taught = SpeculationController(seed=0)
@@ -82,7 +86,7 @@ def test_the_decoder_calibrates_once_before_the_first_planned_request(
     fixed.generate("a b a b a b", max_new_tokens=12, mode="speculative", gamma=2)
     assert not taught.needs_calibration
     fixed.generate("a b a b a b", max_new_tokens=12)
-    assert len(timed) == 1
+    assert len(timed) == 2
 
 
 def test_a_pair_known_to_lose_never_drafts(tiny_target: LoadedModel, tiny_draft: LoadedModel) -> None:
@@ -97,10 +101,10 @@ def test_a_pair_known_to_lose_never_drafts(tiny_target: LoadedModel, tiny_draft:
 
 
 def test_calibration_without_a_controller_or_drafter_is_a_no_op(tiny_target: LoadedModel) -> None:
-    assert SpeculativeDecoder(tiny_target, NgramDrafter()).calibrate() is None
+    assert SpeculativeDecoder(tiny_target, NgramDrafter()).calibrate() == []
     off = SpeculativeDecoder(tiny_target, NgramDrafter(), controller=SpeculationController(), auto_calibrate=False)
-    assert off.calibrate_if_needed() is None and off.controller is not None and off.controller.needs_calibration
-    assert SpeculativeDecoder(tiny_target, None, controller=SpeculationController()).calibrate() is None
+    assert off.calibrate_if_needed() == [] and off.controller is not None and off.controller.needs_calibration
+    assert SpeculativeDecoder(tiny_target, None, controller=SpeculationController()).calibrate() == []
 
 
 def test_a_request_times_the_drafters_prefill_apart_from_its_steps(
@@ -112,10 +116,12 @@ def test_a_request_times_the_drafters_prefill_apart_from_its_steps(
     )
     prompt_length = len(tiny_target.tokenizer.encode("a b c d e f g h"))
     record = speculative.generate("a b c d e f g h", max_new_tokens=8, mode="speculative", gamma=2).record
-    costs = controller.state()["costs"]
+    (arm,) = controller.state()["arms"].values()
+    costs = arm["costs"]
     assert costs["draft_prefill_tokens"] == prompt_length and costs["draft_prefill_ms"] > 0
     assert record.draft_ms == pytest.approx(costs["draft_prefill_ms"] + costs["draft_ms"])  # the record keeps both
-    assert controller.state()["workloads"]["default"]["output_tokens"] == record.output_tokens
+    assert arm["workloads"]["default"]["output_tokens"] == record.output_tokens
 
     speculative.generate("a b c d e f g h", max_new_tokens=8, mode="plain")  # no drafter, no prefill
-    assert controller.state()["costs"]["draft_prefill_tokens"] == pytest.approx(0.9 * prompt_length)
+    (arm,) = controller.state()["arms"].values()
+    assert arm["costs"]["draft_prefill_tokens"] == pytest.approx(0.9 * prompt_length)

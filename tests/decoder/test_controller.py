@@ -120,7 +120,7 @@ def test_a_calibrated_pair_that_cannot_pay_starts_plain() -> None:
     # Faded costs are not missing costs: no calibration mid-service (it would stall a request for seconds).
     for _ in range(60):
         cheap.observe("prose", Observation(single_passes=90, single_ms=9000))
-    assert 0 < cheap.state()["costs"]["verify_passes"] < 0.1 and not cheap.needs_calibration
+    assert 0 < cheap.state()["arms"][""]["costs"]["verify_passes"] < 0.1 and not cheap.needs_calibration
     with pytest.raises(ValueError, match="got accepted=3, judged=4"):
         cheap.calibrate(replace(pass_costs(c=0.01, v1=1.2), accepted=3, judged=4))
 
@@ -222,7 +222,7 @@ def test_a_state_saved_before_costs_were_shared_is_pooled() -> None:
         for _ in range(3):
             controller.observe(workload, sized(alpha=0.7, c=0.1, gamma=3, cost_of_pass=1.4))
     state = json.loads(json.dumps(controller.state()))
-    costs = state.pop("costs")
+    costs, state["workloads"] = state["arms"][""]["costs"], state.pop("arms")[""]["workloads"]
     share = {name: value / 2 for name, value in costs.items() if not isinstance(value, dict)}
     for values in state["workloads"].values():  # the old format: each workload held half of the sums
         values.update(share, sized_passes={k: v / 2 for k, v in costs["sized_passes"].items()},
@@ -369,7 +369,8 @@ def test_decoder_runs_an_undrafted_step_when_asked(tiny_target: LoadedModel, tin
     assert controller.plan("code").measure_t1
     assert decoder.generate("a b c d e f", max_new_tokens=12, workload="code", mode="speculative").token_ids == expected
     assert drafter.lengths[0] == prompt_length + 2  # prefill's token, then the undrafted step's token
-    assert controller.state()["costs"]["single_passes"] >= 1
+    (arm,) = controller.state()["arms"].values()  # the plan's unnamed drafter, taken over by the decoder's
+    assert arm["costs"]["single_passes"] >= 1
 
     assert not controller.plan("code").measure_t1
     drafter.lengths.clear()
