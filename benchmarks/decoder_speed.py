@@ -7,6 +7,7 @@ method are checked against plain decoding. Usage:
     python benchmarks/decoder_speed.py            # full: Qwen pair + smollm2/ngram, 5 prompts per workload
     python benchmarks/decoder_speed.py --quick    # under 5 minutes: fewer Qwen prompts
     python benchmarks/decoder_speed.py --quantization   # per weight format (none, int8, int4): speed and agreement
+    python benchmarks/decoder_speed.py --portfolio      # the Qwen target: each drafter alone and both as a portfolio
 
 The methods above run with the default weight format of this device (int4 on a CPU, see
 docs/quantization.md); ``--quantization`` writes its own section, with llama.cpp as an anchor
@@ -134,6 +135,22 @@ def qwen_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
     }
 
 
+def portfolio_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
+    """Plain, each drafter alone under its controller, and both drafters as one portfolio, on the Qwen target."""
+    target, draft = load_model("qwen-coder-1.5b"), load_model("qwen-coder-0.5b")
+    check_pair(target, draft)
+    plain = SpeculativeDecoder(target, None)
+    model = controlled_decoder(target, ModelDrafter(draft, target.vocab_size))
+    ngram = controlled_decoder(target, NgramDrafter())
+    both = controlled_decoder(target, [ModelDrafter(draft, target.vocab_size), NgramDrafter()])
+    return target, {
+        "draftwatch plain": draftwatch_method(plain, max_new_tokens, mode="plain"),
+        "model + controller": draftwatch_method(model, max_new_tokens),
+        "ngram + controller": draftwatch_method(ngram, max_new_tokens),
+        "portfolio (model, ngram) + controller": draftwatch_method(both, max_new_tokens),
+    }
+
+
 def smollm_methods(max_new_tokens: int) -> tuple[LoadedModel, dict[str, Method]]:
     target = load_model("smollm2-135m")
     ngram = controlled_decoder(target, NgramDrafter())
@@ -157,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     parser.add_argument("--quantization", action="store_true", help="the per-weight-format section instead")
     parser.add_argument(
+        "--portfolio", action="store_true", help="the drafter-portfolio section instead (Qwen target, both drafters)"
+    )
+    parser.add_argument(
         "--agreement",
         action="store_true",
         help="only next-token agreement of int8 / int4 with float, on every prompt (no timing)",
@@ -173,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         return quantization_main(args, prompts)
     if args.agreement:
         return agreement_main(args, prompts)
+    if args.portfolio:
+        return portfolio_main(args, prompts)
     sections = []
     target, methods = smollm_methods(args.max_new_tokens)
     cells = run_pair("smollm2-135m + ngram", methods, target, prompts, args.repeats)
@@ -198,6 +220,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(copy_heavy_workloads())}.\n\n" + "\n\n".join(sections)
     )
     return publish(args, "Decoder speed (benchmarks/decoder_speed.py)", body)
+
+
+def portfolio_main(args: argparse.Namespace, prompts: dict[str, list[str]]) -> int:
+    """Each workload's prompts in turn, so the controllers learn per workload as the sidecar's would."""
+    target, methods = portfolio_methods(args.max_new_tokens)
+    cells = run_pair("qwen-coder-1.5b portfolio", methods, target, prompts, args.repeats)
+    per_workload = len(next(iter(prompts.values())))
+    body = (
+        f"Greedy decoding, chat template, {args.max_new_tokens} new tokens at most, {per_workload} prompts a workload,"
+        f" {args.repeats} run(s) per prompt and method, methods interleaved per prompt; every "
+        "controller starts fresh with its pairs timed at start (the portfolio times both). The portfolio holds the "
+        "0.5B draft model and the n-gram drafter and picks one per request (decoder/controller.py).\n\n"
+        + table("qwen-coder-1.5b target: each drafter alone, and both", cells, "draftwatch plain", None)
+    )
+    return publish(args, "Drafter portfolio (benchmarks/decoder_speed.py --portfolio)", body)
 
 
 def quantization_main(args: argparse.Namespace, prompts: dict[str, list[str]]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -87,8 +88,11 @@ def decode_once(
     )  # fmt: skip
 
 
-def controlled_decoder(target: LoadedModel, drafter: Drafter) -> SpeculativeDecoder:
-    """A decoder with a fresh controller whose pair costs are timed at start, as the sidecar does, not in a request."""
+def controlled_decoder(target: LoadedModel, drafter: Drafter | Sequence[Drafter]) -> SpeculativeDecoder:
+    """A decoder with a fresh controller whose pair costs are timed at start, as the sidecar does, not in a request.
+
+    Several drafters make a portfolio: the controller picks one per request, each pair timed at start.
+    """
     decoder = SpeculativeDecoder(target, drafter, controller=SpeculationController(seed=0))
     decoder.calibrate()  # logged by decoder.speculative at INFO
     return decoder
