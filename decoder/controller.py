@@ -554,9 +554,19 @@ def wilson_upper(share: float, trials: float, z: float = 1.2816) -> float:
     >>> round(wilson_upper(0.0, 3), 2), round(wilson_upper(0.0, 8), 2), round(wilson_upper(0.5, 100), 2)
     (0.35, 0.17, 0.56)
     """
+    return wilson_interval(share, trials, z)[1]
+
+
+def wilson_interval(share: float, trials: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion (z = 1.96: two-sided 95 %); ``(0, 1)`` without trials.
+
+    >>> [round(bound, 3) for bound in wilson_interval(0.5, 100)]
+    [0.404, 0.596]
+    """
     if trials <= 0:
-        return 1.0
+        return 0.0, 1.0
     z2 = z * z
     centre = share + z2 / (2 * trials)
     spread = z * math.sqrt(share * (1 - share) / trials + z2 / (4 * trials * trials))
-    return min(1.0, (centre + spread) / (1 + z2 / trials))
+    scale = 1 + z2 / trials
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)

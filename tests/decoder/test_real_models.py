@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,25 @@ def test_cli_reports_bad_model_without_traceback(capsys: pytest.CaptureFixture[s
     assert main(["generate", "--target", "./missing.gguf", "--drafter", "ngram", "hello"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: model path './missing.gguf' does not exist")
+
+
+def test_cli_evaluate_compares_two_drafters_on_a_real_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same model as its own draft accepts everything; the n-gram drafter beside it, on the same prompts."""
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text("".join(json.dumps({"workload": "edit", "prompt": p}) + "\n" for p in PROMPTS[:2] * 2))
+    argv = ["evaluate", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--drafter", "ngram",
+            "--prompts", str(sample), "--max-new-tokens", "8", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["workload"] == "edit" and (report["learn_prompts"], report["held_out_prompts"]) == (2, 2)
+    by_kind = {c["drafter"].split(":")[0].split("@")[0]: c for c in report["candidates"]}
+    assert set(by_kind) == {"model", "ngram"}
+    assert by_kind["model"]["acceptance"] >= 0.95 and by_kind["model"]["measured_speedup"] > 0
+    assert report["recommendation"] in {"plain", *(c["drafter"] for c in report["candidates"])}
+
+
+def test_cli_evaluate_refuses_a_bad_sample_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text('{"workload": "edit", "prompt": "x"}\n{"workload": "edit"}\n')
+    assert main(["evaluate", "--target", "smollm2-135m", "--drafter", "ngram", "--prompts", str(sample)]) == 1
+    assert 'line 2: needs a non-empty "prompt"' in capsys.readouterr().err

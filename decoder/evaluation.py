@@ -1,0 +1,303 @@
+"""Validate candidate drafters on a prompt sample before they serve: ``draftwatch evaluate``.
+
+Per workload the sample is split in two, in file order:
+
+* **learn**: each candidate decodes the first half under a fresh controller of its own (its pair
+  timed first, as the sidecar does), plain decoding beside it, so that the controller measures
+  alpha and the costs on this very text; from them it predicts the request speedup and gamma;
+* **held out**: the second half decodes plain and with every candidate at its predicted gamma,
+  in turn per prompt, so that a slow drift of the machine hits every candidate alike; the
+  measured speedup is plain's decode time per token over the candidate's (decoder/record.py's
+  ``decode_ms_per_token``: the target's prompt reading is left out, the draft model's is in).
+
+The recommendation is the candidate with the best *predicted* speedup, or plain when none
+predicts at least 1; the report puts the measured figures beside it and says whether the
+recommendation is the measured best, which is how the prediction is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from decoder.controller import SpeculationController, wilson_interval
+from decoder.drafters.base import Drafter, drafter_label
+from decoder.holdout import HoldoutPolicy
+from decoder.loading import LoadedModel
+from decoder.record import Mode, RequestRecord, validate_workload
+from decoder.speculative import Prompt, SpeculativeDecoder
+
+PLAIN = "plain"
+NO_HOLDOUT = HoldoutPolicy(share=0.0, max_share=0.0, target=0)
+NEVER_PROBE = 1_000_000  # an evaluation measures each candidate on its own, so no drafter is probed
+
+
+class SampleError(ValueError):
+    """A prompt sample that cannot be evaluated; the message names the line and what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    """One prompt of the sample, with the sampling settings its workload usually runs at."""
+
+    workload: str
+    prompt: Prompt
+    chat: bool = True
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class CandidateResult:
+    """What one candidate did on one workload's held-out prompts, and what its controller predicted."""
+
+    drafter: str
+    predicted_speedup: float
+    gamma: int
+    measured_speedup: float | None = None
+    acceptance: float | None = None
+    acceptance_interval: tuple[float, float] | None = None  # Wilson, 95 %
+    mean_acceptance_length: float | None = None  # tokens per target pass, the step's own token included
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(slots=True)
+class WorkloadReport:
+    workload: str
+    learn_prompts: int
+    held_out_prompts: int
+    plain_ms_per_token: float | None
+    candidates: list[CandidateResult] = field(default_factory=list)
+    recommendation: str = PLAIN  # a drafter's label, or "plain"
+    recommended_gamma: int | None = None
+    measured_best: str = PLAIN
+
+    @property
+    def recommendation_matches(self) -> bool:
+        return self.recommendation == self.measured_best
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "recommendation_matches": self.recommendation_matches}
+
+
+def read_sample(path: Path) -> list[SampleRow]:
+    """Rows of a JSONL file: ``{"workload", "prompt" | "messages", "chat"?, "temperature"?, "top_p"?, ...}``.
+
+    ``prompt`` is a user message, wrapped in the chat template unless ``"chat": false``; ``messages``
+    is a whole chat. Raises :class:`SampleError` naming the line of the first bad row.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise SampleError(f"cannot read the prompt sample {path}: {error.strerror or error}") from None
+    rows = [_row(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if not rows:
+        raise SampleError(f"{path} holds no prompts: write one JSON object per line, e.g. "
+                          '{"workload": "code", "prompt": "Write a function that ..."}')  # fmt: skip
+    return rows
+
+
+def _row(path: Path, number: int, line: str) -> SampleRow:
+    where = f"{path}, line {number}"
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise SampleError(f"{where}: not JSON ({error.msg})") from None
+    if not isinstance(data, dict):
+        raise SampleError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    try:
+        workload = validate_workload(data.get("workload", ""))
+    except ValueError as error:
+        raise SampleError(f"{where}: {error}") from None
+    prompt: Prompt
+    if isinstance(data.get("messages"), list) and data["messages"]:
+        prompt = [{"role": str(m.get("role", "user")), "content": str(m.get("content", ""))}
+                  for m in data["messages"] if isinstance(m, dict)]  # fmt: skip
+    elif isinstance(data.get("prompt"), str) and data["prompt"].strip():
+        prompt = data["prompt"]
+    else:
+        raise SampleError(f'{where}: needs a non-empty "prompt" (text) or "messages" (a chat)')
+    numbers: dict[str, Any] = {}
+    for key, kind, low, high in (("temperature", float, 0.0, 10.0), ("top_p", float, 1e-9, 1.0),
+                                 ("max_new_tokens", int, 1, 1 << 20)):  # fmt: skip
+        if key in data:
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+                raise SampleError(f"{where}: {key} must be a number in [{low:g}, {high:g}], got {value!r}")
+            numbers[key] = kind(value)
+    return SampleRow(workload=workload, prompt=prompt, chat=bool(data.get("chat", True)), **numbers)
+
+
+def evaluate(
+    target: LoadedModel,
+    candidates: Sequence[Drafter],
+    rows: Iterable[SampleRow],
+    *,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[WorkloadReport]:
+    """Learn, predict and measure each candidate per workload (see the module's docstring)."""
+    if not candidates:
+        raise ValueError("evaluate needs at least one candidate drafter")
+    labels = [drafter_label(d) for d in candidates]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"each candidate must be different, got {', '.join(labels)}")
+    by_workload = by_workload_of(rows)
+    if short := sorted(w for w, r in by_workload.items() if len(r) < 2):
+        raise SampleError(
+            f"workloads {', '.join(short)} have fewer than 2 prompts: an evaluation learns on half of a "
+            "workload's prompts and measures on the other half; add prompts or leave the workload out"
+        )
+    plain = SpeculativeDecoder(target, None)
+    reports = []
+    for workload, workload_rows in by_workload.items():
+        learn, held_out = split(workload_rows)
+        decoders = {}
+        for drafter, label in zip(candidates, labels, strict=True):
+            controller = SpeculationController(holdout=NO_HOLDOUT, probe_every=NEVER_PROBE, seed=seed)
+            decoder = SpeculativeDecoder(target, drafter, controller=controller)
+            decoder.calibrate_if_needed()
+            for row in learn:
+                _say(progress, f"{workload}: learning {label}")
+                _decode(decoder, row, max_new_tokens, seed, mode="plain")
+                _decode(decoder, row, max_new_tokens, seed, mode="speculative")
+            decoders[label] = decoder
+        results = {}
+        for label, decoder in decoders.items():
+            assert decoder.controller is not None
+            plan = decoder.controller.plan(workload, max_new_tokens=max_new_tokens, drafters=(label,))
+            results[label] = CandidateResult(label, predicted_speedup=plan.expected_speedup, gamma=plan.gamma)
+        plain_records: list[RequestRecord] = []
+        spec_records: dict[str, list[RequestRecord]] = {label: [] for label in labels}
+        for row in held_out:
+            _say(progress, f"{workload}: measuring plain and {len(labels)} candidate(s)")
+            plain_records.append(_decode(plain, row, max_new_tokens, seed, mode="plain"))
+            for label, decoder in decoders.items():
+                record = _decode(decoder, row, max_new_tokens, seed, mode="speculative", gamma=results[label].gamma)
+                spec_records[label].append(record)
+        plain_ms = _ms_per_token(plain_records)
+        for label, result in results.items():
+            _measure(result, spec_records[label], plain_ms)
+        reports.append(_report(workload, len(learn), len(held_out), plain_ms, list(results.values())))
+    return reports
+
+
+def by_workload_of(rows: Iterable[SampleRow]) -> dict[str, list[SampleRow]]:
+    """The sample's rows per workload, in file order."""
+    grouped: dict[str, list[SampleRow]] = {}
+    for row in rows:
+        grouped.setdefault(row.workload, []).append(row)
+    return grouped
+
+
+def split(rows: Sequence[SampleRow]) -> tuple[Sequence[SampleRow], Sequence[SampleRow]]:
+    """A workload's rows as (learn, held out): the first half, rounded up, and the rest."""
+    half = math.ceil(len(rows) / 2)
+    return rows[:half], rows[half:]
+
+
+def progress_steps(rows: Iterable[SampleRow], candidates: int) -> int:
+    """How often :func:`evaluate` reports progress: per learnt prompt and candidate, and per held-out prompt."""
+    total = 0
+    for workload_rows in by_workload_of(rows).values():
+        learn, held_out = split(workload_rows)
+        total += len(learn) * candidates + len(held_out)
+    return total
+
+
+def _report(
+    workload: str, learn: int, held_out: int, plain_ms: float | None, results: list[CandidateResult]
+) -> WorkloadReport:
+    report = WorkloadReport(workload, learn, held_out, plain_ms, results)
+    best_predicted = max(results, key=lambda r: r.predicted_speedup)
+    if best_predicted.predicted_speedup >= 1.0:
+        report.recommendation, report.recommended_gamma = best_predicted.drafter, best_predicted.gamma
+    measured = [r for r in results if r.measured_speedup is not None]
+    best_measured = max(measured, key=lambda r: r.measured_speedup or 0.0, default=None)
+    if best_measured is not None and (best_measured.measured_speedup or 0.0) > 1.0:
+        report.measured_best = best_measured.drafter
+    return report
+
+
+def _measure(result: CandidateResult, records: list[RequestRecord], plain_ms: float | None) -> None:
+    ms = _ms_per_token(records)
+    result.measured_speedup = plain_ms / ms if plain_ms and ms else None
+    result.drafted = sum(r.num_draft_tokens for r in records)
+    result.accepted = sum(r.num_accepted_tokens for r in records)
+    steps = sum(r.num_spec_steps for r in records)
+    if result.drafted:
+        result.acceptance = result.accepted / result.drafted
+        result.acceptance_interval = wilson_interval(result.acceptance, result.drafted)
+    if steps:
+        result.mean_acceptance_length = (result.accepted + steps) / steps
+
+
+def _ms_per_token(records: list[RequestRecord]) -> float | None:
+    """Decode milliseconds per token after the first, pooled over the records (long answers weigh more)."""
+    timed = [(r.latency_ms - r.ttft_ms, r.output_tokens - 1) for r in records
+             if r.latency_ms is not None and r.ttft_ms is not None and r.output_tokens > 1]  # fmt: skip
+    tokens = sum(count for _, count in timed)
+    return sum(ms for ms, _ in timed) / tokens if tokens else None
+
+
+def _decode(
+    decoder: SpeculativeDecoder,
+    row: SampleRow,
+    max_new_tokens: int,
+    seed: int,
+    *,
+    mode: Mode,
+    gamma: int | None = None,
+) -> RequestRecord:
+    result = decoder.generate(
+        row.prompt,
+        workload=row.workload,
+        chat=row.chat and isinstance(row.prompt, str),
+        max_new_tokens=row.max_new_tokens or max_new_tokens,
+        temperature=row.temperature,
+        top_p=row.top_p,
+        seed=seed,
+        mode=mode,
+        gamma=gamma,
+    )
+    return result.record
+
+
+def _say(progress: Callable[[str], None] | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def format_table(reports: Sequence[WorkloadReport]) -> str:
+    """The reports as a plain-text table, one line per workload and candidate, then a verdict per workload."""
+    header = (
+        f"{'workload':<12} {'candidate':<34} {'predicted':>9} {'measured':>9} {'gamma':>5} "
+        f"{'acceptance (95% CI)':>22} {'acc.len':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for report in reports:
+        for r in report.candidates:
+            interval = (
+                f"{r.acceptance:.2f} ({r.acceptance_interval[0]:.2f}-{r.acceptance_interval[1]:.2f})"
+                if r.acceptance is not None and r.acceptance_interval
+                else "-"
+            )
+            measured = f"{r.measured_speedup:.2f}x" if r.measured_speedup is not None else "-"
+            length = f"{r.mean_acceptance_length:.2f}" if r.mean_acceptance_length is not None else "-"
+            lines.append(
+                f"{report.workload:<12} {r.drafter:<34} {r.predicted_speedup:>8.2f}x {measured:>9} {r.gamma:>5} "
+                f"{interval:>22} {length:>7}"
+            )
+        gamma = f" at gamma {report.recommended_gamma}" if report.recommended_gamma else ""
+        verdict = "matches" if report.recommendation_matches else f"the measured best is {report.measured_best}"
+        lines.append(f"{report.workload:<12} recommend: {report.recommendation}{gamma} ({verdict})")
+    matched = sum(r.recommendation_matches for r in reports)
+    lines.append(f"recommendation = measured best on {matched} of {len(reports)} workloads")
+    return "\n".join(lines)
