@@ -94,6 +94,34 @@ def length_histogram(rows: Rows) -> ChartSpec:
     )
 
 
+def bucket_acceptance(rows: Rows, buckets: Sequence[str], title: str) -> ChartSpec:
+    """Token acceptance per length bucket, reference against current (rows: window, bucket, acceptance, drafted,
+    requests)."""
+    return (
+        alt.Chart(_data(rows))
+        .mark_bar()
+        .encode(
+            x=alt.X("bucket:N", title=title, sort=list(buckets)),
+            xOffset=alt.XOffset("window:N", sort=["reference", "current"]),
+            y=alt.Y("acceptance:Q", title="acceptance (tokens)", axis=alt.Axis(format="%")),
+            color=alt.Color(
+                "window:N",
+                sort=["reference", "current"],
+                scale=alt.Scale(domain=["reference", "current"], range=[REFERENCE_COLOR, CURRENT_COLOR]),
+                legend=alt.Legend(orient="top", title=None),
+            ),
+            tooltip=[
+                alt.Tooltip("window:N"),
+                alt.Tooltip("bucket:N"),
+                alt.Tooltip("acceptance:Q", format=".1%"),
+                alt.Tooltip("drafted:Q", format=",", title="drafted tokens"),
+                alt.Tooltip("requests:Q", format=",", title="requests that drafted"),
+            ],
+        )
+        .properties(height=240)
+    )
+
+
 def percentiles_over_time(rows: Rows, regressions: Rows, unit: str) -> ChartSpec:
     """Lines per percentile (long rows: bucket, percentile, value); latency regressions shaded orange."""
     layers: list[Any] = []

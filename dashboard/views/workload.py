@@ -1,6 +1,6 @@
 """Workload: acceptance over time with drift findings and version changes, per-position acceptance,
-acceptance-length histogram (reference against current), latency percentiles with regressions
-shaded, and the what-if γ chart."""
+acceptance-length histogram, acceptance by prompt length and by output position (each reference
+against current), latency percentiles with regressions shaded, and the what-if γ chart."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import streamlit as st
 from dashboard import charts, components, data
 from dashboard.components import Filters
 from dashboard.status import MIN_REQUESTS
+from monitor.store.lengths import PROMPT_LABELS, SPAN_LABELS
+from monitor.store.types import LengthAcceptance
 
 st.title("Workload")
 WORKLOAD_KEY = "dw_workload"
@@ -100,6 +102,45 @@ def _acceptance_shape(f: Filters, workload: str) -> None:
             st.info("No verification steps in this range.")
 
 
+def _bucket_rows(name: str, buckets: list[LengthAcceptance]) -> list[dict[str, object]]:
+    return [
+        {"window": name, "bucket": b.bucket, "acceptance": b.acceptance_rate, "drafted": b.drafted,
+         "requests": b.drafting_requests}
+        for b in buckets
+        if b.acceptance_rate is not None
+    ]  # fmt: skip
+
+
+def _by_length(f: Filters, workload: str) -> None:
+    window = f.range
+    found = {
+        name: data.summaries(f.url, start, end, workload)
+        for name, (start, end) in (
+            ("reference", (window.reference.start, window.reference.end)),
+            ("current", (window.start, window.end)),
+        )
+    }
+    prompt = [row for name, s in found.items() if s for row in _bucket_rows(name, s[0].by_prompt_length)]
+    output = [row for name, s in found.items() if s for row in _bucket_rows(name, s[0].by_output_position)]
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Acceptance by prompt length")
+        if prompt:
+            st.altair_chart(charts.bucket_acceptance(prompt, PROMPT_LABELS, "prompt tokens"), width="stretch")
+        else:
+            st.info("No drafted tokens in this range.")
+    with right:
+        st.subheader("Acceptance by output position")
+        if output:
+            chart = charts.bucket_acceptance(output, SPAN_LABELS, "output position of the step")
+            st.altair_chart(chart, width="stretch")
+            st.caption("Steps counted by the output token they start at. Serving stacks do not report positions.")
+        else:
+            st.info(
+                "No request in this range reports output positions: serving stacks do not, the embedded decoder does."
+            )
+
+
 def _latency(f: Filters, workload: str) -> None:
     window = f.range
     points = data.latency_series(f.url, workload, window.start, window.end, window.step)
@@ -175,6 +216,7 @@ def body(f: Filters) -> None:
     _kpis(f, workload)
     _acceptance(f, workload)
     _acceptance_shape(f, workload)
+    _by_length(f, workload)
     _latency(f, workload)
     _what_if(f, workload)
 

@@ -116,7 +116,8 @@ def test_workload_page_figures_and_charts(app: AppFactory, seeded_store: Store) 
     assert metrics["Mean acceptance length"] == f"{s.mean_acceptance_length:.2f}"
     assert metrics["p95 ms / token"] == f"{s.ms_per_token_p95:.2f}"
     charts = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
-    assert len(charts) == 6  # acceptance, per position, length histogram, latency, TTFT, what-if γ
+    # acceptance, per position, length histogram, by prompt length, by output position, latency, TTFT, what-if γ
+    assert len(charts) == 8
     # The version change of the draft model (d1 -> d2) is marked on the acceptance chart.
     assert "draft qwen-coder-0.5b d2 (version_changed)" in json.dumps(charts[0])
     caption = next(c.value for c in at.caption if c.value.startswith("Expected speedup"))

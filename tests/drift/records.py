@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta
 
-from decoder.record import Mode, RequestRecord
+from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, output_span
 from monitor.ingest.synthetic import draw_steps
 
 
@@ -30,6 +30,7 @@ def record(
     spec = mode == "speculative"
     per_position, histogram, accepted = draw_steps(rng, steps if spec else 0, gamma if spec else 0, a)
     output = 1 + accepted + steps if spec else rng.randint(20, 60)
+    drafted_by_span, accepted_by_span = _spans(random.Random(f"spans-{seed}-{workload}-{index}"), histogram, gamma)
     ttft = rng.lognormvariate(3.5, 0.3)
     latency = ttft + ms_per_token * rng.lognormvariate(0.0, 0.25) * (output - 1)
     return RequestRecord(
@@ -51,6 +52,8 @@ def record(
         num_accepted_tokens=accepted,
         accepted_per_position=per_position,
         acceptance_histogram=histogram,
+        drafted_by_span=drafted_by_span,
+        accepted_by_span=accepted_by_span,
         ttft_ms=ttft,
         latency_ms=latency,
         draft_ms=latency * 0.15 if spec else 0.0,
@@ -60,6 +63,24 @@ def record(
         finish_reason="stop",
         source="embedded",
     )
+
+
+def _spans(rng: random.Random, histogram: list[int], gamma: int) -> tuple[list[int], list[int]]:
+    """Drafted and accepted tokens per output span, as the embedded decoder counts them.
+
+    The histogram's steps in a seeded order (a stream of its own, so the records' other draws are
+    unchanged), each drafting ``gamma`` and emitting its accepted drafts plus one token, from position 1.
+    """
+    steps = [j for j, count in enumerate(histogram) for _ in range(count)]
+    rng.shuffle(steps)
+    drafted, accepted = [0] * OUTPUT_SPANS, [0] * OUTPUT_SPANS
+    position = 1  # the first token comes from the prompt pass
+    for j in steps:
+        span = output_span(position)
+        drafted[span] += gamma
+        accepted[span] += j
+        position += j + 1
+    return drafted, accepted
 
 
 def window_stream(
