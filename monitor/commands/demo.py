@@ -19,9 +19,10 @@ def register(subparsers: Any) -> None:
         "in this terminal; starts the sidecar (embedded speculative decoder, holdout traffic, scheduler), a local "
         "webhook receiver and the dashboard on a fresh SQLite database; drives the built-in workloads "
         "through the HTTP API; midway changes one workload's prompts so that its acceptance falls; waits "
-        "for the drift test to find it and the alert to arrive; prints a summary. Default pair: "
-        "qwen-coder-1.5b with the n-gram drafter (prompt lookup; on a CPU a 0.5B draft model costs more than "
-        "it saves, so speculation would stay off).",
+        "for the drift test to find it and the alert to arrive; prints a summary. Default: qwen-coder-1.5b "
+        "with a portfolio of two drafters, the qwen-coder-0.5b draft model and the n-gram drafter (prompt lookup), "
+        "the controller choosing per request; on a CPU the n-gram drafter pays where the draft model costs more "
+        "than it saves.",
     )
     parser.add_argument("--quick", action="store_true", help="smollm2-135m with the n-gram drafter (a few minutes)")
     parser.add_argument(

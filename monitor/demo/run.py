@@ -126,13 +126,13 @@ def prepare_pair(scenario: Scenario, workdir: Path) -> str:
     decoder.controller = SpeculationController()
     decoder.calibrate()
     save_controller(decoder.controller, state)
-    return decoder.controller.cost_summary()
+    return "; ".join(f"{label}: {decoder.controller.cost_summary(label)}" for label in decoder.labels)
 
 
 def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: bool, dashboard_port: int) -> int:
     """Run the demo; returns the exit status (0 when the acceptance alert arrived)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"draftwatch demo ({scenario.name}): {scenario.target} with the {scenario.drafter} drafter; "
+    print(f"draftwatch demo ({scenario.name}): {scenario.target} with the {scenario.drafter}; "
           f"data, logs and database in {workdir}", flush=True)  # fmt: skip
     print(f"preparing {scenario.target}: fetch, convert and quantize once (minutes on the first run, "
           "seconds later), then time the pair", flush=True)  # fmt: skip

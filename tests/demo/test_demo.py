@@ -29,15 +29,18 @@ def record(mode: str, latency_ms: float | None, ttft_ms: float | None, output_to
             "num_draft_tokens": drafted, "num_accepted_tokens": drafted * 3 // 4}  # fmt: skip
 
 
-def test_the_default_demo_drafts_with_ngrams_and_its_help_says_so() -> None:
-    # A 0.5B draft model costs more than it saves on a CPU: the controller decoded plain, no acceptance to watch.
+def test_the_default_demo_serves_a_portfolio_and_its_help_says_so() -> None:
+    # The n-gram drafter pays on a CPU where the 0.5B draft costs more than it saves; the controller picks.
     for scenario in (FULL, QUICK):
         assert scenario.model_arguments[-2:] == ("--drafter", "ngram")
-    assert FULL.model_arguments[:2] == ("--target", "qwen-coder-1.5b")
+    assert FULL.model_arguments == ("--target", "qwen-coder-1.5b", "--draft", "qwen-coder-0.5b", "--drafter", "ngram")
+    assert FULL.drafter == "qwen-coder-0.5b and the ngram drafter" and QUICK.drafter == "ngram drafter"
     subcommands = next(a for a in build_parser()._actions if a.dest == "command")
     description = " ".join(subcommands.choices["demo"].description.split())  # type: ignore[union-attr]
-    assert "qwen-coder-1.5b with the n-gram drafter" in description
-    assert "0.5b" not in description
+    assert (
+        "qwen-coder-1.5b with a portfolio of two drafters, the qwen-coder-0.5b draft model and the n-gram"
+        in description
+    )
 
 
 def test_speedup_compares_decode_speed_of_holdout_with_speculative_requests() -> None:
