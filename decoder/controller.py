@@ -213,6 +213,9 @@ class SpeculationController:
         a floor share, and a per-workload target per window reached at a higher share.
     probe_every : int
         A drafter that has not speculated on a workload for this many requests speculates on the next.
+    loss_budget : float
+        How much slower than plain decoding a request's drafting steps may run, as a share of the
+        request's plain decode time, before the request stops drafting (:meth:`loss_budget_ms`).
     seed : int
         Seeds the holdout draws, so a run is reproducible.
     clock : callable
@@ -256,6 +259,7 @@ class SpeculationController:
         seed: int = 0,
         priors: Priors | None = None,
         clock: Callable[[], float] = time.time,
+        loss_budget: float = 0.05,
     ) -> None:
         if not 1 <= gamma_max <= 32:
             raise ValueError(f"gamma_max must be in 1..32, got {gamma_max!r}")
@@ -263,6 +267,9 @@ class SpeculationController:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
         if probe_every < 1:
             raise ValueError(f"probe_every must be >= 1, got {probe_every!r}")
+        if not 0 <= loss_budget < 1:
+            raise ValueError(f"loss_budget must be in [0, 1), got {loss_budget!r}")
+        self.loss_budget = loss_budget
         self.gamma_max = gamma_max
         self.forgetting = forgetting
         self.holdout = Holdout(holdout or HoldoutPolicy(), seed, clock)
@@ -378,6 +385,23 @@ class SpeculationController:
             return Plan("plain", gamma, speedup, drafter=best)
         measure_t1 = self._arm(best).costs.single_passes < MIN_WEIGHT
         return Plan("speculative", gamma, speedup, measure_t1=measure_t1, drafter=best)
+
+    def loss_budget_ms(self, workload: str, max_new_tokens: int, drafter: str = UNNAMED) -> tuple[float, float] | None:
+        """``(t1, budget)`` in ms: what a token costs plain, and how much a request's drafting may lose in all.
+
+        The cost model predicts from forward passes; what a step costs in the loop (the drafter's
+        call, the verification, cropping the caches) is measured as it runs. A request charges each
+        drafting step its time minus ``t1`` per token it emitted and stops drafting once the sum
+        passes ``loss_budget`` of the request's plain decode time (``t1`` times its expected output
+        length), so a request whose drafts mostly fail, a new workload's first one included, ends at
+        most about that much slower than plain, whatever its acceptance. ``None`` while ``t1`` is unknown.
+        """
+        t1 = self.pair_costs(drafter)["t1_ms"]
+        if math.isnan(t1) or t1 <= 0:
+            return None
+        state = self._arm(drafter).workloads.get(workload)
+        expected = state.output_tokens / state.weighted_requests if state and state.weighted_requests else math.inf
+        return t1, self.loss_budget * t1 * min(expected, max_new_tokens)
 
     def _request_speedup(
         self,

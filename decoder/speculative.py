@@ -46,6 +46,20 @@ Replan = Callable[[Observation], Plan]
 
 
 @dataclass(slots=True)
+class LossGuard:
+    """A request's running loss from drafting against plain decoding (SpeculationController.loss_budget_ms)."""
+
+    t1_ms: float  # what a token costs plain
+    budget_ms: float
+    excess_ms: float = 0.0
+
+    def charge(self, step_ms: float, emitted: int) -> bool:
+        """Add one drafting step; True once the request has lost more than its budget."""
+        self.excess_ms += step_ms - self.t1_ms * emitted
+        return self.excess_ms > self.budget_ms
+
+
+@dataclass(slots=True)
 class GenerationResult:
     text: str
     token_ids: list[int]
@@ -252,6 +266,7 @@ class SpeculativeDecoder:
         measure_t1 = False
         holdout_reason = None
         replan: Replan | None = None
+        guard: LossGuard | None = None
         if self.controller is not None and candidates and (mode is None or gamma is None):
             self.calibrate_if_needed()
             plan = self.controller.plan(
@@ -260,6 +275,8 @@ class SpeculativeDecoder:
             label = plan.drafter
             if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
                 replan = partial(self.controller.replan, workload, drafter=label)
+                budget = self.controller.loss_budget_ms(workload, max_new_tokens, drafter=label)
+                guard = LossGuard(*budget) if budget is not None else None
             if mode is None:
                 mode, holdout_reason = plan.mode, plan.holdout_reason
             gamma = plan.gamma if gamma is None else gamma
@@ -293,7 +310,17 @@ class SpeculativeDecoder:
         try:
             with torch.inference_mode():
                 steps = self._decode(
-                    prompt_ids, max_new_tokens, params, seed, stats, stopper, token_ids, chosen, measure_t1, replan
+                    prompt_ids,
+                    max_new_tokens,
+                    params,
+                    seed,
+                    stats,
+                    stopper,
+                    token_ids,
+                    chosen,
+                    measure_t1,
+                    replan,
+                    guard,
                 )
                 for finished in steps:
                     text = stopper.visible_text(token_ids, final=finished is not None)
@@ -324,6 +351,7 @@ class SpeculativeDecoder:
         chosen: Drafter | None,
         measure_t1: bool = False,
         replan: Replan | None = None,
+        guard: LossGuard | None = None,
     ) -> Iterator[str | None]:
         """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end.
 
@@ -331,6 +359,7 @@ class SpeculativeDecoder:
         ``measure_t1``: the first step carries no drafts, so the controller sees a one-token pass.
         ``replan``: asked every ``REPLAN_STEPS`` steps with what the request measured so far; when it
         answers ``plain``, the remaining steps draft nothing, and a lower gamma caps this request's.
+        ``guard``: charged after every step that drafted; once it is over budget, drafting stops.
         """
         from transformers import DynamicCache
 
@@ -369,7 +398,16 @@ class SpeculativeDecoder:
             # Never draft past max_new_tokens: the step's own token needs one slot.
             gamma = 0 if measure_t1 else min(gamma_now, max_new_tokens - len(output) - 1)
             measure_t1 = False
+            step_started = time.perf_counter()
             emitted, drafted = speculative_step(self.target, drafter, seq, gamma, params, generator, stats)
+            if (
+                guard is not None
+                and drafted
+                and guard.charge((time.perf_counter() - step_started) * 1000, len(emitted))
+            ):
+                drafter = None
+                logger.debug("speculation stopped after %d steps: %.1f ms lost to drafting", stats.num_spec_steps + 1,
+                             guard.excess_ms)  # fmt: skip
             accepted = len(emitted) - 1
             output.extend(emitted)
             keep = stopper.keep(output, len(emitted))

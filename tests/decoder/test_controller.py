@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from scipy.stats import binom
 
-from decoder import LoadedModel, ModelDrafter, SpeculativeDecoder
+from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder
 from decoder.controller import Observation, Plan, SpeculationController, expected_speedup
 from decoder.drafters.base import Proposal
 from decoder.holdout import HoldoutPolicy
@@ -397,3 +398,42 @@ def test_a_losing_request_stops_drafting_midway(tiny_target: LoadedModel, tiny_d
     fixed = decoder.generate("a b c d e f", max_new_tokens=40, workload="prose", mode="speculative", gamma=1)
     assert fixed.token_ids == expected
     assert fixed.record.num_draft_tokens > REPLAN_STEPS  # drafted to the end: the caller chose speculation
+
+
+class SlowNgramDrafter(NgramDrafter):
+    """An n-gram drafter whose proposals cost ``delay`` s more once on: dearer in the loop than when timed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = 0.0
+        self.drafting_calls = 0
+
+    def propose(self, tokens: Sequence[int], gamma: int, params: SamplingParams, generator: Any) -> Proposal:
+        proposal = super().propose(tokens, gamma, params, generator)
+        if len(proposal) and self.delay:
+            time.sleep(self.delay)
+            self.drafting_calls += 1
+        return proposal
+
+
+@pytest.mark.parametrize(("loss_budget", "most_drafting_steps"), [(0.05, 1), (0.99, None)])
+def test_a_request_stops_drafting_once_its_steps_lose_more_than_the_budget(
+    tiny_target: LoadedModel, loss_budget: float, most_drafting_steps: int | None
+) -> None:
+    """Calibration timed a cheap drafter; in the loop each drafting step costs 20 ms more than plain.
+
+    The guard charges each drafting step what it cost beyond t1 per token and stops once the loss
+    passes 5 % of the request's plain decode time: one such step is enough. With a budget near the
+    whole request, more steps draft before it stops (or the re-plan does).
+    """
+    drafter = SlowNgramDrafter()
+    controller = SpeculationController(seed=0, loss_budget=loss_budget)
+    decoder = SpeculativeDecoder(tiny_target, drafter, controller=controller)
+    decoder.calibrate()
+    drafter.delay = 0.02
+    record = decoder.generate("a b c d a b c d a b c d a b c d", max_new_tokens=32, workload="new").record
+    assert record.mode == "speculative" and record.num_draft_tokens > 0
+    if most_drafting_steps is not None:
+        assert drafter.drafting_calls == most_drafting_steps
+    else:
+        assert drafter.drafting_calls > 1
