@@ -1,7 +1,8 @@
 """``draftwatch serve``: the sidecar API on uvicorn, optionally with the embedded decoder.
 
 Without API tokens the server binds loopback only and refuses anything else, with the reason; with
-``--target`` it loads the pair (``--draft D`` or ``--drafter ngram``) before it starts listening.
+``--target`` it loads the drafters (``--draft D``, ``--drafter ngram``, or both: a portfolio the controller
+chooses from per request) before it starts listening.
 """
 
 from __future__ import annotations
