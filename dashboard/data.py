@@ -59,9 +59,14 @@ def workloads(url: str, start: datetime, end: datetime) -> list[str]:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def summaries(
-    url: str, start: datetime, end: datetime, workload: str | None = None, mode: str | None = None
+    url: str,
+    start: datetime,
+    end: datetime,
+    workload: str | None = None,
+    mode: str | None = None,
+    lengths_too: bool = True,
 ) -> list[queries.WorkloadSummary]:
-    return queries.workload_summaries(engine(url), start, end, workload=workload, mode=mode)
+    return queries.workload_summaries(engine(url), start, end, workload=workload, mode=mode, lengths_too=lengths_too)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -44,8 +44,9 @@ def body(f: Filters) -> None:
 
 def requests(f: Filters) -> None:
     window = f.range
-    shown = [s for s in data.summaries(f.url, window.start, window.end) if f.shows(s.workload)]
-    reference = data.summaries(f.url, window.reference.start, window.reference.end)
+    # Every workload over the range: the breakdowns by length are on the Workload page, not here.
+    shown = [s for s in data.summaries(f.url, window.start, window.end, lengths_too=False) if f.shows(s.workload)]
+    reference = data.summaries(f.url, window.reference.start, window.reference.end, lengths_too=False)
     settings = data.current_settings(f.url, window.start, window.end)
     # The estimate needs a per-request read: only where the measured speedup is missing.
     estimates = {

@@ -97,6 +97,14 @@ def test_breakdowns_match_the_records(engine: Engine) -> None:
     assert (chat.by_prompt_length[-1].low, chat.by_prompt_length[-1].high) == (4096, None)
 
 
+def test_a_reader_of_every_workload_can_leave_the_breakdowns_unread(engine: Engine) -> None:
+    store(engine, records())
+    full = queries.workload_summaries(engine, T0, END)
+    light = queries.workload_summaries(engine, T0, END, lengths_too=False)
+    assert all(s.by_prompt_length == s.by_output_position == [] for s in light)
+    assert [replace(s, by_prompt_length=[], by_output_position=[]) for s in full] == light
+
+
 def test_unknown_spans_are_null_not_zeros(engine: Engine) -> None:
     recs = records()
     store(engine, recs)
