@@ -3,8 +3,12 @@
 The two columns hold a record's drafted and accepted tokens per output span (NULL where the source
 does not know output positions, as serving stacks do not). Upgrade also fills ``rollup_bins``'
 prompt-length metrics (``prompt_drafting``, ``prompt_drafted``, ``prompt_accepted``) from the
-requests still stored, in the database (one grouped ``INSERT ... SELECT`` per metric), so the
-breakdown covers history as far back as the requests reach; spans cannot be recovered for old rows.
+requests still stored, in the database (grouped ``INSERT ... SELECT``), so the breakdown covers
+history as far back as the requests reach; spans cannot be recovered for old rows. On PostgreSQL
+the columns are added and committed first, and the history is filled a day at a time, each day
+its own transaction: in one transaction the ``ALTER TABLE``'s exclusive lock on ``requests`` was
+held for the whole fill, which stopped ingest for about 20 minutes on 10 million requests
+(benchmarks/store_scale.py). An interrupted fill resumes where it stopped when upgrade runs again.
 Downgrade drops the columns and every by-length bin.
 
 Revision ID: 0007
@@ -15,6 +19,7 @@ Create Date: 2026-12-03
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import sqlalchemy as sa
 from alembic import op
@@ -45,19 +50,44 @@ def _bucket() -> str:
     return f"CASE {whens} ELSE {len(PROMPT_EDGES)} END"
 
 
-def upgrade() -> None:
-    with op.batch_alter_table("requests", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("drafted_by_span", sa.JSON(), nullable=True))
-        batch_op.add_column(sa.Column("accepted_by_span", sa.JSON(), nullable=True))
-    conn = op.get_bind()
+def _fill(conn: sa.Connection, where: str = "", **bounds: object) -> None:
+    """Insert the prompt-length bins of the drafting requests that ``where`` selects (none already there)."""
     minute, bucket = MINUTE[conn.dialect.name], _bucket()
     key = "workload, target_model, drafter, COALESCE(draft_model, ''), mode"
     for metric, aggregate in PROMPT_METRICS.items():
-        conn.exec_driver_sql(
-            "INSERT INTO rollup_bins (bucket, workload, target_model, drafter, draft_model, mode, metric, bin, count) "
-            f"SELECT {minute}, {key}, '{metric}', {bucket}, {aggregate} FROM requests "
-            f"WHERE num_draft_tokens > 0 GROUP BY {minute}, {key}, {bucket}"
+        conn.execute(
+            sa.text(
+                "INSERT INTO rollup_bins (bucket, workload, target_model, drafter, draft_model, mode, metric, bin, "
+                f"count) SELECT {minute}, {key}, '{metric}', {bucket}, {aggregate} FROM requests "
+                f"WHERE num_draft_tokens > 0 {where} GROUP BY {minute}, {key}, {bucket} ON CONFLICT DO NOTHING"
+            ),
+            bounds,
         )
+
+
+def upgrade() -> None:
+    conn = op.get_bind()
+    if conn.dialect.name != "postgresql":
+        with op.batch_alter_table("requests", schema=None) as batch_op:
+            batch_op.add_column(sa.Column("drafted_by_span", sa.JSON(), nullable=True))
+            batch_op.add_column(sa.Column("accepted_by_span", sa.JSON(), nullable=True))
+        _fill(conn)
+        return
+    for column in ("drafted_by_span", "accepted_by_span"):
+        op.execute(f"ALTER TABLE requests ADD COLUMN IF NOT EXISTS {column} JSON")
+    # monitor.store.migrate hands over a connection whose transaction it commits: committing here
+    # releases the ALTER's lock, and each day's fill after it is a transaction of its own.
+    conn.commit()
+    first, last = conn.execute(
+        sa.text("SELECT min(ts_start), max(ts_start) FROM requests WHERE num_draft_tokens > 0")
+    ).one()
+    if first is None:
+        return
+    day = first.replace(hour=0, minute=0, second=0, microsecond=0)
+    while day <= last:
+        _fill(conn, "AND ts_start >= :start AND ts_start < :end", start=day, end=day + timedelta(days=1))
+        conn.commit()
+        day += timedelta(days=1)
 
 
 def downgrade() -> None:
