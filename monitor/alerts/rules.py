@@ -72,7 +72,7 @@ class Rule:
 
 DEFAULT_RULES: Final[tuple[Rule, ...]] = (
     Rule(
-        "acceptance_drop", "drift", ("acceptance", "page_hinkley"), "warning", effect_below=0.0,
+        "acceptance_drop", "drift", ("acceptance", "acceptance_by_length", "page_hinkley"), "warning", effect_below=0.0,
         summary="acceptance rate dropped",
     ),
     Rule(

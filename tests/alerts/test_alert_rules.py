@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.queries import acknowledge, list_alerts
+from monitor.alerts.rules import DEFAULT_RULES
 from monitor.alerts.silences import create_silence, expire_silence
 from monitor.notify.models import NotificationRow
 from tests.alerts.conftest import make_settings, minutes, result
@@ -106,3 +107,9 @@ def test_flapping_signal_does_not_storm(engine: Engine, tmp_path: Path) -> None:
         decision, effect = ("drift", -0.2) if i % 2 == 0 else ("no_drift", 0.0)
         evaluate_alerts(engine, quiet.alert_config, [result(decision, effect, workload="chat")], now=minutes(100 + i))
     assert not [b for b in _bodies(engine) if b["groupLabels"]["workload"] == "chat"]  # type: ignore[index]
+
+
+def test_an_acceptance_drop_within_one_prompt_length_bucket_raises_the_acceptance_alert() -> None:
+    (rule,) = [r for r in DEFAULT_RULES if r.name == "acceptance_drop"]
+    assert rule.applies("drift", "acceptance_by_length", "acceptance_rate[prompt 1024-4096]")
+    assert rule.verdict("drift", -0.15) is True and rule.verdict("drift", 0.15) is False
