@@ -58,5 +58,7 @@ def drafter_label(drafter: Drafter) -> str:
 
     A new draft version is a new label, so its costs and acceptance are learned afresh.
     """
-    label = f"{drafter.kind}:{drafter.name}" if drafter.name else drafter.kind
-    return f"{label}@{drafter.version}" if drafter.version else label
+    identity = [part for part in (drafter.name, drafter.version) if part]
+    if drafter.name and drafter.version and drafter.version.startswith(f"{drafter.name}@"):
+        identity = [drafter.version]  # a preset's version already says its name
+    return ":".join([drafter.kind, "@".join(identity)]) if identity else drafter.kind

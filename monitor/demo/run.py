@@ -132,7 +132,7 @@ def prepare_pair(scenario: Scenario, workdir: Path) -> str:
 def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: bool, dashboard_port: int) -> int:
     """Run the demo; returns the exit status (0 when the acceptance alert arrived)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"draftwatch demo ({scenario.name}): {scenario.target} with the {scenario.drafter}; "
+    print(f"draftwatch demo ({scenario.name}): {scenario.target} drafting with {scenario.drafter}; "
           f"data, logs and database in {workdir}", flush=True)  # fmt: skip
     print(f"preparing {scenario.target}: fetch, convert and quantize once (minutes on the first run, "
           "seconds later), then time the pair", flush=True)  # fmt: skip

@@ -30,7 +30,7 @@ class Scenario:
         """What drafts, in words: the n-gram drafter, a draft model's name, or both."""
         names = [value for flag, value in zip(self.drafter_arguments[::2], self.drafter_arguments[1::2], strict=True)
                  if flag in ("--draft", "--drafter")]  # fmt: skip
-        return " and the ".join(f"{name} drafter" if name == "ngram" else name for name in names)
+        return " and ".join("the n-gram drafter" if name == "ngram" else name for name in names)
 
     @property
     def model_arguments(self) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from decoder import LoadedModel, ModelDrafter, NgramDrafter
+from decoder.drafters import drafter_label
 from decoder.evaluation import (
     CandidateResult,
     SampleError,
@@ -91,7 +92,7 @@ def test_candidates_are_measured_on_the_held_out_half(tiny_target: LoadedModel, 
     assert len(said) == progress_steps(rows, len(candidates)) == 2 * 3 + 2
     assert (report.learn_prompts, report.held_out_prompts) == (2, 2)
     by_label = {result.drafter: result for result in report.candidates}
-    perfect = by_label["model:tiny-target" + (f"@{tiny_target.version}" if tiny_target.version else "")]
+    perfect = by_label[drafter_label(same)]
     assert perfect.acceptance == 1.0 and perfect.drafted > 0
     assert perfect.acceptance_interval is not None and 0.5 < perfect.acceptance_interval[0] < 1.0
     assert perfect.mean_acceptance_length is not None and perfect.mean_acceptance_length > 1.5

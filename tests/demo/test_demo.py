@@ -34,7 +34,7 @@ def test_the_default_demo_serves_a_portfolio_and_its_help_says_so() -> None:
     for scenario in (FULL, QUICK):
         assert scenario.model_arguments[-2:] == ("--drafter", "ngram")
     assert FULL.model_arguments == ("--target", "qwen-coder-1.5b", "--draft", "qwen-coder-0.5b", "--drafter", "ngram")
-    assert FULL.drafter == "qwen-coder-0.5b and the ngram drafter" and QUICK.drafter == "ngram drafter"
+    assert FULL.drafter == "qwen-coder-0.5b and the n-gram drafter" and QUICK.drafter == "the n-gram drafter"
     subcommands = next(a for a in build_parser()._actions if a.dest == "command")
     description = " ".join(subcommands.choices["demo"].description.split())  # type: ignore[union-attr]
     assert (
