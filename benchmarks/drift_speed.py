@@ -28,6 +28,10 @@ from typing import Any
 import numpy as np
 import psycopg
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.generated_rows import GENERATED_COLUMNS
 from monitor.drift.run import run_drift
 from monitor.drift.settings import DriftSettings
 from monitor.store.engine import create_engine
@@ -36,36 +40,7 @@ from monitor.store.migrate import upgrade
 START = datetime(2026, 3, 1, tzinfo=UTC)
 HEADER = "| database | windows | cache | run time (CPU of this process, load avg) | results | sampled (acceptance) |"
 DAYS = 7
-COLUMNS = [
-    "request_id",
-    "ts_start",
-    "ts_end",
-    "workload",
-    "target_model",
-    "drafter",
-    "draft_model",
-    "target_version",
-    "draft_version",
-    "mode",
-    "num_speculative_tokens",
-    "prompt_tokens",
-    "output_tokens",
-    "num_spec_steps",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-    "accepted_per_position",
-    "acceptance_histogram",
-    "ttft_ms",
-    "latency_ms",
-    "draft_ms",
-    "verify_ms",
-    "temperature",
-    "top_p",
-    "finish_reason",
-    "source",
-    "stopped_mid_step",
-    "ingested_at",
-]
+COLUMNS = GENERATED_COLUMNS
 SUMS = """count(*), sum(case when finish_reason = 'error' then 1 else 0 end), sum(prompt_tokens), sum(output_tokens),
  sum(num_spec_steps), sum(num_draft_tokens), sum(num_accepted_tokens),
  sum(case when num_draft_tokens > 0 then 1 else 0 end),

@@ -63,6 +63,7 @@ if __package__ in (None, ""):
 import numpy as np
 import psycopg
 
+from benchmarks.generated_rows import GENERATED_COLUMNS
 from monitor.store.lengths import PROMPT_EDGES
 
 TITLE = "Store at production volume (benchmarks/store_scale.py)"
@@ -78,36 +79,7 @@ KEYS = (*PAIRS, ("qwen-coder-1.5b", "none", None), ("llama-3.1-8b", "none", None
 GAMMA = 4
 HOLDOUT_SHARE = 0.05
 CHUNK_ROWS = 200_000
-REQUEST_COLUMNS = (
-    "request_id",
-    "ts_start",
-    "ts_end",
-    "workload",
-    "target_model",
-    "drafter",
-    "draft_model",
-    "target_version",
-    "draft_version",
-    "mode",
-    "num_speculative_tokens",
-    "prompt_tokens",
-    "output_tokens",
-    "num_spec_steps",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-    "accepted_per_position",
-    "acceptance_histogram",
-    "ttft_ms",
-    "latency_ms",
-    "draft_ms",
-    "verify_ms",
-    "temperature",
-    "top_p",
-    "finish_reason",
-    "source",
-    "stopped_mid_step",
-    "ingested_at",
-)
+REQUEST_COLUMNS = GENERATED_COLUMNS
 MINUTE_KEY = ("bucket", "workload", "target_model", "drafter", "draft_model", "mode")
 # monitor.store.bins' metrics in the order the codes below use; the span metrics stay empty (generated records,
 # like a serving stack's, do not know output positions).
