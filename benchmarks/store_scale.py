@@ -66,7 +66,7 @@ import psycopg
 from benchmarks.generated_rows import GENERATED_COLUMNS
 from monitor.store.lengths import PROMPT_EDGES
 
-TITLE = "Store at production volume (benchmarks/store_scale.py)"
+TITLE = "Store at production volume, {records:,} requests (benchmarks/store_scale.py)"  # one section per size
 ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 PROTECTED = frozenset({"postgres", "test", "template0", "template1"})
 PAIRS = (  # target, drafter, draft model
@@ -894,7 +894,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         from benchmarks.results import write_section
 
-        write_section(TITLE, body, ["benchmarks/store_scale.py", *(argv if argv is not None else sys.argv[1:])])
+        write_section(
+            TITLE.format(records=plan.records),
+            body,
+            ["benchmarks/store_scale.py", *(argv if argv is not None else sys.argv[1:])],
+        )
     return 0
 
 

@@ -28,7 +28,7 @@ from decoder.controller import SpeculationController, wilson_interval
 from decoder.drafters.base import Drafter, drafter_label
 from decoder.holdout import HoldoutPolicy
 from decoder.loading import LoadedModel
-from decoder.record import Mode, RequestRecord, validate_workload
+from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, validate_workload
 from decoder.speculative import Prompt, SpeculativeDecoder
 
 PLAIN = "plain"
@@ -65,6 +65,8 @@ class CandidateResult:
     mean_acceptance_length: float | None = None  # tokens per target pass, the step's own token included
     drafted: int = 0
     accepted: int = 0
+    # Acceptance of the steps starting in each output span (record.py's OUTPUT_SPAN_EDGES); None: nothing drafted.
+    by_output_position: list[float | None] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -237,6 +239,12 @@ def _measure(result: CandidateResult, records: list[RequestRecord], plain_ms: fl
         result.acceptance_interval = wilson_interval(result.acceptance, result.drafted)
     if steps:
         result.mean_acceptance_length = (result.accepted + steps) / steps
+    drafted, accepted = [0] * OUTPUT_SPANS, [0] * OUTPUT_SPANS
+    for record in records:
+        for span in range(OUTPUT_SPANS):
+            drafted[span] += (record.drafted_by_span or [0] * OUTPUT_SPANS)[span]
+            accepted[span] += (record.accepted_by_span or [0] * OUTPUT_SPANS)[span]
+    result.by_output_position = [a / d if d else None for d, a in zip(drafted, accepted, strict=True)]
 
 
 def _ms_per_token(records: list[RequestRecord]) -> float | None:
@@ -279,7 +287,7 @@ def format_table(reports: Sequence[WorkloadReport]) -> str:
     """The reports as a plain-text table, one line per workload and candidate, then a verdict per workload."""
     header = (
         f"{'workload':<12} {'candidate':<34} {'predicted':>9} {'measured':>9} {'gamma':>5} "
-        f"{'acceptance (95% CI)':>22} {'acc.len':>7}"
+        f"{'acceptance (95% CI)':>22} {'acc.len':>7} {'by position 0-32/32-128/128+':>28}"
     )
     lines = [header, "-" * len(header)]
     for report in reports:
@@ -291,9 +299,10 @@ def format_table(reports: Sequence[WorkloadReport]) -> str:
             )
             measured = f"{r.measured_speedup:.2f}x" if r.measured_speedup is not None else "-"
             length = f"{r.mean_acceptance_length:.2f}" if r.mean_acceptance_length is not None else "-"
+            positions = "/".join("-" if share is None else f"{share:.2f}" for share in r.by_output_position)
             lines.append(
                 f"{report.workload:<12} {r.drafter:<34} {r.predicted_speedup:>8.2f}x {measured:>9} {r.gamma:>5} "
-                f"{interval:>22} {length:>7}"
+                f"{interval:>22} {length:>7} {positions:>28}"
             )
         gamma = f" at gamma {report.recommended_gamma}" if report.recommended_gamma else ""
         verdict = "matches" if report.recommendation_matches else f"the measured best is {report.measured_best}"

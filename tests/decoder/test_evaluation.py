@@ -96,6 +96,7 @@ def test_candidates_are_measured_on_the_held_out_half(tiny_target: LoadedModel, 
     assert perfect.acceptance == 1.0 and perfect.drafted > 0
     assert perfect.acceptance_interval is not None and 0.5 < perfect.acceptance_interval[0] < 1.0
     assert perfect.mean_acceptance_length is not None and perfect.mean_acceptance_length > 1.5
+    assert perfect.by_output_position == [1.0, None, None]  # 12 tokens: every step starts in the first 32
     for result in report.candidates:
         assert result.measured_speedup is not None and result.measured_speedup > 0
         assert 1 <= result.gamma <= 8
