@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm.auto import tqdm
 
-from benchmarks.results import write_section
+from benchmarks.decoder_speed import publish
 from decoder import NgramDrafter, SpeculativeDecoder, load_model
 from decoder.controller import SpeculationController
 from decoder.record import RequestRecord
@@ -86,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "in turn per prompt; every controller request is on a workload it has never seen. × plain is the ratio of "
         "decode time per token after the first (target: ≤ 1.05).\n\n" + "\n".join(lines)
     )
-    print(body)
-    if not args.no_write:
-        write_section(TITLE, body)
-    return 0
+    return publish(args, TITLE, body)
 
 
 if __name__ == "__main__":

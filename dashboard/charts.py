@@ -17,6 +17,7 @@ VERSION_COLOR: Final = "#b279a2"
 REGRESSION_COLOR: Final = "#f58518"
 REFERENCE_COLOR: Final = "#8c8c8c"
 CURRENT_COLOR: Final = "#4c78a8"
+WINDOWS: Final = ("reference", "current")  # the order comparison charts show the two windows in
 
 Rows = Sequence[dict[str, Any]]
 # Altair's builder methods return loosely typed unions (Chart | FacetChart ...): charts are passed on as-is.
@@ -80,17 +81,22 @@ def length_histogram(rows: Rows) -> ChartSpec:
         .mark_bar()
         .encode(
             x=alt.X("accepted:O", title="drafts accepted in a step"),
-            xOffset=alt.XOffset("window:N", sort=["reference", "current"]),
+            xOffset=alt.XOffset("window:N", sort=list(WINDOWS)),
             y=alt.Y("share:Q", title="share of steps", axis=alt.Axis(format="%")),
-            color=alt.Color(
-                "window:N",
-                sort=["reference", "current"],
-                scale=alt.Scale(domain=["reference", "current"], range=[REFERENCE_COLOR, CURRENT_COLOR]),
-                legend=alt.Legend(orient="top", title=None),
-            ),
+            color=_window_color(),
             tooltip=[alt.Tooltip("window:N"), alt.Tooltip("accepted:O"), alt.Tooltip("share:Q", format=".1%")],
         )
         .properties(height=240)
+    )
+
+
+def _window_color() -> alt.Color:
+    """Reference and current side by side, in the two colours every comparison chart uses."""
+    return alt.Color(
+        "window:N",
+        sort=list(WINDOWS),
+        scale=alt.Scale(domain=list(WINDOWS), range=[REFERENCE_COLOR, CURRENT_COLOR]),
+        legend=alt.Legend(orient="top", title=None),
     )
 
 
@@ -102,14 +108,9 @@ def bucket_acceptance(rows: Rows, buckets: Sequence[str], title: str) -> ChartSp
         .mark_bar()
         .encode(
             x=alt.X("bucket:N", title=title, sort=list(buckets)),
-            xOffset=alt.XOffset("window:N", sort=["reference", "current"]),
+            xOffset=alt.XOffset("window:N", sort=list(WINDOWS)),
             y=alt.Y("acceptance:Q", title="acceptance (tokens)", axis=alt.Axis(format="%")),
-            color=alt.Color(
-                "window:N",
-                sort=["reference", "current"],
-                scale=alt.Scale(domain=["reference", "current"], range=[REFERENCE_COLOR, CURRENT_COLOR]),
-                legend=alt.Legend(orient="top", title=None),
-            ),
+            color=_window_color(),
             tooltip=[
                 alt.Tooltip("window:N"),
                 alt.Tooltip("bucket:N"),

@@ -285,8 +285,9 @@ def _say(progress: Callable[[str], None] | None, message: str) -> None:
 
 def format_table(reports: Sequence[WorkloadReport]) -> str:
     """The reports as a plain-text table, one line per workload and candidate, then a verdict per workload."""
+    width = max([9, *(len(r.drafter) for report in reports for r in report.candidates)])
     header = (
-        f"{'workload':<12} {'candidate':<34} {'predicted':>9} {'measured':>9} {'gamma':>5} "
+        f"{'workload':<12} {'candidate':<{width}} {'predicted':>9} {'measured':>9} {'gamma':>5} "
         f"{'acceptance (95% CI)':>22} {'acc.len':>7} {'by position 0-32/32-128/128+':>28}"
     )
     lines = [header, "-" * len(header)]
@@ -301,7 +302,7 @@ def format_table(reports: Sequence[WorkloadReport]) -> str:
             length = f"{r.mean_acceptance_length:.2f}" if r.mean_acceptance_length is not None else "-"
             positions = "/".join("-" if share is None else f"{share:.2f}" for share in r.by_output_position)
             lines.append(
-                f"{report.workload:<12} {r.drafter:<34} {r.predicted_speedup:>8.2f}x {measured:>9} {r.gamma:>5} "
+                f"{report.workload:<12} {r.drafter:<{width}} {r.predicted_speedup:>8.2f}x {measured:>9} {r.gamma:>5} "
                 f"{interval:>22} {length:>7} {positions:>28}"
             )
         gamma = f" at gamma {report.recommended_gamma}" if report.recommended_gamma else ""
