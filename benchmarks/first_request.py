@@ -26,15 +26,10 @@ from tqdm.auto import tqdm
 from benchmarks.decoder_speed import publish
 from decoder import NgramDrafter, SpeculativeDecoder, load_model
 from decoder.controller import SpeculationController
-from decoder.record import RequestRecord
+from decoder.record import RequestRecord, pooled_decode_ms_per_token
 from decoder.workloads import builtin_workloads
 
 TITLE = "A new workload's first request (benchmarks/first_request.py)"
-
-
-def pooled_ms_per_token(records: list[RequestRecord]) -> float:
-    tokens = sum(r.output_tokens - 1 for r in records)
-    return sum((r.latency_ms or 0.0) - (r.ttft_ms or 0.0) for r in records) / max(tokens, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,13 +62,13 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     records[name].append(result.record)
                     bar.update()
-    base = pooled_ms_per_token(records["plain"])
+    base = pooled_decode_ms_per_token(records["plain"]) or float("nan")
     lines = [
         "| method | decode ms/token | × plain | requests speculative | drafted | accepted | acceptance |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, found in records.items():
-        ms = pooled_ms_per_token(found)
+        ms = pooled_decode_ms_per_token(found) or float("nan")
         drafted = sum(r.num_draft_tokens for r in found)
         accepted = sum(r.num_accepted_tokens for r in found)
         speculative = sum(r.mode == "speculative" for r in found)

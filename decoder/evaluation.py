@@ -28,7 +28,7 @@ from decoder.controller import SpeculationController, wilson_interval
 from decoder.drafters.base import Drafter, drafter_label
 from decoder.holdout import HoldoutPolicy
 from decoder.loading import LoadedModel
-from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, validate_workload
+from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, pooled_decode_ms_per_token, validate_workload
 from decoder.speculative import Prompt, SpeculativeDecoder
 
 PLAIN = "plain"
@@ -184,7 +184,7 @@ def evaluate(
             for label, decoder in decoders.items():
                 record = _decode(decoder, row, max_new_tokens, seed, mode="speculative", gamma=results[label].gamma)
                 spec_records[label].append(record)
-        plain_ms = _ms_per_token(plain_records)
+        plain_ms = pooled_decode_ms_per_token(plain_records)
         for label, result in results.items():
             _measure(result, spec_records[label], plain_ms)
         reports.append(_report(workload, len(learn), len(held_out), plain_ms, list(results.values())))
@@ -229,7 +229,7 @@ def _report(
 
 
 def _measure(result: CandidateResult, records: list[RequestRecord], plain_ms: float | None) -> None:
-    ms = _ms_per_token(records)
+    ms = pooled_decode_ms_per_token(records)
     result.measured_speedup = plain_ms / ms if plain_ms and ms else None
     result.drafted = sum(r.num_draft_tokens for r in records)
     result.accepted = sum(r.num_accepted_tokens for r in records)
@@ -245,14 +245,6 @@ def _measure(result: CandidateResult, records: list[RequestRecord], plain_ms: fl
             drafted[span] += (record.drafted_by_span or [0] * OUTPUT_SPANS)[span]
             accepted[span] += (record.accepted_by_span or [0] * OUTPUT_SPANS)[span]
     result.by_output_position = [a / d if d else None for d, a in zip(drafted, accepted, strict=True)]
-
-
-def _ms_per_token(records: list[RequestRecord]) -> float | None:
-    """Decode milliseconds per token after the first, pooled over the records (long answers weigh more)."""
-    timed = [(r.latency_ms - r.ttft_ms, r.output_tokens - 1) for r in records
-             if r.latency_ms is not None and r.ttft_ms is not None and r.output_tokens > 1]  # fmt: skip
-    tokens = sum(count for _, count in timed)
-    return sum(ms for ms, _ in timed) / tokens if tokens else None
 
 
 def _decode(

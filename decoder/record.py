@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -39,6 +40,11 @@ Mode = Literal["speculative", "plain", "holdout"]
 FinishReason = Literal["stop", "length", "error"]
 
 MODES: Final = ("speculative", "plain", "holdout")
+COUNT_FIELDS: Final = (
+    "num_speculative_tokens", "prompt_tokens", "output_tokens", "num_spec_steps", "num_draft_tokens",
+    "num_accepted_tokens",
+)  # fmt: skip
+MEASURE_FIELDS: Final = ("ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p")  # None or >= 0
 FINISH_REASONS: Final = ("stop", "length", "error")
 WORKLOAD_MAX_LENGTH: Final = 64
 WORKLOAD_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$")
@@ -91,6 +97,18 @@ def decode_ms_per_token(latency_ms: float | None, ttft_ms: float | None, output_
     if latency_ms is None or ttft_ms is None or output_tokens < 2:
         return None
     return max(latency_ms - ttft_ms, 0.0) / (output_tokens - 1)
+
+
+def pooled_decode_ms_per_token(records: Iterable[RequestRecord]) -> float | None:
+    """:func:`decode_ms_per_token` pooled over requests: all their decode time over all their tokens after the first.
+
+    Long answers weigh more than in a mean of per-request figures; ``None`` when no request has both timings
+    and two tokens.
+    """
+    timed = [(r.latency_ms - r.ttft_ms, r.output_tokens - 1) for r in records
+             if r.latency_ms is not None and r.ttft_ms is not None and r.output_tokens > 1]  # fmt: skip
+    tokens = sum(count for _, count in timed)
+    return sum(ms for ms, _ in timed) / tokens if tokens else None
 
 
 def output_span(position: int) -> int:
@@ -193,18 +211,11 @@ class RequestRecord:
             )
         if self.finish_reason not in FINISH_REASONS:
             raise RecordError("finish_reason", f"{self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
-        for name in (
-            "num_speculative_tokens",
-            "prompt_tokens",
-            "output_tokens",
-            "num_spec_steps",
-            "num_draft_tokens",
-            "num_accepted_tokens",
-        ):
+        for name in COUNT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise RecordError(name, f"must be a non-negative integer, got {value!r}")
-        for name in ("ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p"):
+        for name in MEASURE_FIELDS:
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise RecordError(name, f"must be a finite non-negative number, got {value!r}")

@@ -11,19 +11,12 @@ import pytest
 
 from benchmarks import store_scale
 from benchmarks.store_scale import REQUEST_COLUMNS, Plan, generate_chunk, request_lines, rollup_lines
-from decoder.record import RequestRecord
+from decoder.record import COUNT_FIELDS, MEASURE_FIELDS, RequestRecord
 from monitor.store import rollups
 from monitor.store.rows import validate
 
-INTS = {
-    "num_speculative_tokens",
-    "prompt_tokens",
-    "output_tokens",
-    "num_spec_steps",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-}
-FLOATS = {"ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p"}
+INTS = set(COUNT_FIELDS)
+FLOATS = set(MEASURE_FIELDS)
 
 
 def _time(text: str) -> datetime:
