@@ -124,3 +124,17 @@ def test_rowwise_attention_runs_each_row_through_the_fused_kernel() -> None:
     for i in range(3):
         alone = kernels.attend_one_row(query[:, :, i : i + 1], key[:, :, : 8 + i], value[:, :, : 8 + i], None, 0.5)
         assert torch.equal(block[:, i : i + 1], alone), i
+
+
+def test_a_prompt_attends_causally_with_grouped_queries() -> None:
+    # A prefill (no cache) is one fused call: row i sees keys 0..i only, query head h reads key head
+    # h // (H / H_kv), as the float32 reference computes it row by row.
+    generator = torch.Generator().manual_seed(11)
+    query = torch.randn(1, 6, 9, 32, generator=generator).to(torch.bfloat16)  # (B, H, 9 prompt rows, d)
+    key = torch.randn(1, 2, 9, 32, generator=generator).to(torch.bfloat16)
+    value = torch.randn(1, 2, 9, 32, generator=generator).to(torch.bfloat16)
+    got, _ = rowwise_attention(torch.nn.Module(), query, key, value, None, 0.3)  # (B, 9, H, d)
+    assert got.shape == (1, 9, 6, 32) and got.dtype == torch.bfloat16
+    for i in range(9):
+        want = reference_attention(query[:, :, i : i + 1], key[:, :, : i + 1], value[:, :, : i + 1], None, 0.3)
+        assert torch.allclose(got[:, i : i + 1].float(), want, atol=2e-2, rtol=0), i

@@ -97,6 +97,35 @@ def test_int4_kernel_against_reference_and_row_independent(
 
 
 @needs_kernel
+@pytest.mark.parametrize(
+    ("out_features", "in_features", "group_size"), [(200, 576, 32), (136, 1536, 32), (72, 256, 64)]
+)
+def test_int4_kernel_over_a_prompt_gives_each_row_what_a_one_row_pass_gives(
+    out_features: int, in_features: int, group_size: int
+) -> None:
+    """Many rows (a prefill) run in column chunks, on the AVX-512 form where the CPU has it: each
+    output is still bit for bit that of the row alone and of the AVX2 form. The shapes cover a
+    partial last chunk (200 columns), an unpaired last block of 64 weights (576) and G = 64."""
+    kernels = cpu_kernels()
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(in_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=True).requires_grad_(False)
+    linear.weight.copy_(torch.randn(out_features, in_features, generator=generator) * 0.05)
+    linear.bias.copy_(torch.randn(out_features, generator=generator))
+    layer = Int4Linear.from_float(linear.to(torch.bfloat16), group_size)
+    x = torch.randn(37, in_features, generator=generator).to(torch.bfloat16)  # (rows, in)
+    got = layer(x)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(37)])
+    assert torch.equal(got, alone)
+    args = (layer.packed, layer.scales_and_zeros, group_size, layer.bias)
+    assert torch.equal(kernels.int4_linear(x, *args, isa="avx2"), got)
+    want = x.float() @ int4_dequantized(linear.weight, group_size).T + linear.bias.float()
+    assert float((got.float() - want).norm() / want.norm()) <= 5e-3  # bfloat16 output
+    with pytest.raises(RuntimeError, match="isa must be auto or avx2"):
+        kernels.int4_linear(x, *args, isa="neon")
+
+
+@needs_kernel
 def test_int4_kernel_in_bfloat16_matches_its_float32_path_bit_for_bit() -> None:
     # A bfloat16 model stores its scales and zeros in bfloat16 and gets bfloat16 rows back with the
     # bias added in the kernel: the same arithmetic as float32 storage and output, rounded once.

@@ -42,6 +42,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -53,6 +54,13 @@ using draftwatch::hsum;
 using draftwatch::load8;
 
 constexpr int64_t kRowBlock = 4;  // rows sharing one conversion of the weights
+constexpr int64_t kParallelRows = 64;  // fewer activation rows than this are converted on one thread
+
+// With more rows than one block (a prompt's prefill), the columns are taken in chunks of this many,
+// and every block of rows passes over a chunk while its weights are in L2 (64 columns of a
+// 1536 x 8960 int4 layer: 280 kB). Column by column instead, each column read every row of the
+// prompt again (3 MB of int16 for 1,000 rows of 1536), from L3 at best.
+constexpr int64_t kColumnChunk = 64;
 
 // How many weight rows ahead to fetch, into L2: into L1 they pushed out the activations of wide
 // rows (an 1536 x 8960 layer ran 1.3x slower with _MM_HINT_T0).
@@ -93,6 +101,26 @@ inline void int8_column(const int16_t* xq, const float* row_scales, const int8_t
     for (int r = 0; r < R; ++r) total[r] = _mm256_add_ps(total[r], _mm256_cvtepi32_ps(_mm256_add_epi32(dot[r][0], dot[r][1])));
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(total[r]) * row_scales[r] * scale;
+}
+
+// out[r] for rows [0, R) of one column from their scaled group sums (two accumulators a row) and
+// the zero term: a dot product of the group offsets with each row's exact group sums of xq.
+template <int R, typename T>
+inline void int4_finish(const __m256* total, const __m256* total_odd, const float* xqsum, const float* row_scales,
+                        const float* scales, const T* zeros, float* out, int64_t groups) {
+  // offset = zero - 8 * scale, so that w = q * scale + offset (8 * scale is exact).
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  for (int r = 0; r < R; ++r) {
+    __m256 zero_term = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+      const __m256 offsets = _mm256_sub_ps(load8(zeros + g), _mm256_mul_ps(eight, _mm256_loadu_ps(scales + g)));
+      zero_term = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(xqsum + r * groups + g), zero_term);
+    }
+    float tail = 0.0f;
+    for (; g < groups; ++g) tail += (static_cast<float>(zeros[g]) - 8.0f * scales[g]) * xqsum[r * groups + g];
+    out[r] = (hsum(_mm256_add_ps(total[r], total_odd[r])) + (hsum(zero_term) + tail)) * row_scales[r];
+  }
 }
 
 // Rows [m0, m0 + R) of column n, int4 weights in groups of G (32 or a multiple of 64),
@@ -169,19 +197,82 @@ inline void int4_column(const int16_t* xq, const float* xqsum, const float* row_
       }
     }
   }
-  // offset = zero - 8 * scale, so that w = q * scale + offset (8 * scale is exact).
-  const __m256 eight = _mm256_set1_ps(8.0f);
-  for (int r = 0; r < R; ++r) {
-    __m256 zero_term = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 8 <= groups; g += 8) {
-      const __m256 offsets = _mm256_sub_ps(load8(zeros + g), _mm256_mul_ps(eight, _mm256_loadu_ps(scales + g)));
-      zero_term = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(xqsum + r * groups + g), zero_term);
+  int4_finish<R>(total, total_odd, xqsum, row_scales, scales, zeros, out, groups);
+}
+
+// The AVX-512 VNNI form of int4_column at G = 32, for CPUs that have it, over columns [n0, n1):
+// one 512-bit load holds two blocks' weights, vpdpwssd multiplies and adds into the integer sums
+// in one instruction instead of two, and one FMA scales both blocks, the first block's lanes into
+// the low half of acc (int4_column's `total`), the second's into the high half (`total_odd`). The
+// integer sums are exact either way, and each float lane sees the same FMAs in the same order as
+// int4_column's, so both forms give every output bit for bit the same (tests/decoder/test_kernels.py
+// checks it); xq is in Order::kInt4Pairs. Used only with more rows than a block, where the
+// arithmetic, not the memory, bounds the pass.
+#define DRAFTWATCH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+
+template <int R, typename T, typename O>
+DRAFTWATCH_AVX512 void int4_chunk_vnni(const int16_t* xq, const float* xqsum, const float* row_scales,
+                                       const uint8_t* Q, const T* SZ, const float* const* chunk_scales,
+                                       const O* bias, O* Y, int64_t n0, int64_t n1, int64_t K, int64_t N) {
+  const int64_t groups = K / 32, blocks = K / 64, pairs = blocks / 2;
+  const __m512i nibble = _mm512_set1_epi16(0x000F);
+  const __m256i nibble8 = _mm256_set1_epi16(0x000F);
+  // lane i of a pair's scales: group i / 4 of its four (4 lanes of each block's sums per group)
+  const __m512i scale_index = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  float out[R];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* q = Q + n * (K / 2);
+    const float* scales = chunk_scales[n - n0];
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const __m512i v = _mm512_loadu_si512(q + p * 64);
+      const __m512i w0 = _mm512_and_si512(v, nibble);
+      const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), nibble);
+      const __m512i w3 = _mm512_srli_epi16(v, 12);
+      const __m512 pair_scales = _mm512_permutexvar_ps(scale_index, _mm512_castps128_ps512(_mm_loadu_ps(scales + 4 * p)));
+      for (int r = 0; r < R; ++r) {
+        const int16_t* xr = xq + r * K + p * 128;
+        __m512i sum = _mm512_madd_epi16(w0, _mm512_loadu_si512(xr));
+        sum = _mm512_dpwssd_epi32(sum, w1, _mm512_loadu_si512(xr + 32));
+        sum = _mm512_dpwssd_epi32(sum, w2, _mm512_loadu_si512(xr + 64));
+        sum = _mm512_dpwssd_epi32(sum, w3, _mm512_loadu_si512(xr + 96));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), pair_scales, acc[r]);
+      }
     }
-    float tail = 0.0f;
-    for (; g < groups; ++g) tail += (static_cast<float>(zeros[g]) - 8.0f * scales[g]) * xqsum[r * groups + g];
-    out[r] = (hsum(_mm256_add_ps(total[r], total_odd[r])) + (hsum(zero_term) + tail)) * row_scales[r];
+    __m256 total[R], total_odd[R];
+    for (int r = 0; r < R; ++r) {
+      total[r] = _mm512_castps512_ps256(acc[r]);
+      total_odd[r] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1));
+    }
+    if (blocks % 2 != 0) {  // the last, unpaired block goes to `total`, as in int4_column
+      const int64_t b = blocks - 1, k = b * 64;
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k / 2));
+      const __m256i w0 = _mm256_and_si256(v, nibble8);
+      const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble8);
+      const __m256i w2 = _mm256_and_si256(_mm256_srli_epi16(v, 8), nibble8);
+      const __m256i w3 = _mm256_srli_epi16(v, 12);
+      const __m256 even = _mm256_set_m128(_mm_broadcast_ss(scales + 2 * b + 1), _mm_broadcast_ss(scales + 2 * b));
+      for (int r = 0; r < R; ++r) {
+        const __m256i* xr = reinterpret_cast<const __m256i*>(xq + r * K + k);
+        __m256i sum = _mm256_madd_epi16(w0, _mm256_loadu_si256(xr));
+        sum = _mm256_dpwssd_epi32(sum, w1, _mm256_loadu_si256(xr + 1));
+        sum = _mm256_dpwssd_epi32(sum, w2, _mm256_loadu_si256(xr + 2));
+        sum = _mm256_dpwssd_epi32(sum, w3, _mm256_loadu_si256(xr + 3));
+        total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), even, total[r]);
+      }
+    }
+    int4_finish<R>(total, total_odd, xqsum, row_scales, scales, SZ + n * 2 * groups + groups, out, groups);
+    const float add = bias != nullptr ? static_cast<float>(bias[n]) : 0.0f;
+    for (int r = 0; r < R; ++r) Y[r * N + n] = static_cast<O>(out[r] + add);
   }
+}
+
+bool cpu_has_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return has;
 }
 
 // Row n's group scales as float32: the stored ones, or a conversion of bfloat16 ones into buffer.
@@ -212,12 +303,26 @@ inline void in_row_blocks(int64_t M, Column&& column) {
 // xq lines up with the int4 words: the runs of 8 of the block's two halves alternate.
 constexpr int64_t int4_position(int64_t i) { return i < 32 ? i * 2 : (i - 32) * 2 + 8; }
 
+// The order of a row of int16 activations: x's own, the int4 words' (int4_position in each block),
+// or the AVX-512 path's, which reads two blocks in one 512-bit vector: in each pair of blocks the
+// 16-value runs of the two blocks alternate, so that run j of both blocks is one load (a last,
+// unpaired block keeps the int4 order).
+enum class Order { kPlain, kInt4, kInt4Pairs };
+
+// Where the activation of weight k (a multiple of 8) of a row of K goes, in order.
+inline int64_t row_position(int64_t k, int64_t K, Order order) {
+  if (order == Order::kPlain) return k;
+  const int64_t block = k / 64, within = int4_position(k % 64);
+  const int64_t paired = (K / 64) / 2 * 2;  // blocks that have a partner
+  if (order == Order::kInt4 || block >= paired) return block * 64 + within;
+  return block / 2 * 128 + within / 16 * 32 + block % 2 * 16 + within % 16;
+}
+
 // One row of activations as int16 with one scale (max |x| -> 32767, returned), and its group
-// sums (exact integers) into xqsum when given; in int4's order when int4_order, else in x's.
-// Per row, in a fixed order, so nothing depends on M. The rounding is the CPU's default (to
-// nearest, ties to even), lrintf's.
+// sums (exact integers) into xqsum when given, in the given order. Per row, in a fixed order, so
+// nothing depends on M. The rounding is the CPU's default (to nearest, ties to even), lrintf's.
 template <typename T>
-float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum, bool int4_order) {
+float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum, Order order) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 largest8 = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) largest8 = _mm256_max_ps(largest8, _mm256_and_ps(load8(x + k), magnitude));
@@ -234,10 +339,9 @@ float int16_row(const T* x, int64_t K, int64_t G, int16_t* xq, float* xqsum, boo
       sum = _mm256_add_epi32(sum, _mm256_add_epi32(low, high));
       // packs interleaves 128-bit lanes; the permute puts the 16 values back in order
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xD8);
-      if (int4_order) {
-        int16_t* block = xq + k - k % 64;
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(block + int4_position(k % 64)), _mm256_castsi256_si128(packed));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(block + int4_position(k % 64 + 8)),
+      if (order != Order::kPlain) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + row_position(k, K, order)), _mm256_castsi256_si128(packed));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + row_position(k + 8, K, order)),
                          _mm256_extracti128_si256(packed, 1));
       } else {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k), packed);
@@ -261,8 +365,10 @@ struct Int16Rows {
   torch::ScalarType dtype;      // x's dtype: what the kernels return
 };
 
-// x (M, K): bfloat16 rows are read as they are, other dtypes through float32.
-Int16Rows int16_rows(const torch::Tensor& x, int64_t G, bool for_int4) {
+// x (M, K): bfloat16 rows are read as they are, other dtypes through float32. Rows are independent,
+// so many of them (a prompt) are shared out between the threads.
+Int16Rows int16_rows(const torch::Tensor& x, int64_t G, Order order) {
+  const bool for_int4 = order != Order::kPlain;
   TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
   const torch::Tensor xf = bf16 ? x.contiguous() : x.to(torch::kFloat).contiguous();
@@ -271,12 +377,14 @@ Int16Rows int16_rows(const torch::Tensor& x, int64_t G, bool for_int4) {
   Int16Rows rows{torch::empty({M, K}, options.dtype(torch::kShort)),
                  for_int4 ? torch::empty({M, K / G}, options) : torch::Tensor(), std::vector<float>(M),
                  x.scalar_type()};
-  for (int64_t m = 0; m < M; ++m) {
-    int16_t* xq_m = rows.xq.data_ptr<int16_t>() + m * K;
-    float* xqsum_m = for_int4 ? rows.xqsum.data_ptr<float>() + m * (K / G) : nullptr;
-    rows.scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, G, xq_m, xqsum_m, for_int4)
-                         : int16_row(xf.data_ptr<float>() + m * K, K, G, xq_m, xqsum_m, for_int4);
-  }
+  at::parallel_for(0, M, kParallelRows, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      int16_t* xq_m = rows.xq.data_ptr<int16_t>() + m * K;
+      float* xqsum_m = for_int4 ? rows.xqsum.data_ptr<float>() + m * (K / G) : nullptr;
+      rows.scale[m] = bf16 ? int16_row(xf.data_ptr<c10::BFloat16>() + m * K, K, G, xq_m, xqsum_m, order)
+                           : int16_row(xf.data_ptr<float>() + m * K, K, G, xq_m, xqsum_m, order);
+    }
+  });
   return rows;
 }
 
@@ -328,38 +436,66 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   TORCH_CHECK(q.scalar_type() == torch::kChar && q.is_contiguous() && q.size(1) == K, "q must be (N, K) int8");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat && scales.numel() == N, "scales must be (N,) float32");
   TORCH_CHECK(K % 32 == 0, "in_features must be a multiple of 32, got ", K);
-  const Int16Rows xr = int16_rows(x, K, false);
+  const Int16Rows xr = int16_rows(x, K, Order::kPlain);
   const int8_t* Q = q.data_ptr<int8_t>();
   const float* S = scales.data_ptr<float>();
   return linear_output(xr, N, bias, [&](auto b, auto y) { int8_columns(xr, Q, S, b, y, M, K, N); });
 }
 
 // Columns of y (M, N) for int4 weights with scales and zeros stored as T (float or bfloat16), plus
-// the bias when given, rounded once into O (float or bfloat16, the activations' dtype).
+// the bias when given, rounded once into O (float or bfloat16, the activations' dtype). A pass of
+// one block of rows (a decode step) streams each column's weights once, prefetched ahead; more rows
+// run in column chunks (kColumnChunk), on the AVX-512 form when vnni. Every output is computed the
+// same way in all three.
 template <typename T, typename O>
 void int4_columns(const int16_t* XQ, const float* XS, const float* RS, const uint8_t* Q, const T* SZ, const O* bias,
-                  O* Y, int64_t M, int64_t K, int64_t G, int64_t N) {
+                  O* Y, int64_t M, int64_t K, int64_t G, int64_t N, bool vnni) {
   const int64_t groups = K / G;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    std::vector<float> buffer(groups);
-    float out[kRowBlock];
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* qn = Q + n * (K / 2);
-      const T* szn = SZ + n * 2 * groups;  // (2, groups): scales, then zeros
-      if (n + kPrefetchRows < n1) {  // the hardware prefetcher alone left DRAM half idle (8.8 of about 30 GB/s)
-        prefetch_bytes(qn + kPrefetchRows * (K / 2), K / 2);
-        prefetch_bytes(szn + kPrefetchRows * 2 * groups, 2 * groups * sizeof(T));
+  const auto column = [&](auto rows, int64_t m, int64_t n, const float* scales, float* out) {
+    constexpr int R = decltype(rows)::value;
+    const uint8_t* qn = Q + n * (K / 2);
+    const T* zeros = SZ + n * 2 * groups + groups;
+    if (G == 32) {
+      int4_column<R, true>(XQ + m * K, XS + m * groups, RS + m, qn, scales, zeros, out, K, G);
+    } else {
+      int4_column<R, false>(XQ + m * K, XS + m * groups, RS + m, qn, scales, zeros, out, K, G);
+    }
+    const float add = bias != nullptr ? static_cast<float>(bias[n]) : 0.0f;
+    for (int r = 0; r < R; ++r) Y[(m + r) * N + n] = static_cast<O>(out[r] + add);
+  };
+  if (M <= kRowBlock) {
+    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+      std::vector<float> buffer(groups);
+      float out[kRowBlock];
+      for (int64_t n = n0; n < n1; ++n) {
+        const T* szn = SZ + n * 2 * groups;  // (2, groups): scales, then zeros
+        if (n + kPrefetchRows < n1) {  // the hardware prefetcher alone left DRAM half idle (8.8 of about 30 GB/s)
+          prefetch_bytes(Q + (n + kPrefetchRows) * (K / 2), K / 2);
+          prefetch_bytes(szn + kPrefetchRows * 2 * groups, 2 * groups * sizeof(T));
+        }
+        const float* scales = float_scales(szn, groups, buffer.data());
+        in_row_blocks(M, [&](auto rows, int64_t m) { column(rows, m, n, scales, out); });
       }
-      const float* scales = float_scales(szn, groups, buffer.data());
-      const float add = bias != nullptr ? static_cast<float>(bias[n]) : 0.0f;
+    });
+    return;
+  }
+  at::parallel_for(0, N, kColumnChunk, [&](int64_t n0, int64_t n1) {
+    std::vector<float> buffer(kColumnChunk * groups);
+    std::vector<const float*> chunk_scales(kColumnChunk);
+    float out[kRowBlock];
+    for (int64_t c0 = n0; c0 < n1; c0 += kColumnChunk) {
+      const int64_t c1 = std::min(n1, c0 + kColumnChunk);
+      for (int64_t n = c0; n < c1; ++n) {
+        chunk_scales[n - c0] = float_scales(SZ + n * 2 * groups, groups, buffer.data() + (n - c0) * groups);
+      }
       in_row_blocks(M, [&](auto rows, int64_t m) {
         constexpr int R = decltype(rows)::value;
-        if (G == 32) {
-          int4_column<R, true>(XQ + m * K, XS + m * groups, RS + m, qn, scales, szn + groups, out, K, G);
-        } else {
-          int4_column<R, false>(XQ + m * K, XS + m * groups, RS + m, qn, scales, szn + groups, out, K, G);
+        if (vnni) {
+          int4_chunk_vnni<R>(XQ + m * K, XS + m * groups, RS + m, Q, SZ, chunk_scales.data(), bias, Y + m * N, c0, c1,
+                             K, N);
+          return;
         }
-        for (int r = 0; r < R; ++r) Y[(m + r) * N + n] = static_cast<O>(out[r] + add);
+        for (int64_t n = c0; n < c1; ++n) column(rows, m, n, chunk_scales[n - c0], out);
       });
     }
   });
@@ -367,8 +503,11 @@ void int4_columns(const int16_t* XQ, const float* XS, const float* RS, const uin
 
 // y (M, N) = x (M, K) @ W^T + bias, in x's dtype: bfloat16 rows are read and written as they are,
 // other dtypes go through float32.
+// isa "auto" takes the AVX-512 form where the CPU has it and it applies (G = 32, more rows than a
+// block); "avx2" never does (the tests compare the two).
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& sz, int64_t G,
-                          const std::optional<torch::Tensor>& bias) {
+                          const std::optional<torch::Tensor>& bias, const std::string& isa) {
+  TORCH_CHECK(isa == "auto" || isa == "avx2", "isa must be auto or avx2, got ", isa);
   TORCH_CHECK(x.dim() == 2, "x must be (rows, in_features), got ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
   TORCH_CHECK((G == 32 || G % 64 == 0) && K % G == 0 && K % 64 == 0,
@@ -377,16 +516,18 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   TORCH_CHECK((sz.scalar_type() == torch::kFloat || sz.scalar_type() == torch::kBFloat16) && sz.is_contiguous() &&
                   sz.numel() == N * 2 * (K / G),
               "sz must be (N, 2, K/G) float32 or bfloat16 (scales, then zeros)");
-  const Int16Rows xr = int16_rows(x, G, true);  // group sums exact: |sum| <= 32767 * 256 < 2^24
+  const bool vnni = isa == "auto" && G == 32 && M > kRowBlock && cpu_has_vnni();
+  // group sums exact: |sum| <= 32767 * 256 < 2^24
+  const Int16Rows xr = int16_rows(x, G, vnni ? Order::kInt4Pairs : Order::kInt4);
   const int16_t* XQ = xr.xq.data_ptr<int16_t>();
   const float* XS = xr.xqsum.data_ptr<float>();
   const float* RS = xr.scale.data();
   const uint8_t* Q = q.data_ptr<uint8_t>();
   return linear_output(xr, N, bias, [&](auto b, auto y) {
     if (sz.scalar_type() == torch::kBFloat16) {
-      int4_columns(XQ, XS, RS, Q, sz.data_ptr<c10::BFloat16>(), b, y, M, K, G, N);
+      int4_columns(XQ, XS, RS, Q, sz.data_ptr<c10::BFloat16>(), b, y, M, K, G, N, vnni);
     } else {
-      int4_columns(XQ, XS, RS, Q, sz.data_ptr<float>(), b, y, M, K, G, N);
+      int4_columns(XQ, XS, RS, Q, sz.data_ptr<float>(), b, y, M, K, G, N, vnni);
     }
   });
 }
@@ -399,7 +540,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "y (M, N) = x (M, K) @ (q * scales)^T + bias in x's dtype", py::arg("x"),
         py::arg("q"), py::arg("scales"), py::arg("bias") = py::none());
   m.def("int4_linear", &int4_linear, "y (M, N) = x (M, K) @ W^T + bias in x's dtype, W int4 in groups (draftwatch layout)",
-        py::arg("x"), py::arg("q"), py::arg("sz"), py::arg("group_size"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("q"), py::arg("sz"), py::arg("group_size"), py::arg("bias") = py::none(),
+        py::arg("isa") = "auto");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension, as transformers' Qwen2 / Llama compute it");
   m.def("attend_one_row", &attend_one_row, "attention of one query row (B, H, 1, d) over its cache -> (B, 1, H, d)");
 }
