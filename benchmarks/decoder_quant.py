@@ -40,8 +40,9 @@ def decoder_method(decoder: SpeculativeDecoder, max_new_tokens: int, mode: Mode 
 def llamacpp_method(server: LlamaServer, target: LoadedModel, max_new_tokens: int) -> Method:
     def run(prompt: str, workload: str) -> Outcome:
         text = target.tokenizer.decode(chat_prompt_ids(target, prompt))
-        tokens, seconds, prompt_seconds, drafted, accepted = server.complete(text, max_new_tokens)
-        return Outcome(seconds, tokens, accepted, drafted, 0, 0, "speculative" if drafted else "plain", prompt_seconds)
+        done = server.complete(text, max_new_tokens)
+        mode = "speculative" if done.drafted else "plain"
+        return Outcome(done.seconds, done.tokens, done.accepted, done.drafted, 0, 0, mode, done.prompt_seconds)
 
     return run
 

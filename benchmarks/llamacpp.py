@@ -13,8 +13,21 @@ import shutil
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One greedy completion as llama-server reports it."""
+
+    tokens: list[int]
+    seconds: float  # wall-clock around the request
+    prompt_seconds: float  # the server's own prompt processing time
+    prompt_tokens: int
+    drafted: int
+    accepted: int
 
 
 def server_binary() -> tuple[str | None, str]:
@@ -31,14 +44,16 @@ def server_binary() -> tuple[str | None, str]:
 class LlamaServer:
     """A llama-server process on a free local port, with the draft model when given."""
 
-    def __init__(self, binary: str, model: Path, draft: Path | None, threads: int | None = None) -> None:
+    def __init__(
+        self, binary: str, model: Path, draft: Path | None, threads: int | None = None, context: int = 4096
+    ) -> None:
         import httpx
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = int(probe.getsockname()[1])
         command = [binary, "-m", str(model), "--port", str(self.port), "--host", "127.0.0.1",
-                   "-t", str(threads or os.cpu_count() or 1), "-c", "4096"]  # fmt: skip
+                   "-t", str(threads or os.cpu_count() or 1), "-c", str(context)]  # fmt: skip
         if draft is not None:
             # -md alone loads the draft but does not speculate (build 11434): the type turns it on; the
             # server's own draft length (--spec-draft-n-max, default 3) is kept.
@@ -58,8 +73,8 @@ class LlamaServer:
         self.close()
         raise RuntimeError("llama-server did not become healthy within 300 s")
 
-    def complete(self, prompt: str, max_new_tokens: int) -> tuple[list[int], float, float, int, int]:
-        """Greedy completion: (token ids, wall seconds, prompt seconds, drafted, accepted)."""
+    def complete(self, prompt: str, max_new_tokens: int) -> Completion:
+        """A greedy completion of ``prompt``, no prompt cache."""
         body: dict[str, Any] = {"prompt": prompt, "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
                                 "cache_prompt": False, "return_tokens": True}  # fmt: skip
         started = time.perf_counter()
@@ -69,8 +84,14 @@ class LlamaServer:
         data = response.json()
         timings = data.get("timings", {})
         tokens = list(data.get("tokens") or range(int(timings.get("predicted_n", 0))))
-        prompt_seconds = float(timings.get("prompt_ms", 0.0)) / 1000
-        return tokens, seconds, prompt_seconds, int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+        return Completion(
+            tokens=tokens,
+            seconds=seconds,
+            prompt_seconds=float(timings.get("prompt_ms", 0.0)) / 1000,
+            prompt_tokens=int(timings.get("prompt_n", 0)),
+            drafted=int(timings.get("draft_n", 0)),
+            accepted=int(timings.get("draft_n_accepted", 0)),
+        )
 
     def close(self) -> None:
         self.client.close()
