@@ -22,6 +22,7 @@ from monitor.alerts.silences import Silence, list_silences
 from monitor.config import Settings, default_config_file
 from monitor.drift import queries as drift_queries
 from monitor.store import dashboard_queries as dq
+from monitor.store import evaluations as stored_evaluations
 from monitor.store import queries, scrape
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
@@ -159,6 +160,11 @@ def scraped(url: str, start: datetime, end: datetime) -> list[scrape.ScrapedSumm
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def scrape_targets(url: str) -> list[scrape.TargetHealth]:
     return scrape.target_health(engine(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def evaluations(url: str) -> list[stored_evaluations.StoredEvaluation]:
+    return stored_evaluations.latest_evaluations(engine(url))
 
 
 def clear() -> None:

@@ -11,6 +11,7 @@ from dashboard import charts, components, data
 from dashboard.components import Filters
 from dashboard.status import MIN_REQUESTS
 from monitor.store.dashboard_queries import PairSummary
+from monitor.store.evaluations import StoredEvaluation
 
 st.title("Pairs")
 st.caption("Drafters and target/draft pairs side by side per workload, for choosing a pairing.")
@@ -66,12 +67,67 @@ def rows_of(f: Filters, found: list[PairSummary]) -> list[dict[str, Any]]:
     return rows
 
 
+EVALUATION_COLUMNS = {
+    "Predicted": st.column_config.NumberColumn(format="%.2f×", help="the candidate's controller, from the learn half"),
+    "Measured": st.column_config.NumberColumn(format="%.2f×", help="decode time per token against plain, held out"),
+    "Acceptance": st.column_config.NumberColumn(format="percent"),
+}
+
+
+def evaluation_rows(f: Filters, found: list[StoredEvaluation]) -> list[dict[str, Any]]:
+    """One row per stored verdict's candidate: the newest `draftwatch evaluate --store` run per target and workload.
+
+    A workload with live records follows the sidebar's filter; one without (validated before it
+    serves) always shows.
+    """
+    rows = []
+    for e in found:
+        if e.workload in f.available and not f.shows(e.workload):
+            continue
+        for c in e.candidates:
+            drafter = str(c.get("drafter", ""))
+            rows.append(
+                {
+                    "Workload": e.workload,
+                    "Target": e.target_model,
+                    "Candidate": drafter,
+                    "Predicted": c.get("predicted_speedup"),
+                    "Measured": c.get("measured_speedup"),
+                    "γ": c.get("gamma"),
+                    "Acceptance": c.get("acceptance"),
+                    "Recommended": "yes" if drafter == e.recommendation else "",
+                    "Evaluated": e.ran_at.strftime("%Y-%m-%d %H:%M UTC"),
+                    "Sample": e.sample,
+                }
+            )
+    return rows
+
+
+def evaluations(f: Filters) -> None:
+    found = data.evaluations(f.url)
+    if not found:
+        st.caption(
+            "No stored evaluations: `draftwatch evaluate ... --store` validates candidate drafters on a prompt "
+            "sample and puts its verdict here, beside the live figures."
+        )
+        return
+    st.subheader("Latest evaluations")
+    rows = evaluation_rows(f, found)
+    if rows:
+        st.dataframe(rows, hide_index=True, column_config=EVALUATION_COLUMNS, key="evaluations_table")
+    plain = sorted(e.workload for e in found if e.recommendation == "plain")
+    if plain:
+        st.caption(f"Recommended plain decoding (no candidate predicted a gain): {', '.join(plain)}.")
+
+
 def body(f: Filters) -> None:
     if components.empty_state(f):
+        evaluations(f)
         return
     rows = rows_of(f, data.pair_summaries(f.url, f.range.start, f.range.end))
     if not rows:
         st.info("No speculative requests in this range for the selected workloads: nothing to compare.")
+        evaluations(f)
         return
     st.dataframe(rows, hide_index=True, column_config=COLUMNS, key="pairs_table")
     chart_rows = [
@@ -92,6 +148,7 @@ def body(f: Filters) -> None:
         f"{f.range.label()}. Speedup is measured against the workload's holdout (plain) traffic on the same target "
         f"once it has {MIN_REQUESTS} requests, else estimated from the pair's own acceptance and costs."
     )
+    evaluations(f)
 
 
 components.live(body)

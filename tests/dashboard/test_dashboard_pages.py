@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,10 @@ from monitor.alerts.queries import list_alerts
 from monitor.alerts.silences import list_silences
 from monitor.drift.queries import latest_results
 from monitor.store import queries
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
 from tests.dashboard.conftest import PAGES, AppFactory, Store
+from tests.dashboard.seed import seed
 
 
 def close(a: Any, b: Any) -> bool:
@@ -35,6 +40,12 @@ def table(at: AppTest, key: str) -> list[dict[str, Any]]:
     found = [e for e in at.dataframe]
     assert found, "no table on the page"
     return list(found[0].value.to_dict("records"))
+
+
+def table_with(at: AppTest, column: str) -> list[dict[str, Any]]:
+    """The rows of the page's table that has ``column`` (a page can show several)."""
+    (found,) = [e for e in at.dataframe if column in e.value.columns]
+    return list(found.value.to_dict("records"))
 
 
 def texts(at: AppTest) -> str:
@@ -219,3 +230,33 @@ def test_overview_marks_scraped_engines_apart_even_without_request_records(
     assert (row["Source"], row["Workload"], row["Intervals"], row["Drafted"]) == ("scrape:vllm-a", "chat", 1, 300)
     assert close(row["Acceptance"], 0.7) and close(row["Mean accept. length"], 3.1)
     assert "vllm-a: down (HTTP 503)" in texts(at) and "No records yet" in texts(at)
+
+
+def test_pairs_page_shows_the_latest_stored_evaluations(app: AppFactory, tmp_path: Path) -> None:
+    from monitor.store.evaluations import save_evaluation
+
+    url = f"sqlite:///{tmp_path / 'evaluated.db'}"
+    engine = create_engine(url)
+    upgrade(engine)
+    seed(engine)
+
+    def verdict(workload: str, measured: float) -> dict[str, Any]:
+        candidate = {"drafter": "ngram", "predicted_speedup": 1.3, "measured_speedup": measured, "gamma": 4,
+                     "acceptance": 0.7}  # fmt: skip
+        return {"workload": workload, "candidates": [candidate], "recommendation": "ngram",
+                "recommendation_matches": True}  # fmt: skip
+
+    earlier = datetime.now(UTC) - timedelta(hours=2)
+    save_evaluation(engine, [verdict("chat", 1.1), verdict("summarise", 0.9)], target_model="t-old",
+                    target_version=None, sample="old.jsonl", ran_at=earlier)  # fmt: skip
+    save_evaluation(engine, [verdict("chat", 1.25)], target_model="t-old", target_version=None, sample="new.jsonl",
+                    ran_at=earlier + timedelta(hours=1))  # fmt: skip
+    engine.dispose()
+    at = app(url, "pairs")
+    assert not at.exception
+    rows = {r["Workload"]: r for r in table_with(at, "Candidate")}
+    assert set(rows) == {"chat", "summarise"}  # summarise has no live records: shown before it serves
+    assert (rows["chat"]["Measured"], rows["chat"]["Sample"]) == (1.25, "new.jsonl")  # the newer run
+    assert rows["chat"]["Recommended"] == "yes"
+    at.sidebar.multiselect(key="dw_workloads").select("translate").run()
+    assert {r["Workload"] for r in table_with(at, "Candidate")} == {"summarise"}  # chat is filtered out
