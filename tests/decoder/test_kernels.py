@@ -105,7 +105,8 @@ def test_int4_kernel_over_a_prompt_gives_each_row_what_a_one_row_pass_gives(
 ) -> None:
     """Many rows (a prefill) run in column chunks, on the AVX-512 form where the CPU has it: each
     output is still bit for bit that of the row alone and of the AVX2 form. The shapes cover a
-    partial last chunk (200 columns), an unpaired last block of 64 weights (576) and G = 64."""
+    partial last chunk (200 columns), an unpaired last block of 64 weights (576), G = 64, and at
+    1536 inputs more rows than one tile (168)."""
     kernels = cpu_kernels()
     assert kernels is not None
     generator = torch.Generator().manual_seed(in_features)
@@ -113,9 +114,9 @@ def test_int4_kernel_over_a_prompt_gives_each_row_what_a_one_row_pass_gives(
     linear.weight.copy_(torch.randn(out_features, in_features, generator=generator) * 0.05)
     linear.bias.copy_(torch.randn(out_features, generator=generator))
     layer = Int4Linear.from_float(linear.to(torch.bfloat16), group_size)
-    x = torch.randn(37, in_features, generator=generator).to(torch.bfloat16)  # (rows, in)
+    x = torch.randn(181, in_features, generator=generator).to(torch.bfloat16)  # (rows, in)
     got = layer(x)
-    alone = torch.cat([layer(x[i : i + 1]) for i in range(37)])
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(181)])
     assert torch.equal(got, alone)
     args = (layer.packed, layer.scales_and_zeros, group_size, layer.bias)
     assert torch.equal(kernels.int4_linear(x, *args, isa="avx2"), got)
