@@ -56,7 +56,12 @@ using draftwatch::load8;
 constexpr int64_t kRowBlock = 4;  // rows sharing one conversion of the weights
 constexpr int64_t kParallelRows = 64;  // fewer activation rows than this are converted on one thread
 
-// With more rows than one block (a prompt's prefill), the columns are taken in chunks of this many,
+// Up to this many rows (a decode step, a verification pass) the weights' bytes bound a pass: each
+// column's weights are streamed once, prefetched ahead. More rows (a prompt's prefill) are bound
+// by the arithmetic, and run in chunks and tiles as follows.
+constexpr int64_t kStreamRows = 16;
+
+// With more rows than kStreamRows, the columns are taken in chunks of this many,
 // and every block of rows passes over a chunk while its weights are in L2 (64 columns of a
 // 1536 x 8960 int4 layer: 280 kB). Column by column instead, each column read every row of the
 // prompt again (3 MB of int16 for 1,000 rows of 1536), from L3 at best. The rows in turn go in
@@ -209,7 +214,7 @@ inline void int4_column(const int16_t* xq, const float* xqsum, const float* row_
 // the low half of acc (int4_column's `total`), the second's into the high half (`total_odd`). The
 // integer sums are exact either way, and each float lane sees the same FMAs in the same order as
 // int4_column's, so both forms give every output bit for bit the same (tests/decoder/test_kernels.py
-// checks it); xq is in Order::kInt4Pairs. Used only with more rows than a block, where the
+// checks it); xq is in Order::kInt4Pairs. Used only with more than kStreamRows rows, where the
 // arithmetic, not the memory, bounds the pass.
 #define DRAFTWATCH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
@@ -470,9 +475,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& q, const 
 
 // Columns of y (M, N) for int4 weights with scales and zeros stored as T (float or bfloat16), plus
 // the bias when given, rounded once into O (float or bfloat16, the activations' dtype). A pass of
-// one block of rows (a decode step) streams each column's weights once, prefetched ahead; more rows
-// run in column chunks (kColumnChunk), on the AVX-512 form when vnni. Every output is computed the
-// same way in all three.
+// up to kStreamRows rows streams each column's weights once, prefetched ahead; more rows run in
+// column chunks and row tiles, on the AVX-512 form when vnni. Every output is computed the same
+// way in all three.
 template <typename T, typename O>
 void int4_columns(const int16_t* XQ, const float* XS, const float* RS, const uint8_t* Q, const T* SZ, const O* bias,
                   O* Y, int64_t M, int64_t K, int64_t G, int64_t N, bool vnni) {
@@ -489,7 +494,7 @@ void int4_columns(const int16_t* XQ, const float* XS, const float* RS, const uin
     const float add = bias != nullptr ? static_cast<float>(bias[n]) : 0.0f;
     for (int r = 0; r < R; ++r) Y[(m + r) * N + n] = static_cast<O>(out[r] + add);
   };
-  if (M <= kRowBlock) {
+  if (M <= kStreamRows) {
     at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
       std::vector<float> buffer(groups);
       float out[kRowBlock];
@@ -533,8 +538,8 @@ void int4_columns(const int16_t* XQ, const float* XS, const float* RS, const uin
 
 // y (M, N) = x (M, K) @ W^T + bias, in x's dtype: bfloat16 rows are read and written as they are,
 // other dtypes go through float32.
-// isa "auto" takes the AVX-512 form where the CPU has it and it applies (G = 32, more rows than a
-// block); "avx2" never does (the tests compare the two).
+// isa "auto" takes the AVX-512 form where the CPU has it and it applies (G = 32, more than
+// kStreamRows rows); "avx2" never does (the tests compare the two).
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& sz, int64_t G,
                           const std::optional<torch::Tensor>& bias, const std::string& isa) {
   TORCH_CHECK(isa == "auto" || isa == "avx2", "isa must be auto or avx2, got ", isa);
@@ -546,7 +551,7 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& q, const 
   TORCH_CHECK((sz.scalar_type() == torch::kFloat || sz.scalar_type() == torch::kBFloat16) && sz.is_contiguous() &&
                   sz.numel() == N * 2 * (K / G),
               "sz must be (N, 2, K/G) float32 or bfloat16 (scales, then zeros)");
-  const bool vnni = isa == "auto" && G == 32 && M > kRowBlock && cpu_has_vnni();
+  const bool vnni = isa == "auto" && G == 32 && M > kStreamRows && cpu_has_vnni();
   // group sums exact: |sum| <= 32767 * 256 < 2^24
   const Int16Rows xr = int16_rows(x, G, vnni ? Order::kInt4Pairs : Order::kInt4);
   const int16_t* XQ = xr.xq.data_ptr<int16_t>();
