@@ -188,7 +188,20 @@ class RequestRecord:
         return self.output_tokens * 1000.0 / self.latency_ms
 
     def check(self) -> RequestRecord:
-        """Raise :class:`RecordError` naming the first field that breaks the contract."""
+        """Raise :class:`RecordError` naming the first field that breaks the contract.
+
+        A valid record takes one pass of cheap tests (:func:`quick_pass`, a few microseconds on the
+        recorder's caller's thread); only a record that fails one of them goes through the rules one
+        by one (:meth:`_check_rules`), which find the field and build the message.
+        """
+        try:
+            if quick_pass(self):
+                return self
+        except Exception:  # an odd value (unhashable, incomparable): the rules say what is wrong with it
+            pass
+        return self._check_rules()
+
+    def _check_rules(self) -> RequestRecord:
         validate_workload(self.workload)
         for name in ("ts_start", "ts_end"):
             _check_utc(name, getattr(self, name))
@@ -312,6 +325,159 @@ class RequestRecord:
             return cls(**values)
         except TypeError as error:
             raise RecordError("record", str(error)) from error
+
+
+_MODE_SET: Final = frozenset(MODES)
+_FINISH_SET: Final = frozenset(FINISH_REASONS)
+_HOLDOUT_SET: Final = frozenset(HOLDOUT_REASONS)
+_INF: Final = math.inf
+_MAX_VALID_TAGS: Final = 4096
+_VALID_TAGS: set[str] = set()  # workload tags that matched WORKLOAD_PATTERN (a memo; bounded)
+_match_workload: Final = WORKLOAD_PATTERN.match
+
+
+def quick_pass(r: RequestRecord) -> bool:
+    """True only if :meth:`RequestRecord.check` accepts ``r``: all its rules in one pass that builds nothing.
+
+    False means "ask check()": this refuses more than the rules do (an int subclass, a tuple for a
+    list, an int for a float, a time zone other than UTC or a bool other than True/False), never
+    accepts what they refuse; tests/decoder/test_record.py holds the two to each other. An odd
+    value (unhashable, incomparable) may raise instead: callers treat that as False.
+    """
+    # Plain attribute reads and identity tests, unrolled: on the recorder's caller's thread every
+    # bytecode counts, and a loop over field names with getattr costs several times as much.
+    workload = r.workload
+    if type(workload) is not str:
+        return False
+    if workload not in _VALID_TAGS:  # a set lookup instead of the regular expression, for tags seen before
+        if _match_workload(workload) is None:
+            return False
+        if len(_VALID_TAGS) < _MAX_VALID_TAGS:
+            _VALID_TAGS.add(workload)
+    ts_start = r.ts_start
+    ts_end = r.ts_end
+    if type(ts_start) is not datetime or type(ts_end) is not datetime or ts_end < ts_start:
+        return False
+    tz = ts_start.tzinfo
+    if tz is not UTC and tz is not None and (not 1 < ts_start.year < 9999 or ts_start.utcoffset() is None):
+        return False  # the rules try the conversion to UTC
+    tz = ts_end.tzinfo
+    if tz is not UTC and tz is not None and (not 1 < ts_end.year < 9999 or ts_end.utcoffset() is None):
+        return False
+    text: str | None = r.request_id
+    if type(text) is not str or not 0 < len(text) <= 128 or "\x00" in text:
+        return False
+    text = r.target_model
+    if text is not None and (type(text) is not str or "\x00" in text):
+        return False
+    text = r.drafter
+    if text is not None and (type(text) is not str or "\x00" in text):
+        return False
+    text = r.draft_model
+    if text is not None and (type(text) is not str or "\x00" in text):
+        return False
+    text = r.target_version
+    if text is not None and (type(text) is not str or "\x00" in text):
+        return False
+    text = r.draft_version
+    if text is not None and (type(text) is not str or "\x00" in text):
+        return False
+    text = r.error
+    if text is not None and (type(text) is not str or "\x00" in text):
+        return False
+    source = r.source
+    if source is not None and (type(source) is not str or "\x00" in source):
+        return False
+    text = r.prompt_hash
+    if text is not None and (type(text) is not str or "\x00" in text):
+        return False
+    mode = r.mode
+    finish_reason = r.finish_reason
+    if mode not in _MODE_SET or finish_reason not in _FINISH_SET:
+        return False
+    holdout = r.holdout_reason
+    if holdout is not None and (mode != "holdout" or holdout not in _HOLDOUT_SET):
+        return False
+    gamma = r.num_speculative_tokens
+    steps = r.num_spec_steps
+    drafted = r.num_draft_tokens
+    accepted = r.num_accepted_tokens
+    output = r.output_tokens
+    prompt = r.prompt_tokens
+    if not type(gamma) is type(steps) is type(drafted) is type(accepted) is type(output) is type(prompt) is int:
+        return False
+    if gamma < 0 or steps < 0 or output < 0 or prompt < 0 or accepted < 0 or accepted > drafted:
+        return False
+    value = r.ttft_ms
+    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
+    value = r.latency_ms
+    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
+    value = r.draft_ms
+    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
+    value = r.verify_ms
+    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
+    value = r.temperature
+    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
+    value = r.top_p
+    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
+    if mode == "speculative" and steps and gamma and drafted > steps * gamma:
+        return False
+    per_position = r.accepted_per_position
+    histogram = r.acceptance_histogram
+    if type(per_position) is not list or type(histogram) is not list:
+        return False
+    # Python loops, not sum()/min()/map(): after the caller's thread has done other work, each builtin
+    # it reaches is a cold call, and a short loop in the interpreter costs less than several of them.
+    if per_position:
+        if len(per_position) > gamma:
+            return False
+        total = 0
+        for count in per_position:
+            if type(count) is not int or count < 0:
+                return False
+            total += count
+        if total != accepted:
+            return False
+    if histogram:
+        if len(histogram) != gamma + 1:
+            return False
+        total = 0
+        for count in histogram:
+            if type(count) is not int or count < 0:
+                return False
+            total += count
+        if total != steps:
+            return False
+    by_span = r.drafted_by_span
+    accepted_by_span = r.accepted_by_span
+    if by_span is not None or accepted_by_span is not None:
+        if type(by_span) is not list or type(accepted_by_span) is not list:
+            return False
+        if len(by_span) != OUTPUT_SPANS or len(accepted_by_span) != OUTPUT_SPANS:
+            return False
+        total = total_accepted = 0
+        for span in range(OUTPUT_SPANS):
+            count = by_span[span]
+            accepted_count = accepted_by_span[span]
+            if type(count) is not int or type(accepted_count) is not int or not 0 <= accepted_count <= count:
+                return False
+            total += count
+            total_accepted += accepted_count
+        if total != drafted or total_accepted != accepted:
+            return False
+    if source == "embedded" and mode == "speculative" and finish_reason != "error" and output > 0:
+        stopped = r.stopped_mid_step
+        if stopped is not False and stopped is not True:
+            return False
+        if output != 1 + accepted + steps - stopped:
+            return False
+    return True
 
 
 def _check_utc(name: str, value: datetime) -> None:

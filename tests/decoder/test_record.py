@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+import random
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from decoder.record import RecordError, RequestRecord
+from decoder.record import COUNT_FIELDS, MEASURE_FIELDS, MODES, RecordError, RequestRecord, quick_pass
 
 
 def valid(**overrides: Any) -> RequestRecord:
@@ -71,6 +73,35 @@ def test_decode_speed_leaves_prompt_reading_out() -> None:
         # Valid ISO times whose UTC conversion leaves the calendar: the store keeps UTC and could not write them.
         ({"ts_end": datetime.fromisoformat("9999-12-31T23:00:00-05:00")}, "ts_end"),
         ({"ts_start": datetime.fromisoformat("0001-01-01T00:00:00+05:00")}, "ts_start"),
+        # The rest of the rules, one case each, so that the quick pass is held to every one of them.
+        ({"workload": ""}, "workload"),
+        ({"workload": 7}, "workload"),
+        ({"request_id": "r" * 129}, "request_id"),
+        ({"request_id": "r\x00"}, "request_id"),
+        ({"target_model": 5}, "target_model"),
+        ({"drafter": "a\x00b"}, "drafter"),
+        ({"draft_model": b"bytes"}, "draft_model"),
+        ({"target_version": "v\x00"}, "target_version"),
+        ({"draft_version": 1.5}, "draft_version"),
+        ({"error": "e\x00"}, "error"),
+        ({"source": 0}, "source"),
+        ({"prompt_hash": "\x00"}, "prompt_hash"),
+        ({"mode": "holdout", "holdout_reason": "coin"}, "holdout_reason"),
+        ({"num_speculative_tokens": True}, "num_speculative_tokens"),
+        ({"prompt_tokens": -1}, "prompt_tokens"),
+        ({"prompt_tokens": 3.0}, "prompt_tokens"),
+        ({"num_spec_steps": -3}, "num_spec_steps"),
+        ({"draft_ms": -1.0}, "draft_ms"),
+        ({"verify_ms": -math.inf}, "verify_ms"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"top_p": -0.5}, "top_p"),
+        ({"accepted_per_position": [3, 1, True]}, "accepted_per_position"),
+        ({"accepted_per_position": [3, 1, 1.0]}, "accepted_per_position"),
+        ({"accepted_per_position": [4, 2, -1]}, "accepted_per_position"),
+        ({"accepted_per_position": [2, 1, 1, 1]}, "accepted_per_position"),  # 4 positions, 3 drafts a step
+        ({"acceptance_histogram": [0, 2, 0, 1, 0]}, "acceptance_histogram"),
+        ({"acceptance_histogram": [0, 3, -1, 1]}, "acceptance_histogram"),
+        ({"stopped_mid_step": True}, "output_tokens"),  # 9 tokens, but a stop inside a step leaves 8
     ],
 )
 def test_broken_records_name_the_field(overrides: dict[str, Any], field: str) -> None:
@@ -101,3 +132,110 @@ def test_from_dict_rejects_unknown_fields_and_bad_timestamps() -> None:
     with pytest.raises(RecordError) as caught:
         RequestRecord.from_dict({**data, "ts_start": "yesterday"})
     assert caught.value.field == "ts_start"
+
+
+def test_naive_and_aware_times_do_not_compare() -> None:
+    # check() lets the comparison's TypeError through; the store's validate() names ts_end for it.
+    with pytest.raises(TypeError):
+        valid(ts_end=datetime(2026, 11, 30, 13, 0)).check()
+
+
+# The quick pass (quick_pass) must agree with the rules one by one (_check_rules) on every record: the
+# same outcome, the same field, the same message. Records here are valid ones with one to three fields
+# swapped for values from these pools, which hold each rule's edges and the types the rules meet.
+_EST = timezone(timedelta(hours=-5))
+_BAD_TZ_TIME = datetime(2026, 11, 30, 12, 0, tzinfo=_EST)
+TEXTS: list[Any] = [None, "", "t", "x" * 129, "a\x00b", 5, b"b", "code\n", "bad tag", type("S", (str,), {})("s")]
+COUNTS: list[Any] = [-1, 0, 1, 2, 3, 4, 5, 9, 10, 10**7, 2**60, True, False, 3.0, None, "3"]
+LISTS: list[Any] = [[], [1], [3, 1, 1], [3, 1, 0], [4, 1, 0], [0, 2, 0, 1], [0, 3, 0, 0], [3, 1, True],
+                    [3, 1, 1.0], [3, 1, -1, 2], (3, 1, 1), [0, 2, 0, 1, 0], [0, 0, 0], [6, 3, 0], [4, 1, 0],
+                    [1, 4, 0], [9, 0, 0], [5, 0, 0], [5, 0], None]  # fmt: skip
+MEASURES: list[Any] = [None, 0.0, -0.0, 1.5, 1e308, -1.0, math.nan, math.inf, -math.inf, 0, 7, -2, True, 10**400, "1"]
+TIMES: list[Any] = [
+    datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
+    datetime(2026, 11, 30, 11, 0, tzinfo=UTC),
+    datetime(2026, 11, 30, 12, 0, 1, tzinfo=UTC),
+    datetime(2026, 11, 30, 12, 0),
+    _BAD_TZ_TIME,
+    datetime.fromisoformat("9999-12-31T23:00:00-05:00"),
+    datetime.fromisoformat("0001-01-01T00:00:00+05:00"),
+    datetime(9999, 12, 31, tzinfo=UTC),
+    "2026-11-30T12:00:00Z",
+]
+POOLS: dict[str, list[Any]] = {
+    "request_id": [*TEXTS, "r" * 128],
+    "ts_start": TIMES,
+    "ts_end": TIMES,
+    "workload": [*TEXTS, "w" * 64, "w" * 65, "a.b:c-d_e", "-lead", ["code"]],
+    "target_model": TEXTS,
+    "drafter": TEXTS,
+    "draft_model": TEXTS,
+    "target_version": TEXTS,
+    "draft_version": TEXTS,
+    "mode": [*MODES, "turbo", None, ["plain"], "Plain"],
+    "finish_reason": ["stop", "length", "error", "done", None, {}],
+    "error": TEXTS,
+    "source": ["embedded", "api", "proxy:llamacpp", *TEXTS],
+    "prompt_hash": TEXTS,
+    "holdout_reason": [None, "target", "share", "coin", []],
+    "stopped_mid_step": [False, True, 0, 1, None, "yes"],
+    **{name: COUNTS for name in COUNT_FIELDS},
+    **{name: MEASURES for name in MEASURE_FIELDS},
+    **{
+        name: LISTS for name in ("accepted_per_position", "acceptance_histogram", "drafted_by_span", "accepted_by_span")
+    },
+}
+BASES: list[dict[str, Any]] = [
+    {},
+    {"drafted_by_span": [6, 3, 0], "accepted_by_span": [4, 1, 0], "ttft_ms": 20.0, "temperature": 0.7},
+    {"mode": "holdout", "holdout_reason": "share", "num_draft_tokens": 0, "num_accepted_tokens": 0,
+     "num_spec_steps": 0, "accepted_per_position": [], "acceptance_histogram": [], "source": "api"},
+    {"stopped_mid_step": True, "output_tokens": 8, "finish_reason": "stop", "draft_model": "d", "error": None},
+    {"num_spec_steps": 0, "acceptance_histogram": [], "source": "proxy:llamacpp", "num_draft_tokens": 80,
+     "accepted_per_position": [], "num_speculative_tokens": 0},
+    {"ts_start": _BAD_TZ_TIME, "ts_end": _BAD_TZ_TIME + timedelta(seconds=2)},
+]  # fmt: skip
+
+
+def outcome(call: Callable[[], object]) -> tuple[object, ...]:
+    try:
+        call()
+    except RecordError as error:
+        return ("RecordError", error.field, str(error))
+    except Exception as error:
+        return (type(error).__name__, str(error))
+    return ("ok",)
+
+
+def mutated_records(count: int, seed: int) -> Iterator[RequestRecord]:
+    rng = random.Random(seed)
+    names = sorted(POOLS)
+    for base in BASES:
+        yield valid(**base)
+    for _ in range(count):
+        changes = {name: rng.choice(POOLS[name]) for name in rng.sample(names, rng.randint(1, 3))}
+        yield valid(**{**rng.choice(BASES), **changes})
+
+
+def test_valid_records_take_the_quick_pass() -> None:
+    # Otherwise check() would still be right, only slow: the recorder's p99 depends on it.
+    for base in BASES:
+        assert quick_pass(valid(**base)), base
+
+
+def test_the_quick_pass_agrees_with_the_rules() -> None:
+    accepted = 0
+    for record in mutated_records(6000, seed=23):
+        rules = outcome(record._check_rules)
+        if quick_pass_or_none(record):
+            assert rules == ("ok",), record
+            accepted += 1
+        assert outcome(record.check) == rules, record
+    assert accepted > 300  # the pools reach the quick pass's accepting side, not only its refusals
+
+
+def quick_pass_or_none(record: RequestRecord) -> bool:
+    try:
+        return quick_pass(record)
+    except Exception:
+        return False
