@@ -1,5 +1,9 @@
 """Sub-commands of the decoder: ``draftwatch models ...`` and ``draftwatch generate``.
 
+``draftwatch evaluate`` decodes with the same model arguments (:func:`add_model_arguments`,
+:func:`build_decoder`) but lives in monitor/commands/evaluate.py, since its remote candidates are
+read by the sidecar's stack parsers.
+
 Registering them imports no torch: the model code loads when a command decodes, so ``--help`` and
 the sidecar's other commands start fast and run on the base install.
 """
@@ -10,7 +14,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decoder.extras import refuse_without
@@ -55,29 +58,6 @@ def register(subparsers: Any) -> None:
     generate.add_argument("--plain", action="store_true", help="decode with the target alone")
     generate.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, record")
     generate.set_defaults(handler=_generate)
-
-    evaluate = subparsers.add_parser(
-        "evaluate",
-        help="try candidate drafters on a prompt sample and recommend one per workload",
-        description="Replay a prompt sample per workload through each candidate drafter with the embedded "
-        "decoder: the controller learns on the first half of a workload's prompts and predicts each "
-        "candidate's speedup; the second half measures it against plain decoding. Prints acceptance (95%% "
-        "interval), mean acceptance length, predicted and measured speedup, and a recommendation (a drafter and "
-        "gamma, or plain) per workload. Name candidates with --draft (repeatable; an old and a new draft "
-        "version side by side) and --drafter ngram.",
-    )
-    add_model_arguments(evaluate)
-    source = evaluate.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompts", type=Path, metavar="FILE.jsonl",
-                        help='one JSON object per line: {"workload", "prompt" | "messages", "chat"?, '
-                        '"temperature"?, "top_p"?, "max_new_tokens"?}')  # fmt: skip
-    source.add_argument("--builtin", action="store_true", help="the built-in sample: 5 prompts a workload")
-    evaluate.add_argument(
-        "--max-new-tokens", type=int, default=64, help="per prompt, unless its row says (default: %(default)s)"
-    )
-    evaluate.add_argument("--seed", type=int, default=0, help="seed for sampled rows (default: %(default)s)")
-    evaluate.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
-    evaluate.set_defaults(handler=_evaluate)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,40 +181,6 @@ def _models_fetch(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(path)
-    return 0
-
-
-def _evaluate(args: argparse.Namespace) -> int:
-    if (refused := refuse_without("draftwatch evaluate", "decoder")) is not None:
-        return refused
-    from tqdm.auto import tqdm
-
-    from decoder.evaluation import SampleError, SampleRow, evaluate, format_table, progress_steps, read_sample
-    from decoder.loading import ModelLoadError
-    from decoder.workloads import builtin_workloads
-
-    try:
-        if args.prompts is not None:
-            rows = read_sample(args.prompts)
-        else:
-            rows = [SampleRow(w, p) for w, prompts in builtin_workloads().items() for p in prompts]
-        decoder = build_decoder(args, progress=sys.stderr.isatty())
-        total = progress_steps(rows, len(decoder.drafters))
-        with tqdm(total=total, desc="evaluating", unit="prompt", disable=None) as bar:  # None: on a terminal only
-
-            def tick(text: str) -> None:
-                bar.set_postfix_str(text)
-                bar.update()
-
-            reports = evaluate(decoder.target, decoder.drafters, rows, max_new_tokens=args.max_new_tokens,
-                               seed=args.seed, progress=tick)  # fmt: skip
-    except (ModelLoadError, FetchError, SampleError, RecordError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps([report.to_dict() for report in reports], indent=2))
-    else:
-        print(format_table(reports))
     return 0
 
 

@@ -13,6 +13,10 @@ Per workload the sample is split in two, in file order:
 The recommendation is the candidate with the best *predicted* speedup, or plain when none
 predicts at least 1; the report puts the measured figures beside it and says whether the
 recommendation is the measured best, which is how the prediction is checked.
+
+A candidate can also be a remote server (``CandidateResult.server``, measured by
+``monitor/commands/evaluate.py``): it has no prediction and no gamma of ours, and it takes no
+part in the recommendation, which checks this controller's predictions against its own candidates.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from decoder.controller import SpeculationController, wilson_interval
-from decoder.drafters.base import Drafter, drafter_label
 from decoder.holdout import HoldoutPolicy
-from decoder.loading import LoadedModel
 from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, pooled_decode_ms_per_token, validate_workload
-from decoder.speculative import Prompt, SpeculativeDecoder
+
+if TYPE_CHECKING:  # the model code loads in evaluate(): a sample and a report need no torch (a remote candidate)
+    from decoder.drafters.base import Drafter
+    from decoder.loading import LoadedModel
+    from decoder.speculative import Prompt, SpeculativeDecoder
 
 PLAIN = "plain"
 NO_HOLDOUT = HoldoutPolicy(share=0.0, max_share=0.0, target=0)
@@ -54,12 +60,17 @@ class SampleRow:
 
 @dataclass(slots=True)
 class CandidateResult:
-    """What one candidate did on one workload's held-out prompts, and what its controller predicted."""
+    """What one candidate did on one workload's held-out prompts, and what its controller predicted.
+
+    ``predicted_speedup`` and ``gamma`` are ``None`` for a remote server's candidate: no controller
+    of ours plans its requests.
+    """
 
     drafter: str
-    predicted_speedup: float
-    gamma: int
+    predicted_speedup: float | None
+    gamma: int | None
     measured_speedup: float | None = None
+    ms_per_token: float | None = None  # decode time per output token after the first, pooled (record.py)
     acceptance: float | None = None
     acceptance_interval: tuple[float, float] | None = None  # Wilson, 95 %
     mean_acceptance_length: float | None = None  # tokens per target pass, the step's own token included
@@ -67,22 +78,26 @@ class CandidateResult:
     accepted: int = 0
     # Acceptance of the steps starting in each output span (record.py's OUTPUT_SPAN_EDGES); None: nothing drafted.
     by_output_position: list[float | None] = field(default_factory=list)
+    server: str | None = None  # the remote server's URL; None: the embedded decoder
 
 
 @dataclass(slots=True)
 class WorkloadReport:
+    """One workload's candidates; without an embedded candidate there is no recommendation (``None``)."""
+
     workload: str
     learn_prompts: int
     held_out_prompts: int
-    plain_ms_per_token: float | None
+    plain_ms_per_token: float | None  # the embedded decoder's plain decoding
     candidates: list[CandidateResult] = field(default_factory=list)
-    recommendation: str = PLAIN  # a drafter's label, or "plain"
+    recommendation: str | None = PLAIN  # a drafter's label, or "plain"
     recommended_gamma: int | None = None
-    measured_best: str = PLAIN
+    measured_best: str | None = PLAIN
+    plain_server_ms_per_token: float | None = None  # the remote candidates' plain baseline, where one was given
 
     @property
     def recommendation_matches(self) -> bool:
-        return self.recommendation == self.measured_best
+        return self.recommendation is not None and self.recommendation == self.measured_best
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "recommendation_matches": self.recommendation_matches}
@@ -146,6 +161,9 @@ def evaluate(
     progress: Callable[[str], None] | None = None,
 ) -> list[WorkloadReport]:
     """Learn, predict and measure each candidate per workload (see the module's docstring)."""
+    from decoder.drafters.base import drafter_label
+    from decoder.speculative import SpeculativeDecoder
+
     if not candidates:
         raise ValueError("evaluate needs at least one candidate drafter")
     labels = [drafter_label(d) for d in candidates]
@@ -186,7 +204,7 @@ def evaluate(
                 spec_records[label].append(record)
         plain_ms = pooled_decode_ms_per_token(plain_records)
         for label, result in results.items():
-            _measure(result, spec_records[label], plain_ms)
+            measure(result, spec_records[label], plain_ms)
         reports.append(_report(workload, len(learn), len(held_out), plain_ms, list(results.values())))
     return reports
 
@@ -218,8 +236,8 @@ def _report(
     workload: str, learn: int, held_out: int, plain_ms: float | None, results: list[CandidateResult]
 ) -> WorkloadReport:
     report = WorkloadReport(workload, learn, held_out, plain_ms, results)
-    best_predicted = max(results, key=lambda r: r.predicted_speedup)
-    if best_predicted.predicted_speedup >= 1.0:
+    best_predicted = max(results, key=lambda r: r.predicted_speedup or 0.0)
+    if (best_predicted.predicted_speedup or 0.0) >= 1.0:
         report.recommendation, report.recommended_gamma = best_predicted.drafter, best_predicted.gamma
     measured = [r for r in results if r.measured_speedup is not None]
     best_measured = max(measured, key=lambda r: r.measured_speedup or 0.0, default=None)
@@ -228,8 +246,10 @@ def _report(
     return report
 
 
-def _measure(result: CandidateResult, records: list[RequestRecord], plain_ms: float | None) -> None:
+def measure(result: CandidateResult, records: Sequence[RequestRecord], plain_ms: float | None) -> None:
+    """Fill ``result``'s measured figures from its records; the speedup needs plain's decode time (``plain_ms``)."""
     ms = pooled_decode_ms_per_token(records)
+    result.ms_per_token = ms
     result.measured_speedup = plain_ms / ms if plain_ms and ms else None
     result.drafted = sum(r.num_draft_tokens for r in records)
     result.accepted = sum(r.num_accepted_tokens for r in records)
@@ -275,31 +295,58 @@ def _say(progress: Callable[[str], None] | None, message: str) -> None:
         progress(message)
 
 
+def combined(local: Sequence[WorkloadReport], remote: Sequence[WorkloadReport]) -> list[WorkloadReport]:
+    """Each workload's embedded report with the remote candidates after its own, in the sample's workload order.
+
+    The recommendation stays the embedded report's; a workload only the remote candidates saw has none.
+    """
+    reports = {report.workload: report for report in local}
+    for report in remote:
+        if (mine := reports.get(report.workload)) is None:
+            reports[report.workload] = report
+            continue
+        mine.candidates.extend(report.candidates)
+        mine.plain_server_ms_per_token = report.plain_server_ms_per_token
+    return list(reports.values())
+
+
 def format_table(reports: Sequence[WorkloadReport]) -> str:
-    """The reports as a plain-text table, one line per workload and candidate, then a verdict per workload."""
-    width = max([9, *(len(r.drafter) for report in reports for r in report.candidates)])
+    """The reports as a plain-text table: per workload its plain baselines and candidates, then a verdict."""
+    width = max([12, *(len(r.drafter) for report in reports for r in report.candidates)])
     header = (
         f"{'workload':<12} {'candidate':<{width}} {'predicted':>9} {'measured':>9} {'gamma':>5} "
-        f"{'acceptance (95% CI)':>22} {'acc.len':>7} {'by position 0-32/32-128/128+':>28}"
+        f"{'acceptance (95% CI)':>22} {'acc.len':>7} {'tok/s':>7} {'by position 0-32/32-128/128+':>28}"
     )
     lines = [header, "-" * len(header)]
     for report in reports:
+        for label, ms in (("plain", report.plain_ms_per_token), ("plain server", report.plain_server_ms_per_token)):
+            if ms:
+                lines.append(f"{report.workload:<12} {label:<{width}} {'-':>9} {'1.00x':>9} {'-':>5} {'-':>22} "
+                             f"{'-':>7} {1000.0 / ms:>7.1f} {'-':>28}")  # fmt: skip
         for r in report.candidates:
             interval = (
                 f"{r.acceptance:.2f} ({r.acceptance_interval[0]:.2f}-{r.acceptance_interval[1]:.2f})"
                 if r.acceptance is not None and r.acceptance_interval
                 else "-"
             )
+            predicted = f"{r.predicted_speedup:.2f}x" if r.predicted_speedup is not None else "-"
             measured = f"{r.measured_speedup:.2f}x" if r.measured_speedup is not None else "-"
+            gamma = "-" if r.gamma is None else str(r.gamma)
             length = f"{r.mean_acceptance_length:.2f}" if r.mean_acceptance_length is not None else "-"
+            speed = f"{1000.0 / r.ms_per_token:.1f}" if r.ms_per_token else "-"
             positions = "/".join("-" if share is None else f"{share:.2f}" for share in r.by_output_position)
             lines.append(
-                f"{report.workload:<12} {r.drafter:<{width}} {r.predicted_speedup:>8.2f}x {measured:>9} {r.gamma:>5} "
-                f"{interval:>22} {length:>7} {positions:>28}"
+                f"{report.workload:<12} {r.drafter:<{width}} {predicted:>9} {measured:>9} {gamma:>5} "
+                f"{interval:>22} {length:>7} {speed:>7} {positions:>28}"
             )
+        if report.recommendation is None:
+            lines.append(f"{report.workload:<12} no recommendation: no embedded candidate, so no prediction to check")
+            continue
         gamma = f" at gamma {report.recommended_gamma}" if report.recommended_gamma else ""
         verdict = "matches" if report.recommendation_matches else f"the measured best is {report.measured_best}"
         lines.append(f"{report.workload:<12} recommend: {report.recommendation}{gamma} ({verdict})")
-    matched = sum(r.recommendation_matches for r in reports)
-    lines.append(f"recommendation = measured best on {matched} of {len(reports)} workloads")
+    judged = [r for r in reports if r.recommendation is not None]
+    if judged:
+        matched = sum(r.recommendation_matches for r in judged)
+        lines.append(f"recommendation = measured best on {matched} of {len(judged)} workloads")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from importlib.metadata import version
 # Modules that contribute sub-commands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "decoder.cli",
+    "monitor.commands.evaluate",
     "monitor.commands.db",
     "monitor.commands.serve",
     "monitor.commands.drift",

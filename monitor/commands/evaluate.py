@@ -1,0 +1,298 @@
+"""``draftwatch evaluate``: candidate drafters on the embedded decoder and on remote llama-servers, one report.
+
+The embedded candidates are decoder/evaluation.py's. A remote candidate (``--server URL``) is a
+running llama.cpp ``llama-server`` with its draft. Each of a workload's measured prompts goes to
+it as an OpenAI-compatible request, at the row's sampling settings (greedy unless the row says):
+``/v1/chat/completions`` for a chat, so that the server applies its model's chat template, and
+``/v1/completions`` for a row with ``"chat": false``. The sidecar's llama.cpp parser
+(monitor/ingest/stacks/llamacpp.py) reads the response's ``timings``, and its report becomes a
+record that decoder.evaluation.measure() sums like an embedded one: acceptance and its interval,
+mean acceptance length, decode time per token.
+
+Two figures llama-server does not give directly:
+
+* **speedup**: build 11434 has no per-request switch for speculation: ``"speculative.n_max": 0``,
+  ``"speculative.types": "none"`` and the like are accepted and ignored, the request drafts as
+  before (tried on the binary; the build's server reads no ``speculative.n_max`` key). Plain
+  decoding is therefore a second server, ``--plain-server URL``: the same target without a
+  draft, sent each prompt just before the candidates. Without one a remote speedup is unavailable.
+* **verification passes**, which llama.cpp does not count: each pass emits one token of the
+  target's own after the drafts it accepted, so the passes after the first token number
+  ``output - 1 - accepted`` (decoder/record.py's rule). A request that stops on a token inside a
+  step leaves that step's later drafts counted as accepted, so there the length reads a little high.
+
+Remote candidates are measured on the prompts the embedded ones are (a workload's held-out half),
+or on the whole sample when there is no embedded candidate; they take no part in the
+recommendation, which checks the embedded controller's predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from decoder.cli import add_model_arguments, build_decoder
+from decoder.evaluation import (
+    CandidateResult,
+    SampleError,
+    SampleRow,
+    WorkloadReport,
+    by_workload_of,
+    combined,
+    evaluate,
+    format_table,
+    measure,
+    progress_steps,
+    read_sample,
+    split,
+)
+from decoder.extras import refuse_without
+from decoder.fetch import FetchError
+from decoder.record import RecordError, RequestRecord, pooled_decode_ms_per_token
+from decoder.workloads import builtin_workloads
+
+if TYPE_CHECKING:  # the HTTP client loads when a server is asked, not when --help is read
+    import httpx
+
+    from monitor.ingest.stacks import StackReport
+
+logger = logging.getLogger(__name__)
+
+# A CPU llama-server can take minutes for a long answer to a long prompt; a dead one is a refused connection.
+REQUEST_TIMEOUT_S: Final = 600.0
+Progress = Callable[[str], None]
+
+
+class ServerError(RuntimeError):
+    """A remote candidate that cannot be evaluated; the message names its URL and what to do."""
+
+
+def register(subparsers: Any) -> None:
+    evaluate = subparsers.add_parser(
+        "evaluate",
+        help="try candidate drafters on a prompt sample and recommend one per workload",
+        description="Replay a prompt sample per workload through each candidate drafter with the embedded "
+        "decoder: the controller learns on the first half of a workload's prompts and predicts each "
+        "candidate's speedup; the second half measures it against plain decoding. Prints acceptance (95% "
+        "interval), mean acceptance length, decode tokens/s, predicted and measured speedup, and a "
+        "recommendation (a drafter and gamma, or plain) per workload. Name candidates with --draft (repeatable; "
+        "an old and a new draft version side by side) and --drafter ngram. A running llama-server with its "
+        "draft is a candidate too (--server URL, repeatable), measured on the same prompts; its speedup needs "
+        "--plain-server, the same target served without a draft. With --server and neither --draft nor "
+        "--drafter, nothing is decoded here and --target is not loaded.",
+    )
+    add_model_arguments(evaluate)
+    source = evaluate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", type=Path, metavar="FILE.jsonl",
+                        help='one JSON object per line: {"workload", "prompt" | "messages", "chat"?, '
+                        '"temperature"?, "top_p"?, "max_new_tokens"?}')  # fmt: skip
+    source.add_argument("--builtin", action="store_true", help="the built-in sample: 5 prompts a workload")
+    evaluate.add_argument(
+        "--server", action="append", default=[], metavar="URL",
+        help="a llama.cpp llama-server started with a candidate draft (e.g. -md D --spec-type draft-simple), "
+        "by its base URL, e.g. http://127.0.0.1:8080; repeatable",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--plain-server", metavar="URL", default=None,
+        help="a llama-server with the same target and no draft: the plain baseline of the --server candidates' "
+        "speedup (llama-server cannot turn drafting off per request; without it their speedup is unavailable)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--max-new-tokens", type=int, default=64, help="per prompt, unless its row says (default: %(default)s)"
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="seed for sampled rows (default: %(default)s)")
+    evaluate.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
+    evaluate.set_defaults(handler=_evaluate)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    servers = list(dict.fromkeys(base_url(url) for url in args.server))
+    if args.plain_server is not None and not servers:
+        print("error: --plain-server is the baseline of --server candidates: name at least one --server URL",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    local = bool(args.draft or args.drafter or not servers)
+    if local and (refused := refuse_without("draftwatch evaluate", "decoder")) is not None:
+        return refused
+    from tqdm.auto import tqdm
+
+    expected: tuple[type[Exception], ...] = (ServerError, FetchError, SampleError, RecordError, ValueError)
+    if local:  # the model code, with torch, loads only to decode here
+        from decoder.loading import ModelLoadError
+
+        expected += (ModelLoadError,)
+    try:
+        if args.prompts is not None:
+            rows = read_sample(args.prompts)
+        else:
+            rows = [SampleRow(w, p) for w, prompts in builtin_workloads().items() for p in prompts]
+        measured = measured_rows(rows, learning=local)
+        total = sum(len(r) for r in measured.values()) if servers else 0
+        with tqdm(total=total, desc="evaluating", unit="prompt", disable=None) as bar:  # None: on a terminal only
+
+            def tick(text: str) -> None:
+                bar.set_postfix_str(text)
+                bar.update()
+
+            # The servers first: a wrong URL fails in seconds, not after the embedded models' run.
+            remote = evaluate_servers(servers, measured, plain_server=args.plain_server,
+                                      max_new_tokens=args.max_new_tokens, seed=args.seed, progress=tick)  # fmt: skip
+            reports = _evaluate_locally(args, rows, bar, tick) if local else []
+    except expected as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    reports = combined(reports, remote)
+    if args.json:
+        print(json.dumps([report.to_dict() for report in reports], indent=2))
+    else:
+        print(format_table(reports))
+    return 0
+
+
+def _evaluate_locally(
+    args: argparse.Namespace, rows: Sequence[SampleRow], bar: Any, tick: Progress
+) -> list[WorkloadReport]:
+    decoder = build_decoder(args, progress=sys.stderr.isatty())
+    bar.total = (bar.total or 0) + progress_steps(rows, len(decoder.drafters))
+    bar.refresh()
+    return evaluate(decoder.target, decoder.drafters, rows, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                    progress=tick)  # fmt: skip
+
+
+def base_url(url: str) -> str:
+    """A server's base URL as given, or as an OpenAI client's base URL (ending in ``/v1``).
+
+    >>> base_url("http://127.0.0.1:8080/v1/"), base_url("http://127.0.0.1:8080")
+    ('http://127.0.0.1:8080', 'http://127.0.0.1:8080')
+    """
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def measured_rows(rows: Sequence[SampleRow], *, learning: bool) -> dict[str, list[SampleRow]]:
+    """Per workload the rows a remote candidate is measured on: the embedded ones' held-out half, else all."""
+    return {w: list(split(r)[1] if learning else r) for w, r in by_workload_of(rows).items()}
+
+
+def evaluate_servers(
+    servers: Sequence[str],
+    measured: Mapping[str, Sequence[SampleRow]],
+    *,
+    plain_server: str | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    progress: Progress | None = None,
+    client: httpx.Client | None = None,
+) -> list[WorkloadReport]:
+    """Each server's figures per workload on its ``measured`` rows, prompt by prompt in turn (plain first).
+
+    Raises :class:`ServerError` naming the server that failed and what to do.
+    """
+    if not servers:
+        return []
+    import httpx
+
+    reports = []
+    # A given client stays open for its owner (a test captures the answers with it).
+    with nullcontext(client) if client else httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+        for workload, rows in measured.items():
+            plain: list[RequestRecord] = []
+            drafted: dict[str, list[RequestRecord]] = {url: [] for url in servers}
+            for row in rows:
+                if progress is not None:
+                    progress(f"{workload}: asking {len(servers)} server(s)")
+                if plain_server is not None:
+                    plain.append(_ask(http, base_url(plain_server), row, max_new_tokens, seed, plain=True))
+                for url in servers:
+                    drafted[url].append(_ask(http, url, row, max_new_tokens, seed, plain=False))
+            plain_ms = pooled_decode_ms_per_token(plain)
+            results = []
+            for url, records in drafted.items():
+                result = CandidateResult(f"server:{url}", predicted_speedup=None, gamma=None, server=url)
+                measure(result, records, plain_ms)
+                if not result.drafted:
+                    logger.warning(
+                        "%s drafted nothing on %d %s prompts: llama-server drafts only with --spec-type "
+                        "(e.g. -md DRAFT.gguf --spec-type draft-simple); check how it was started",
+                        url, len(records), workload,
+                    )  # fmt: skip
+                results.append(result)
+            # Where the embedded candidates learned on the other half, combined() keeps their report's counts.
+            report = WorkloadReport(workload, 0, len(rows), None, results, recommendation=None, measured_best=None)
+            report.plain_server_ms_per_token = plain_ms
+            reports.append(report)
+    return reports
+
+
+def _ask(http: httpx.Client, url: str, row: SampleRow, max_new_tokens: int, seed: int, *, plain: bool) -> RequestRecord:
+    """One prompt sent to a server, its answer read by the sidecar's llama.cpp parser, as a record."""
+    import httpx
+
+    from monitor.ingest.stacks import StackError, parse_llamacpp
+
+    flag = "--plain-server" if plain else "--server"
+    sampling = {"max_tokens": row.max_new_tokens or max_new_tokens, "temperature": row.temperature,
+                "top_p": row.top_p, "seed": seed, "stream": False}  # fmt: skip
+    if isinstance(row.prompt, str) and not row.chat:
+        endpoint, body = "/v1/completions", {"prompt": row.prompt, **sampling}
+    else:
+        messages = [{"role": "user", "content": row.prompt}] if isinstance(row.prompt, str) else list(row.prompt)
+        endpoint, body = "/v1/chat/completions", {"messages": messages, **sampling}
+    try:
+        response = http.post(f"{url}{endpoint}", json=body)
+    except httpx.HTTPError as error:
+        raise ServerError(
+            f"cannot reach {url} ({type(error).__name__}: {error}): start llama-server there, or correct {flag}"
+        ) from None
+    if response.status_code != 200:
+        raise ServerError(
+            f"{url}{endpoint} answered {response.status_code} ({response.text[:200].strip()!r}): {flag} takes the "
+            "base URL of a llama.cpp llama-server, e.g. http://127.0.0.1:8080"
+        )
+    try:
+        answer = response.json()
+        report = parse_llamacpp(answer, speculative=None if plain else True)
+    except (ValueError, StackError) as error:  # a JSONDecodeError is a ValueError
+        raise ServerError(
+            f"{url}{endpoint} is not a llama-server answer ({str(error)[:300]}): {flag} takes a llama.cpp "
+            "llama-server, whose answers carry timings (draft_n, draft_n_accepted, predicted_ms)"
+        ) from None
+    if plain and report.drafted:
+        raise ServerError(
+            f"{url} drafted {report.drafted} tokens for a {row.workload} prompt, but {flag} is the plain baseline: "
+            "start it without a draft (no -md, no --spec-type), on the same target as the --server candidates"
+        )
+    return _record(report, url, row)
+
+
+def _record(report: StackReport, url: str, row: SampleRow) -> RequestRecord:
+    """The report in the record's terms, with the verification passes inferred (the module's docstring)."""
+    now = datetime.now(UTC)
+    passes = max(report.output_tokens - 1 - report.accepted, 1 if report.accepted else 0)
+    return RequestRecord(
+        request_id=report.request_id or "evaluate",
+        ts_start=now,
+        ts_end=now,
+        workload=row.workload,
+        target_model=report.model or url,
+        drafter="server",
+        mode=report.mode,
+        num_speculative_tokens=report.num_speculative_tokens or 0,
+        prompt_tokens=report.prompt_tokens,
+        output_tokens=report.output_tokens,
+        num_spec_steps=passes if report.mode == "speculative" else 0,
+        num_draft_tokens=report.drafted,
+        num_accepted_tokens=report.accepted,
+        ttft_ms=report.ttft_ms,
+        latency_ms=report.latency_ms,
+        temperature=row.temperature,
+        top_p=row.top_p,
+        finish_reason=report.finish_reason or "stop",
+        source=f"evaluate:{report.stack}",
+    )
