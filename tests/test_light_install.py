@@ -73,6 +73,18 @@ def test_the_extras_are_absent_there_and_their_commands_say_which_to_install(bas
         assert advice in done.stderr and "not installed" in done.stderr, (args, done.stderr)
 
 
+def test_evaluate_asks_a_remote_server_without_the_decoder_and_evaluate_decoding_here_needs_it(
+    base_env: dict[str, str],
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: the command got as far as asking
+    remote = subprocess.run(draftwatch("evaluate", "--server", url, "--builtin"), env=base_env, capture_output=True,
+                            text=True, cwd=ROOT)  # fmt: skip
+    assert remote.returncode == 1 and remote.stderr.startswith(f"error: cannot reach {url}"), remote.stderr
+    local = subprocess.run(draftwatch("evaluate", "--server", url, "--drafter", "ngram", "--builtin"), env=base_env,
+                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert local.returncode == 2 and "pip install 'draftwatch[decoder]'" in local.stderr, local.stderr
+
+
 @pytest.fixture
 def receiver() -> Iterator[WebhookReceiver]:
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()

@@ -13,7 +13,9 @@ from decoder.evaluation import (
     CandidateResult,
     SampleError,
     SampleRow,
+    WorkloadReport,
     _report,
+    combined,
     evaluate,
     format_table,
     progress_steps,
@@ -76,6 +78,30 @@ def test_the_recommendation_follows_the_prediction_and_is_checked_against_the_me
     losing = _report("prose", 3, 2, 20.0, [CandidateResult("ngram", 0.9, 1, measured_speedup=0.95)])
     assert losing.recommendation == losing.measured_best == "plain" and losing.recommendation_matches
     assert "recommendation = measured best on 1 of 2 workloads" in format_table([report, losing])
+
+
+def test_a_server_candidate_joins_its_workload_and_leaves_the_recommendation_alone() -> None:
+    local = _report("code", 3, 2, 20.0, [CandidateResult("ngram", 1.4, 3, measured_speedup=1.3, ms_per_token=15.0)])
+
+    def remote(workload: str, plain_ms: float | None) -> WorkloadReport:
+        server = CandidateResult("server:http://h:1", None, None, measured_speedup=2.0, ms_per_token=10.0,
+                                 server="http://h:1")  # fmt: skip
+        report = WorkloadReport(workload, 0, 4, None, [server], recommendation=None, measured_best=None)
+        report.plain_server_ms_per_token = plain_ms
+        return report
+
+    code, prose = combined([local], [remote("code", 20.0), remote("prose", None)])
+    assert [c.drafter for c in code.candidates] == ["ngram", "server:http://h:1"]
+    # The server measured faster, but the check is of the embedded controller's predictions among its own candidates.
+    assert (code.recommendation, code.measured_best, code.held_out_prompts) == ("ngram", "ngram", 2)
+    assert code.plain_server_ms_per_token == 20.0 and code.recommendation_matches
+    assert prose.recommendation is None and not prose.recommendation_matches
+    table = format_table([code, prose]).splitlines()
+    (server_row,) = [line for line in table if line.startswith("code") and "server:" in line]
+    assert server_row.split()[2:5] == ["-", "2.00x", "-"] and "100.0" in server_row  # 10 ms a token
+    assert [line.split()[-2] for line in table if "plain server" in line] == ["50.0"]
+    assert "prose        no recommendation: no embedded candidate" in "\n".join(table)
+    assert table[-1] == "recommendation = measured best on 1 of 1 workloads"
 
 
 def test_a_workload_with_one_prompt_is_refused(tiny_target: LoadedModel) -> None:
