@@ -13,6 +13,11 @@ from monitor.store.evaluations import latest_evaluations, save_evaluation
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
+def candidate(measured: float) -> dict[str, Any]:
+    return {"drafter": "ngram", "predicted_speedup": 1.2, "gamma": 3, "measured_speedup": measured,
+            "acceptance": 0.6, "acceptance_interval": [0.5, 0.7], "drafted": 100, "accepted": 60}  # fmt: skip
+
+
 def report(workload: str, recommendation: str, measured: float) -> dict[str, Any]:
     """A workload report as `draftwatch evaluate --json` prints it (decoder/evaluation.py's to_dict)."""
     return {
@@ -20,18 +25,7 @@ def report(workload: str, recommendation: str, measured: float) -> dict[str, Any
         "learn_prompts": 3,
         "held_out_prompts": 2,
         "plain_ms_per_token": 30.0,
-        "candidates": [
-            {
-                "drafter": "ngram",
-                "predicted_speedup": 1.2,
-                "gamma": 3,
-                "measured_speedup": measured,
-                "acceptance": 0.6,
-                "acceptance_interval": [0.5, 0.7],
-                "drafted": 100,
-                "accepted": 60,
-            },
-        ],  # fmt: skip
+        "candidates": [candidate(measured)],
         "recommendation": recommendation,
         "recommended_gamma": 3 if recommendation != "plain" else None,
         "measured_best": recommendation,
@@ -55,8 +49,9 @@ def test_the_migration_creates_the_table_the_model_declares(engine: Engine) -> N
 
 
 def test_the_newest_run_per_target_and_workload_is_what_the_pairs_page_reads(engine: Engine) -> None:
-    old = save_evaluation(engine, [report("code", "plain", 0.9), report("prose", "plain", 0.8)],
-                          target_model="qwen-coder-1.5b", target_version="v1", sample="old.jsonl", ran_at=T0)  # fmt: skip
+    both = [report("code", "plain", 0.9), report("prose", "plain", 0.8)]
+    old = save_evaluation(engine, both, target_model="qwen-coder-1.5b", target_version="v1", sample="old.jsonl",
+                          ran_at=T0)  # fmt: skip
     new = save_evaluation(engine, [report("code", "ngram", 1.4)], target_model="qwen-coder-1.5b",
                           target_version="v1", sample="capture", ran_at=T0 + timedelta(hours=1))  # fmt: skip
     other = save_evaluation(engine, [report("code", "ngram", 1.1)], target_model="smollm2-135m",
