@@ -26,10 +26,10 @@ should never happen after validation) is written to a ``rejected-*.jsonl`` file 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -84,7 +84,18 @@ class Recorder:
     def __init__(self, engine: Engine, settings: RecorderSettings, *, on_durable: DurableHook | None = None) -> None:
         self.engine = engine
         self.settings = settings
-        self._queue: queue.Queue[RequestRecord] = queue.Queue(maxsize=settings.queue_size)
+        # The queue: a deque bounded by record() itself. One plain lock guards the length test and the
+        # append (the caller's side: two C calls, where queue.Queue runs a Condition in Python and
+        # wakes the writer on every put) and the batches the writers take. Its two conditions: _work
+        # wakes a writer (only when one is idle or a batch is full), _progress tells flush() and a
+        # caller blocked on a full queue that records left the deque or were written.
+        self._pending: deque[RequestRecord] = deque()
+        self._maxsize = settings.queue_size
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._progress = threading.Condition(self._lock)
+        self._idle_writers = 0
+        self._in_flight = 0  # taken off the deque by a writer, not yet written or spooled
         self._spool = Spool(settings.spool_dir)
         self._sink = BatchSink(engine, self._spool, DeadLetter(settings.spool_dir), on_durable)
         self._stop = threading.Event()
@@ -106,22 +117,35 @@ class Recorder:
             raise
         if self._closed:
             raise RecorderClosedError("the recorder is closed")
-        try:
-            self._queue.put_nowait(rec)
-        except queue.Full:
-            self._on_full(rec)
+        with self._lock:
+            if len(self._pending) < self._maxsize:
+                self._append(rec)
+                return
+        self._on_full(rec)
 
     __call__ = record
 
+    def _append(self, rec: RequestRecord) -> None:
+        # With the lock held. A writer waits for the first record of a batch, and for a full one.
+        pending = self._pending
+        pending.append(rec)
+        if self._idle_writers or len(pending) == self.settings.batch_size:
+            self._work.notify_all()
+
     def _on_full(self, rec: RequestRecord) -> None:
         if self.settings.full_queue_policy == "raise":
-            raise RecorderFullError(f"recorder queue is full ({self._queue.maxsize} records)")
+            raise RecorderFullError(f"recorder queue is full ({self._maxsize} records)")
         if self.settings.full_queue_policy == "block_then_spool":
-            try:
-                self._queue.put(rec, timeout=self.settings.block_timeout_s)
-                return
-            except queue.Full:
-                pass
+            deadline = time.monotonic() + self.settings.block_timeout_s
+            with self._lock:
+                while len(self._pending) >= self._maxsize:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._progress.wait(remaining)
+                else:
+                    self._append(rec)
+                    return
         log.warning("recorder queue full: spooling on the caller's thread")
         self._sink.spool([rec], new_batch_id())
 
@@ -168,12 +192,12 @@ class Recorder:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued record is committed or spooled; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._queue.all_tasks_done:
-            while self._queue.unfinished_tasks:
+        with self._lock:
+            while self._pending or self._in_flight:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._queue.all_tasks_done.wait(remaining)
+                self._progress.wait(remaining)
         return True
 
     def wait_replayed(self, timeout: float) -> bool:
@@ -190,12 +214,14 @@ class Recorder:
         """Stop taking records, drain the queue (to the database or the spool) and stop the thread."""
         self._closed = True
         self._stop.set()
+        with self._lock:
+            self._work.notify_all()  # a writer waiting for records or for a fuller batch drains now
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 log.error(
-                    "recorder did not drain within %.1f s; %d record(s) still queued", timeout, self._queue.qsize()
+                    "recorder did not drain within %.1f s; %d record(s) still queued", timeout, len(self._pending)
                 )
                 return
         # One last replay, so that a clean shutdown with the database up leaves no spool behind.
@@ -215,7 +241,7 @@ class Recorder:
     def stats(self) -> RecorderStats:
         counts = self._sink.counts
         return RecorderStats(
-            queued=self._queue.qsize(),
+            queued=len(self._pending),
             written=counts.written,
             spooled=counts.spooled,
             replayed=counts.replayed,
@@ -240,30 +266,39 @@ class Recorder:
                 if batch:
                     self._sink.spool(batch, new_batch_id())
             finally:
-                for _ in batch:
-                    self._queue.task_done()
-            if self._stop.is_set() and self._queue.empty():
+                if batch:
+                    with self._lock:
+                        self._in_flight -= len(batch)
+                        self._progress.notify_all()
+            if self._stop.is_set() and not self._pending:
                 break
 
     def _take_batch(self) -> list[RequestRecord]:
-        try:
-            first = self._queue.get(timeout=self.settings.flush_interval_s)
-        except queue.Empty:
-            return []
-        batch = [first]
-        deadline = time.monotonic() + self.settings.flush_interval_s
-        while len(batch) < self.settings.batch_size:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                # Draining at shutdown, or the batch is young: wait a little for company.
-                remaining = deadline - time.monotonic()
-                if self._stop.is_set() or remaining <= 0:
-                    break
+        interval, size, pending = self.settings.flush_interval_s, self.settings.batch_size, self._pending
+        with self._lock:
+            if not pending:
+                self._idle_writers += 1  # record() wakes an idle writer with the first record
                 try:
-                    batch.append(self._queue.get(timeout=min(remaining, 0.01)))
-                except queue.Empty:
-                    continue
+                    self._work.wait(interval)
+                finally:
+                    self._idle_writers -= 1
+                if not pending:
+                    return []
+            # A young batch waits up to flush_interval_s for company; record() wakes it when it is full.
+            deadline = time.monotonic() + interval
+            while len(pending) < size and not self._stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._work.wait(remaining)
+            if len(pending) <= size:
+                batch = list(pending)
+                pending.clear()
+            else:
+                take = pending.popleft
+                batch = [take() for _ in range(size)]
+            self._in_flight += len(batch)
+            self._progress.notify_all()  # room for a caller that waits on a full queue
         return batch
 
     def _write(self, batch: list[RequestRecord]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_the_recorder_runs_on_its_settings_section(engine: Engine, tmp_path: Pat
         {"HOME": str(tmp_path), "DRAFTWATCH_RECORDER_BATCH_SIZE": "7", "DRAFTWATCH_RECORDER_QUEUE_SIZE": "9"}, None
     )
     with Recorder(engine, settings.recorder) as recorder:
-        assert recorder._queue.maxsize == 9 and recorder.settings.batch_size == 7
+        assert recorder._maxsize == 9 and recorder.settings.batch_size == 7
         for rec in stream(20):
             recorder.record(rec)
     assert stored_count(engine) == (20, 20)
@@ -130,6 +131,64 @@ def test_full_queue_policies(engine: Engine, tmp_path: Path, policy: str) -> Non
         assert stored_count(engine) == (20, 20)  # and was replayed at close
         assert final.written + final.replayed == 20
     assert not list((tmp_path / "spool").glob("spool-*"))
+
+
+def test_the_queue_bound_is_exact_with_many_callers(engine: Engine, tmp_path: Path) -> None:
+    # No writer started: whatever record() takes stays queued, so exactly queue_size calls succeed.
+    recorder = Recorder(
+        engine, RecorderSettings(spool_dir=tmp_path / "spool", queue_size=50, full_queue_policy="raise")
+    )
+    records = stream(400)
+    outcomes: list[str] = []
+
+    def caller(part: list[RequestRecord]) -> None:
+        for rec in part:
+            try:
+                recorder.record(rec)
+                outcomes.append("ok")
+            except RecorderFullError:
+                outcomes.append("full")
+
+    threads = [threading.Thread(target=caller, args=(records[n::8],)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("ok") == 50 and recorder.stats().queued == 50
+    assert not recorder.flush(0.05)  # queued, and nothing writes them
+    recorder.start()
+    assert recorder.flush(20)
+    recorder.close()
+    assert stored_count(engine) == (50, 50)
+
+
+def test_the_writer_wakes_for_a_first_record_a_full_batch_and_close(engine: Engine, tmp_path: Path) -> None:
+    # record() wakes the writer only when it must; each case here finishes in time only if it does.
+    spool = tmp_path / "spool"
+    # An idle writer, woken by a first record: the batch is written one interval later, not two.
+    with Recorder(engine, RecorderSettings(spool_dir=spool, flush_interval_s=2.0)) as recorder:
+        time.sleep(0.2)  # the writer waits for a first record
+        started = time.monotonic()
+        recorder.record(stream(1, prefix="first")[0])
+        assert recorder.flush(3.5), "an idle writer slept through the first record"
+        assert time.monotonic() - started >= 1.9  # and the young batch did wait for company
+    # A writer that waits for company, woken when its batch is full, long before the interval.
+    with Recorder(engine, RecorderSettings(spool_dir=spool, batch_size=10, flush_interval_s=60.0)) as recorder:
+        records = stream(10, prefix="full")
+        recorder.record(records[0])
+        time.sleep(0.2)  # the writer holds a young batch and waits
+        for rec in records[1:]:
+            recorder.record(rec)
+        assert recorder.flush(20), "a full batch waited for the interval"
+    # close() wakes a writer that waits for company, and it drains what is queued.
+    recorder = Recorder(engine, RecorderSettings(spool_dir=spool, flush_interval_s=60.0)).start()
+    for rec in stream(3, prefix="young"):
+        recorder.record(rec)
+    time.sleep(0.2)
+    started = time.monotonic()
+    recorder.close()
+    assert time.monotonic() - started < 20
+    assert stored_count(engine) == (14, 14)
 
 
 def _unmigrated_or_missing(db_url: str) -> tuple[str, object]:
