@@ -2,12 +2,14 @@
 
     python benchmarks/ingest.py                      # 200,000 records per backend, writes RESULTS.md
     python benchmarks/ingest.py --records 20000 --no-write
+    python benchmarks/ingest.py --steady-only --backends sqlite   # record()'s cost at 1,000/s alone, prints only
 
 For each backend, one thread calls ``record()`` as fast as it can for ``--records`` synthetic records
 (the queue is sized to hold them all, so nothing takes the full-queue path) and the clock stops when
 ``flush()`` reports every record committed; the database is then counted to check that every record
 landed exactly once. The caller's cost is measured twice: during that flood (the writer thread
-competes for the GIL) and at a steady 1,000 records/s, which is closer to a serving process.
+competes for the GIL) and at a steady 1,000 records/s, which is closer to a serving process: only the
+``record()`` call is timed, on the caller's thread, with the writer thread running beside it.
 """
 
 from __future__ import annotations
@@ -108,20 +110,25 @@ def steady(engine: Engine, spool: Path, records: list[RequestRecord], rate: floa
     return costs
 
 
-def run_backend(backend: str, url: str, count: int, writers: int, workdir: Path) -> Result:
+def run_backend(
+    backend: str, url: str, count: int, writers: int, workdir: Path, steady_count: int = STEADY_COUNT
+) -> Result:
+    """The flood of ``count`` records (none when 0), then ``steady_count`` at :data:`STEADY_RATE`."""
     engine = create_engine(url)
     upgrade(engine)
-    records = make_records(count, prefix=f"{backend}-flood")
-    seconds, flood_costs = flood(engine, workdir / f"{backend}-spool", records, writers)
+    seconds, flood_costs = 0.0, [0.0]
+    if count:
+        records = make_records(count, prefix=f"{backend}-flood")
+        seconds, flood_costs = flood(engine, workdir / f"{backend}-spool", records, writers)
     steady_costs = steady(
-        engine, workdir / f"{backend}-spool", make_records(STEADY_COUNT, f"{backend}-steady"), STEADY_RATE
+        engine, workdir / f"{backend}-spool", make_records(steady_count, f"{backend}-steady"), STEADY_RATE
     )
     with engine.connect() as conn:
         stored = int(conn.execute(select(func.count()).select_from(RequestRow)).scalar_one())
         rolled = int(conn.execute(select(func.sum(RollupMinuteRow.n_requests))).scalar_one())
     engine.dispose()
-    if stored != count + STEADY_COUNT or rolled != stored:
-        raise RuntimeError(f"{backend}: {stored} rows and {rolled} in rollups, expected {count + STEADY_COUNT}")
+    if stored != count + steady_count or rolled != stored:
+        raise RuntimeError(f"{backend}: {stored} rows and {rolled} in rollups, expected {count + steady_count}")
     return Result(
         backend,
         count,
@@ -169,7 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pg-writers", type=int, default=2, help="writer threads on PostgreSQL")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument(
+        "--steady-only",
+        action="store_true",
+        help="skip the flood: only record()'s p50/p99 at a steady 1,000 records/s (prints only, like --no-write)",
+    )
+    parser.add_argument(
+        "--steady-records", type=int, default=STEADY_COUNT, help=f"records of the steady run (default {STEADY_COUNT})"
+    )
     args = parser.parse_args(argv)
+    count = 0 if args.steady_only else args.records
     logging.basicConfig(level=logging.WARNING)
     workdir = Path(tempfile.mkdtemp(prefix="dw-ingest-"))
     load_start = os.getloadavg()[0]
@@ -177,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for backend in args.backends.split(","):
             if backend == "sqlite":
-                results.append(run_backend("sqlite", f"sqlite:///{workdir / 'ingest.db'}", args.records, 1, workdir))
+                url = f"sqlite:///{workdir / 'ingest.db'}"
+                results.append(run_backend("sqlite", url, count, 1, workdir, args.steady_records))
             elif backend == "postgresql":
                 name = f"dw_bench_{uuid.uuid4().hex[:8]}"
                 with psycopg.connect(args.pg, autocommit=True) as conn:
@@ -190,13 +207,18 @@ def main(argv: list[str] | None = None) -> int:
                         info.get("port", 5432),
                     )
                     url = f"postgresql+psycopg://{user}@{host}:{port}/{name}"
-                    results.append(run_backend("postgresql", url, args.records, args.pg_writers, workdir))
+                    results.append(run_backend("postgresql", url, count, args.pg_writers, workdir, args.steady_records))
                 finally:
                     with psycopg.connect(args.pg, autocommit=True) as conn:
                         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             else:
                 parser.error(f"unknown backend {backend!r}")
             r = results[-1]
+            if args.steady_only:
+                print(
+                    f"{r.backend}: record() p50/p99 {r.steady_p50_us:.1f}/{r.steady_p99_us:.1f} µs (1k/s)", flush=True
+                )
+                continue
             print(
                 f"{r.backend}: {r.records:,} records in {r.seconds:.1f} s = {r.per_second:,.0f} records/s; "
                 f"record() p50/p99 {r.flood_p50_us:.1f}/{r.flood_p99_us:.1f} µs (flood), "
@@ -205,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if args.steady_only:
+        print(f"Load average (1 min) at start / end of the run: {load_start:.1f} / {os.getloadavg()[0]:.1f}")
+        return 0
     body = report(results, args.pg_writers, (load_start, os.getloadavg()[0]))
     print(body)
     if not args.no_write:
