@@ -31,7 +31,7 @@ from decoder.holdout import HoldoutPolicy
 from monitor.alerts.settings import AlertConfig, AlertSettings
 from monitor.api.settings import ApiSettings, DecoderSettings, ProxySettings
 from monitor.drift.settings import DriftSettings
-from monitor.ingest.settings import RecorderSettings, ScrapeSettings
+from monitor.ingest.settings import CaptureSettings, RecorderSettings, ScrapeSettings
 from monitor.notify.settings import DeliverySettings
 from monitor.scheduler.settings import RetentionSettings, SchedulerSettings
 from monitor.settings.fields import Spec, resolve, specs
@@ -57,6 +57,7 @@ SECTIONS: Final[Mapping[str, type[Any]]] = {
     "api": ApiSettings,
     "decoder": DecoderSettings,
     "proxy": ProxySettings,
+    "capture": CaptureSettings,
     "drift": DriftSettings,
     "delivery": DeliverySettings,
     "alerts": AlertSettings,
@@ -92,6 +93,7 @@ class Settings:
     api: ApiSettings
     decoder: DecoderSettings
     proxy: ProxySettings
+    capture: CaptureSettings
     drift: DriftSettings
     delivery: DeliverySettings
     alerts: AlertSettings

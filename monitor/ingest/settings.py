@@ -1,4 +1,4 @@
-"""Ingest's settings: the recorder (its queue, batches, full-queue policy, spool) and the scrape targets."""
+"""Ingest's settings: the recorder (queue, batches, full-queue policy, spool), scrape targets, the prompt sample."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Final
 
 from monitor.ingest.scrape.targets import ScrapeTarget, parse_targets
 from monitor.settings.fields import setting
-from monitor.settings.parsers import parse_choice, parse_int, parse_path, parse_seconds
+from monitor.settings.parsers import parse_choice, parse_int, parse_path, parse_seconds, parse_share
 
 FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
 
@@ -85,4 +85,38 @@ class ScrapeSettings:
         (),
         "engines' /metrics endpoints to read (scrape mode): [[scrape]] tables (url, kind vllm|llamacpp|sglang, "
         "name, interval, workload, target_model, drafter, timeout_s) or a JSON list of the same (default: none)",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureSettings:
+    share: float = setting(
+        "capture.share",
+        "DRAFTWATCH_CAPTURE_SHARE",
+        parse_share,
+        0.0,
+        "share of proxied and embedded-decoder requests whose prompt may enter the prompt sample for "
+        "`draftwatch evaluate`; 0 is off, since prompts are otherwise never stored (default: 0)",
+    )
+    max_per_workload: int = setting(
+        "capture.max_per_workload",
+        "DRAFTWATCH_CAPTURE_MAX_PER_WORKLOAD",
+        parse_int(1),
+        200,
+        "most prompts the sample keeps per workload, a uniform reservoir of those seen (default: 200)",
+    )
+    retention_days: int = setting(
+        "capture.retention_days",
+        "DRAFTWATCH_CAPTURE_RETENTION_DAYS",
+        parse_int(1),
+        7,
+        "days a captured prompt is kept before it is deleted (default: 7)",
+    )
+    path: Path = setting(
+        "capture.path",
+        "DRAFTWATCH_CAPTURE_PATH",
+        parse_path,
+        dataclasses.MISSING,
+        "the prompt sample's own SQLite file, apart from the records (default: prompt-sample.db in data_dir)",
+        derive=lambda data_dir: data_dir / "prompt-sample.db",
     )

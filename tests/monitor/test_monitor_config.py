@@ -71,13 +71,23 @@ def test_bad_file_values_and_unknown_keys_are_quoted(tmp_path: Path) -> None:
 
 def test_each_setting_is_declared_once_in_its_own_section() -> None:
     rows = list(all_specs())
-    assert len({spec.name for _, spec in rows}) == len({spec.env for _, spec in rows}) == len(rows) == 68
+    assert len({spec.name for _, spec in rows}) == len({spec.env for _, spec in rows}) == len(rows) == 72
     assert all(spec.env.startswith("DRAFTWATCH_") and spec.help for _, spec in rows)
     # A dotted name's table is the section that declares it (two lists of tables are top-level keys).
     for path, spec in rows[1:]:
         section, _, key = spec.name.rpartition(".")
         assert (section, key) == (path[0], path[1]) or spec.name in ("webhooks", "scrape"), spec.name
     assert set(SECTIONS) == {name for name, *_ in (path for path, _ in rows[1:])}
+
+
+def test_the_prompt_sample_is_off_by_default_and_kept_apart_in_the_data_directory() -> None:
+    s = Settings.from_env(HOME, None)
+    assert (s.capture.share, s.capture.max_per_workload, s.capture.retention_days) == (0.0, 200, 7)
+    assert s.capture.path == s.data_dir / "prompt-sample.db" != Path(s.database.url.removeprefix("sqlite:///"))
+    with pytest.raises(ConfigError, match="DRAFTWATCH_CAPTURE_SHARE='1.5': expected a share between 0 and 1"):
+        Settings.from_env({**HOME, "DRAFTWATCH_CAPTURE_SHARE": "1.5"})
+    with pytest.raises(ConfigError, match="DRAFTWATCH_CAPTURE_RETENTION_DAYS='0': expected an integer >= 1"):
+        Settings.from_env({**HOME, "DRAFTWATCH_CAPTURE_RETENTION_DAYS": "0"})
 
 
 def test_with_values_changes_settings_by_dotted_name() -> None:
