@@ -2,8 +2,9 @@
 
 ``create_app(settings, decoder=None, engine=None)`` builds the FastAPI app; its lifespan migrates
 the schema (when ``database.upgrade_on_start``), starts the recorder (whose ``on_durable`` hook
-feeds ``/metrics``), makes it the decoder's sink and starts the decoder worker, and on shutdown
-stops the worker and drains the recorder. Without a decoder, ingest and reads work and the decode
+feeds ``/metrics``), makes it the decoder's sink and starts the decoder worker and, with
+``capture.share`` above 0, the prompt sample's writer; on shutdown it stops the worker, writes the
+queued prompts and drains the recorder. Without a decoder, ingest and reads work and the decode
 endpoints answer 503.
 """
 
@@ -36,6 +37,7 @@ from monitor.api.state import ApiState
 from monitor.api.store_figures import StoreFigures
 from monitor.api.upstream import Upstream
 from monitor.config import Settings
+from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
 from monitor.store import migrate
 from monitor.store.engine import create_engine
@@ -88,6 +90,10 @@ def create_app(
                 seed=decode_seed,
                 state_path=settings.data_dir / STATE_FILE,
             ).start()
+        if settings.capture.share > 0:
+            state.capture = PromptCapture(settings.capture).start()
+            log.info("prompt sample on: %g of requests considered, kept in %s", settings.capture.share,
+                     settings.capture.path)  # fmt: skip
         if settings.proxy.upstream is not None:
             state.upstream = Upstream(settings.proxy)
             log.info("proxy mode: forwarding %s to %s", ", ".join(proxy.FORWARDED_PATHS), settings.proxy.upstream)
@@ -103,6 +109,8 @@ def create_app(
                 await anyio.to_thread.run_sync(state.worker.stop)
             if state.upstream is not None:
                 await state.upstream.aclose()
+            if state.capture is not None:
+                await anyio.to_thread.run_sync(state.capture.close)
             await anyio.to_thread.run_sync(recorder.close)
             if engine is None:
                 eng.dispose()
@@ -183,6 +191,16 @@ def _own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
             "counter",
             float(state.proxy_unrecorded),
         )
+    if state.capture is not None:
+        captured = state.capture.stats()
+        for name, meaning in (
+            ("considered", "Requests the prompt sample considered (past capture.share)."),
+            ("kept", "Considered prompts that entered their workload's reservoir."),
+            ("unusable", "Considered requests without a text prompt evaluate can replay."),
+            ("dropped", "Considered prompts dropped because the capture queue was full."),
+            ("failed", "Considered prompts lost to an error reading the request or writing the file."),
+        ):
+            yield f"draftwatch_capture_{name}_total", meaning, "counter", float(getattr(captured, name))
     if state.worker is not None:
         yield (
             "draftwatch_decode_queue_depth",

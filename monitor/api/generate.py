@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from decoder.record import RequestRecord
 from monitor.api.auth import GuardedRoute, require
+from monitor.api.capture import decoded_row, offer
 from monitor.api.decoding import DecodeWorker, Job, QueueFullError
 from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, validation_error
 from monitor.api.events import Workload
@@ -106,19 +107,16 @@ async def generate(request: Request, body: GenerateIn) -> GenerateOut:
     """Decode speculatively and return the text with the request's record."""
     worker = worker_of(request)
     prompt: Any = body.prompt if body.prompt is not None else [m.model_dump() for m in body.messages or []]
-    job = submit(
-        worker,
-        prompt,
-        {
-            "workload": body.workload,
-            "max_new_tokens": body.max_new_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "seed": body.seed,
-            "stop": body.stop,
-            "chat": body.chat,
-        },
-    )
+    options = {
+        "workload": body.workload,
+        "max_new_tokens": body.max_new_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "seed": body.seed,
+        "stop": body.stop,
+        "chat": body.chat,
+    }
+    job = submit(worker, prompt, options)
     pieces: list[str] = []
     record: RequestRecord | None = None
     try:
@@ -131,4 +129,5 @@ async def generate(request: Request, body: GenerateIn) -> GenerateOut:
         raise decoder_error(error) from error
     if record is None:
         raise ApiError(500, "decode_failed", "the decoder produced no record")
+    offer(request, lambda: decoded_row(prompt, options))  # decoded: a prompt the decoder refused is not kept
     return GenerateOut(text="".join(pieces), record=record.to_dict(), **derived(record))

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from decoder.record import RequestRecord, validate_workload
 from monitor.api.auth import GuardedRoute
+from monitor.api.capture import decoded_row, offer
 from monitor.api.decoding import Job, stop_list
 from monitor.api.errors import ApiError, Problem, validation_error
 from monitor.api.generate import (
@@ -134,19 +135,17 @@ async def chat_completions(
     worker = worker_of(request)
     workload = _workload(x_workload, body)
     request_id = uuid.uuid4().hex
-    job = submit(
-        worker,
-        [m.model_dump() for m in body.messages],
-        {
-            "workload": workload,
-            "max_new_tokens": body.max_completion_tokens or body.max_tokens or 128,
-            "temperature": 1.0 if body.temperature is None else body.temperature,
-            "top_p": 1.0 if body.top_p is None else body.top_p,
-            "seed": body.seed,
-            "stop": stop_list(body.stop),
-            "request_id": request_id,
-        },
-    )
+    messages = [m.model_dump() for m in body.messages]
+    options = {
+        "workload": workload,
+        "max_new_tokens": body.max_completion_tokens or body.max_tokens or 128,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "seed": body.seed,
+        "stop": stop_list(body.stop),
+        "request_id": request_id,
+    }
+    job = submit(worker, messages, options)
     model = body.model or worker.decoder.target.name
     items = job.items()
     # Wait for the first piece before answering, so that input the decoder refuses is a 422, not a broken stream.
@@ -156,6 +155,7 @@ async def chat_completions(
         raise ApiError(500, "decode_failed", "the decoder produced nothing") from None
     except Exception as error:
         raise decoder_error(error) from error
+    offer(request, lambda: decoded_row(messages, options))  # the decoder took it: a refused prompt is not kept
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(

@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from decoder.record import WORKLOAD_PATTERN, RequestRecord
 from monitor.api.adapters import AdapterFields, record_of
 from monitor.api.auth import Guard
+from monitor.api.capture import offer, proxied_row
 from monitor.api.errors import ApiError
 from monitor.api.settings import ProxySettings
 from monitor.api.state import ApiState, api_state
@@ -204,6 +205,8 @@ async def forward(request: Request) -> Response:
     except UpstreamUnavailableError as error:
         exchange.record(None, error=f"upstream unreachable: {error}")
         return _upstream_error(502, f"the upstream at {upstream.netloc} cannot be reached ({error})")
+    if response.status < 400:  # a request the upstream refused is no traffic to evaluate on
+        offer(request, lambda: proxied_row(exchange.path, exchange.payload, exchange.workload))
     headers_out = {k: v for k, v in response.headers if k.lower() not in HOP_HEADERS}
     if response.header("content-type").startswith("text/event-stream"):
         return StreamingResponse(_relay(exchange, response), response.status, headers_out)

@@ -1,4 +1,4 @@
-"""What the routes share: settings, engine, recorder, tokens, metrics and the optional decoder worker."""
+"""What the routes share: settings, engine, recorder, tokens, metrics, the optional decoder worker and prompt sample."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from monitor.api.decoding import DecodeWorker
 from monitor.api.metrics import Metrics
 from monitor.api.upstream import Upstream
 from monitor.config import Settings
+from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
 
 
@@ -29,6 +30,8 @@ class ApiState:
     # Proxy mode: the upstream's client, and the proxied responses whose figures could not be read.
     upstream: Upstream | None = None
     proxy_unrecorded: int = 0
+    # The opt-in prompt sample; None while capture.share is 0.
+    capture: PromptCapture | None = None
     head_revision: str | None = None
     schema_current: bool = False
     # SQLite has one writer at a time and its busy handler sleeps in growing steps while it waits:
