@@ -24,11 +24,16 @@ log = logging.getLogger(__name__)
 Action: TypeAlias = "Callable[[Engine, Settings], int]"
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config`` and ``--database-url``."""
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """``--config``, for a command that needs no database."""
     parser.add_argument(
         "--config", type=Path, default=None, help="draftwatch.toml to read (default: $DRAFTWATCH_CONFIG or ./)"
     )
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config`` and ``--database-url``."""
+    add_config_argument(parser)
     parser.add_argument("--database-url", default=None, help="overrides DRAFTWATCH_DATABASE_URL and the config file")
 
 

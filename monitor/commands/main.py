@@ -17,6 +17,7 @@ from importlib.metadata import version
 COMMAND_MODULES: tuple[str, ...] = (
     "decoder.cli",
     "monitor.commands.evaluate",
+    "monitor.commands.capture",
     "monitor.commands.db",
     "monitor.commands.serve",
     "monitor.commands.drift",
