@@ -47,6 +47,7 @@ class Upstream:
         return Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._chat, methods=["POST"]),  # the same report's shape
                 Route("/generate", self._generate, methods=["POST"]),
                 Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
