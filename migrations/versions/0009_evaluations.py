@@ -31,7 +31,7 @@ def upgrade() -> None:
         sa.Column("target_version", sa.String(length=512), nullable=True),
         sa.Column("sample", sa.String(length=300), nullable=False),
         sa.Column("workload", sa.String(length=64), nullable=False),
-        sa.Column("recommendation", sa.String(length=256), nullable=False),
+        sa.Column("recommendation", sa.String(length=256), nullable=True),
         sa.Column("recommendation_matches", sa.Boolean(), nullable=False),
         sa.Column("report", sa.JSON(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_evaluations")),

@@ -74,8 +74,9 @@ def run_with_engine(args: argparse.Namespace, command: str, action: Action, *, u
     from monitor.store import migrate
     from monitor.store.engine import create_engine
 
-    engine = create_engine(settings.database.url)
+    engine = None
     try:
+        engine = create_engine(settings.database.url)
         if upgrade and settings.database.upgrade_on_start:
             migrate.upgrade(engine)
         return int(action(engine, settings))
@@ -84,4 +85,5 @@ def run_with_engine(args: argparse.Namespace, command: str, action: Action, *, u
         print(f"draftwatch {command}: {type(error).__name__}: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
     finally:
-        engine.dispose()
+        if engine is not None:
+            engine.dispose()

@@ -57,10 +57,13 @@ from decoder.extras import refuse_without
 from decoder.fetch import FetchError
 from decoder.record import RecordError, RequestRecord, pooled_decode_ms_per_token
 from decoder.workloads import builtin_workloads
+from monitor.commands.common import add_settings_arguments, run_with_engine
 
 if TYPE_CHECKING:  # the HTTP client loads when a server is asked, not when --help is read
     import httpx
+    from sqlalchemy.engine import Engine
 
+    from monitor.config import Settings
     from monitor.ingest.stacks import StackReport
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,12 @@ def register(subparsers: Any) -> None:
     )
     evaluate.add_argument("--seed", type=int, default=0, help="seed for sampled rows (default: %(default)s)")
     evaluate.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
+    evaluate.add_argument(
+        "--store", action="store_true",
+        help="also store the verdict in the database (--database-url, else the settings'), where the dashboard's "
+        "Pairs page shows the newest one per target and workload beside the live figures; prompts are not stored",
+    )  # fmt: skip
+    add_settings_arguments(evaluate)
     evaluate.set_defaults(handler=_evaluate)
 
 
@@ -144,7 +153,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             # The servers first: a wrong URL fails in seconds, not after the embedded models' run.
             remote = evaluate_servers(servers, measured, plain_server=args.plain_server,
                                       max_new_tokens=args.max_new_tokens, seed=args.seed, progress=tick)  # fmt: skip
-            reports = _evaluate_locally(args, rows, bar, tick) if local else []
+            reports, target = _evaluate_locally(args, rows, bar, tick) if local else ([], (args.target, None))
     except expected as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -153,17 +162,35 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(json.dumps([report.to_dict() for report in reports], indent=2))
     else:
         print(format_table(reports))
-    return 0
+    return _store(args, reports, *target) if args.store else 0
+
+
+def _store(args: argparse.Namespace, reports: Sequence[WorkloadReport], target: str, version: str | None) -> int:
+    """Put the verdict where the dashboard reads it; the report above is printed whatever happens here."""
+    from monitor.store.evaluations import save_evaluation
+
+    sample = str(args.prompts) if args.prompts is not None else "built-in sample"
+
+    def action(engine: Engine, settings: Settings) -> int:
+        run_id = save_evaluation(engine, [r.to_dict() for r in reports], target_model=target, target_version=version,
+                                 sample=sample)  # fmt: skip
+        where = engine.url.render_as_string(hide_password=True)
+        print(f"stored evaluation {run_id} ({len(reports)} workload(s), target {target}) in {where}", file=sys.stderr)
+        return 0
+
+    return run_with_engine(args, "evaluate", action)
 
 
 def _evaluate_locally(
     args: argparse.Namespace, rows: Sequence[SampleRow], bar: Any, tick: Progress
-) -> list[WorkloadReport]:
+) -> tuple[list[WorkloadReport], tuple[str, str | None]]:
+    """The embedded candidates' reports, and the target's name and version they were measured on."""
     decoder = build_decoder(args, progress=sys.stderr.isatty())
     bar.total = (bar.total or 0) + progress_steps(rows, len(decoder.drafters))
     bar.refresh()
-    return evaluate(decoder.target, decoder.drafters, rows, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                    progress=tick)  # fmt: skip
+    reports = evaluate(decoder.target, decoder.drafters, rows, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                       progress=tick)  # fmt: skip
+    return reports, (decoder.target.name, decoder.target.version)
 
 
 def base_url(url: str) -> str:

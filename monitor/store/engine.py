@@ -44,6 +44,10 @@ def sqlite_path(url: str | URL) -> Path | None:
     return Path(parsed.database)
 
 
+class StoreLocationError(OSError):
+    """The database's file cannot be created where the URL puts it; the message says where and what to do."""
+
+
 def create_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Engine:
     """An engine for ``url`` with draftwatch's connection settings; creates a SQLite file's directory."""
     parsed = normalize_url(url)
@@ -52,7 +56,13 @@ def create_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Engin
     if backend == "sqlite":
         path = sqlite_path(parsed)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise StoreLocationError(
+                    f"cannot create the folder of the SQLite database {path} ({error.strerror or error}): "
+                    "choose another path with --database-url or DRAFTWATCH_DATABASE_URL"
+                ) from None
         connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, **kwargs.pop("connect_args", {})}
         engine = sa_create_engine(parsed, echo=echo, connect_args=connect_args, **kwargs)
         event.listen(engine, "connect", _configure_sqlite)

@@ -32,7 +32,7 @@ class EvaluationRow(Base):
     target_version: Mapped[str | None] = mapped_column(String(512))
     sample: Mapped[str] = mapped_column(String(300))
     workload: Mapped[str] = mapped_column(String(64))
-    recommendation: Mapped[str] = mapped_column(String(256))
+    recommendation: Mapped[str | None] = mapped_column(String(256))  # None: no embedded candidate to recommend
     recommendation_matches: Mapped[bool] = mapped_column(Boolean)
     report: Mapped[dict[str, Any]] = mapped_column(JSON)
 
@@ -49,7 +49,7 @@ class StoredEvaluation:
     target_version: str | None
     sample: str
     workload: str
-    recommendation: str
+    recommendation: str | None  # a drafter's label or "plain"; None when only servers were measured
     recommendation_matches: bool
     report: dict[str, Any]
 
@@ -86,7 +86,7 @@ def save_evaluation(
                 "target_version": target_version,
                 "sample": sample[:300],
                 "workload": workload,
-                "recommendation": str(report.get("recommendation", "plain"))[:256],
+                "recommendation": _recommendation(report),
                 "recommendation_matches": bool(report.get("recommendation_matches", False)),
                 "report": dict(report),
             }
@@ -94,6 +94,11 @@ def save_evaluation(
     with engine.begin() as conn:
         conn.execute(insert(EvaluationRow), rows)
     return run_id
+
+
+def _recommendation(report: Mapping[str, Any]) -> str | None:
+    found = report.get("recommendation")
+    return str(found)[:256] if found is not None else None
 
 
 def latest_evaluations(engine: Engine, target_model: str | None = None) -> list[StoredEvaluation]:

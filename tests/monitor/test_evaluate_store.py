@@ -1,0 +1,52 @@
+"""`draftwatch evaluate --store`: the verdict lands where the dashboard's Pairs page reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from monitor.commands.main import main
+from monitor.store.engine import create_engine
+from monitor.store.evaluations import latest_evaluations
+
+pytestmark = pytest.mark.models
+
+
+def test_evaluate_stores_the_report_it_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sample = tmp_path / "sample.jsonl"
+    prompts = ["Repeat: alpha beta gamma delta alpha beta gamma delta", "List the numbers 1 to 12, comma separated."]
+    sample.write_text("".join(json.dumps({"workload": "copy", "prompt": p}) + "\n" for p in prompts * 2))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    argv = ["evaluate", "--target", "smollm2-135m", "--drafter", "ngram", "--prompts", str(sample),
+            "--max-new-tokens", "8", "--json", "--store", "--database-url", url]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    (printed,) = json.loads(out)
+    assert "stored evaluation" in err and "store.db" in err
+    engine = create_engine(url)
+    try:
+        (stored,) = latest_evaluations(engine)
+    finally:
+        engine.dispose()
+    assert (stored.workload, stored.target_model, stored.sample) == ("copy", "smollm2-135m", str(sample))
+    assert stored.target_version is not None and stored.target_version.startswith("smollm2-135m@")
+    assert stored.recommendation == printed["recommendation"]
+    assert stored.candidates == printed["candidates"]  # the whole report, as printed
+    assert "alpha beta" not in json.dumps(stored.report)  # prompts are never stored
+
+
+def test_a_store_that_cannot_be_opened_is_reported_after_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text("".join(json.dumps({"workload": "copy", "prompt": f"Say {n}"}) + "\n" for n in range(2)))
+    (tmp_path / "a-file").write_text("not a directory")
+    url = f"sqlite:///{tmp_path / 'a-file' / 'store.db'}"
+    argv = ["evaluate", "--target", "smollm2-135m", "--drafter", "ngram", "--prompts", str(sample),
+            "--max-new-tokens", "4", "--store", "--database-url", url]  # fmt: skip
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "recommend" in out  # the evaluation's own result is not lost
+    assert err.strip().splitlines()[-1].startswith("draftwatch evaluate: ")
