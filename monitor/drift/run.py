@@ -75,10 +75,28 @@ def _seed(seed: int, *parts: object) -> int:
     return seed ^ zlib.crc32("|".join(map(str, parts)).encode())
 
 
+@dataclass(slots=True)
+class _RunReads:
+    """What one run reads once and every workload shares, rather than once per workload."""
+
+    # The version-adjusted windows of a pair (its models' version changes; pinned baselines are per workload).
+    windows: dict[Pair, Windows] = field(default_factory=dict)
+    # The net-loss fallback: all plain and holdout requests of a target model, by (target, start, end).
+    plain: dict[tuple[str, datetime, datetime], Sample] = field(default_factory=dict)
+
+
 def _workload_tests(
-    conn: Connection, config: DriftSettings, base: Windows, workload: str, pair: Pair, seed: int, only_pair: bool
+    conn: Connection,
+    config: DriftSettings,
+    base: Windows,
+    workload: str,
+    pair: Pair,
+    seed: int,
+    only_pair: bool,
+    reads: _RunReads,
 ) -> list[DriftResult]:
-    windows, cur = _current(conn, config, workload_windows(conn, base, workload, pair), workload, pair, only_pair)
+    windows = workload_windows(conn, base, workload, pair, reads.windows)
+    windows, cur = _current(conn, config, windows, workload, pair, only_pair)
     limit = config.sample_size
     ref = sample_requests(conn, workload, pair, windows.ref_start, windows.ref_end, limit, only_pair=only_pair)
     common: dict[str, Any] = {"min_requests": config.min_requests, "ci_level": config.ci_level}
@@ -110,7 +128,7 @@ def _workload_tests(
             ref.prompt_tokens, cur.prompt_tokens
         )
     )
-    results.append(_net_loss(conn, config, windows, workload, pair, cur, spec_cur, only_pair))
+    results.append(_net_loss(conn, config, windows, workload, pair, cur, spec_cur, only_pair, reads.plain))
     return [
         r.replace(
             workload=workload,
@@ -173,6 +191,7 @@ def _net_loss(
     cur: Sample,
     spec: Sample,
     only_pair: bool,
+    plain_samples: dict[tuple[str, datetime, datetime], Sample],
 ) -> DriftResult:
     test = NetLoss(min_requests=config.min_requests, min_holdout=config.min_holdout, n_boot=config.n_boot)
     holdout = cur.where(cur.mode == "holdout")
@@ -189,16 +208,20 @@ def _net_loss(
     if measured.decision != "insufficient_data":
         return measured
     # Too little comparable holdout for the workload: compare with all of the target's plain decoding.
-    plain = sample_requests(
-        conn,
-        None,
-        pair,
-        windows.ref_start,
-        windows.cur_end,
-        config.sample_size,
-        mode=("holdout", "plain"),
-        any_drafter=True,
-    )
+    # That read spans every workload and drafter, so one run reads it once per target and window.
+    key = (pair.target_model, windows.ref_start, windows.cur_end)
+    plain = plain_samples.get(key)
+    if plain is None:
+        plain = plain_samples[key] = sample_requests(
+            conn,
+            None,
+            pair,
+            windows.ref_start,
+            windows.cur_end,
+            config.sample_size,
+            mode=("holdout", "plain"),
+            any_drafter=True,
+        )
     plain_ms, plain_ctx = _decode_speed(plain)
     return test.estimated(spec_ms, spec_ctx, plain_ms, plain_ctx)
 
@@ -247,9 +270,10 @@ def run_drift(
         # Pairs that speculated in either window; plain and holdout traffic is read through them.
         keys = set(counts.ref) | set(counts.cur)
         combos = {k for c in (counts.ref, counts.cur) for k, modes in c.items() if modes.get("speculative")}
+        reads = _RunReads()
         for workload, pair in sorted(combos):
             only_pair = all(p == pair for w, p in keys if w == workload)
-            results += _workload_tests(conn, config, base, workload, pair, seed, only_pair)
+            results += _workload_tests(conn, config, base, workload, pair, seed, only_pair, reads)
             if detectors:
                 cap = config.detector_batch
                 found = update_detector(conn, workload, pair, base.cur_start, base.cur_end, started, cap)

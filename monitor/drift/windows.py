@@ -70,8 +70,29 @@ def _version_label(conn: Connection, role: str, model: str, version: str, before
     return f"{role} version {previous or '?'} → {version}"
 
 
-def workload_windows(conn: Connection, base: Windows, workload: str, pair: Pair) -> Windows:
-    """``base`` adjusted for a pinned baseline and for version changes of the pair's models."""
+def workload_windows(
+    conn: Connection, base: Windows, workload: str, pair: Pair, by_pair: dict[Pair, Windows] | None = None
+) -> Windows:
+    """``base`` adjusted for a pinned baseline and for version changes of the pair's models.
+
+    The version changes are the pair's, whatever the workload: ``by_pair`` (one drift run's) keeps
+    them, so that a run reads them once per pair rather than once per workload.
+    """
+    windows = by_pair.get(pair) if by_pair is not None else None
+    if windows is None:
+        windows = _version_windows(conn, base, pair)
+        if by_pair is not None:
+            by_pair[pair] = windows
+    pinned = pinned_baseline(conn, workload)
+    if pinned is not None:
+        note = f"pinned baseline {pinned[0].isoformat()} .. {pinned[1].isoformat()}"
+        windows = dataclasses.replace(
+            windows, ref_start=pinned[0], ref_end=pinned[1], note=f"{windows.note}; {note}" if windows.note else note
+        )
+    return windows
+
+
+def _version_windows(conn: Connection, base: Windows, pair: Pair) -> Windows:
     e = DeploymentEventRow
     draft_name = pair.draft_model or pair.drafter
     event = conn.execute(
@@ -94,12 +115,6 @@ def workload_windows(conn: Connection, base: Windows, workload: str, pair: Pair)
             windows = Windows(ts - length, ts, ts, base.cur_end, f"since {label}")
         else:
             windows = dataclasses.replace(base, ref_start=ts, note=f"baseline reset at {label}")
-    pinned = pinned_baseline(conn, workload)
-    if pinned is not None:
-        note = f"pinned baseline {pinned[0].isoformat()} .. {pinned[1].isoformat()}"
-        windows = dataclasses.replace(
-            windows, ref_start=pinned[0], ref_end=pinned[1], note=f"{windows.note}; {note}" if windows.note else note
-        )
     return windows
 
 

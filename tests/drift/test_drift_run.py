@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -12,6 +13,8 @@ from sqlalchemy.engine import Engine
 
 from monitor.commands.main import main
 from monitor.config import Settings
+from monitor.drift import run as drift_run
+from monitor.drift import windows as drift_windows
 from monitor.drift.models import DetectorStateRow, DriftResultRow
 from monitor.drift.queries import latest_results, latest_run, pin_baseline
 from monitor.drift.run import DriftRun, run_drift
@@ -173,3 +176,55 @@ def test_low_volume_widens_the_current_window_until_it_can_decide(engine: Engine
     config = DriftSettings(current_window=timedelta(hours=1), max_current_window=timedelta(hours=1))
     unwidened = run_drift(engine, config, now, store=False)
     assert next(r for r in unwidened.results if r.test == "acceptance").decision == "insufficient_data"
+
+
+class _Forgetful(dict[Any, Any]):
+    """A cache that keeps nothing: every workload reads for itself, as before the run shared its reads."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+def test_a_run_reads_the_shared_fallback_and_version_windows_once(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three workloads of one pair with no holdout: each net-loss test falls back to the target's plain
+    # decoding, a read across all workloads that is the same for each, as are the pair's version windows.
+    populate(engine)
+    store(engine, window_stream(T0, NOW, 120, workload="plain-only", alpha=0.5, mode="plain"))
+    reads: list[str] = []
+    real_sample, real_windows = drift_run.sample_requests, drift_windows._version_windows
+
+    def sample(*args: Any, **kwargs: Any) -> Any:
+        if args[1] is None:
+            reads.append("plain")
+        return real_sample(*args, **kwargs)
+
+    def version_windows(*args: Any) -> Any:
+        reads.append("versions")
+        return real_windows(*args)
+
+    monkeypatch.setattr(drift_run, "sample_requests", sample)
+    monkeypatch.setattr(drift_windows, "_version_windows", version_windows)
+    shared = _stateless_run(engine)
+    assert reads.count("plain") == 1 and reads.count("versions") == 1
+    net_loss = [r for r in shared.results if r.test == "net_loss"]
+    assert len(net_loss) == 3 and all(r.n_ref for r in net_loss)  # each compared with the plain requests
+
+    reads.clear()
+    real_reads = drift_run._RunReads
+    monkeypatch.setattr(drift_run, "_RunReads", lambda: real_reads(_Forgetful(), _Forgetful()))
+    alone = _stateless_run(engine)
+    assert reads.count("plain") == 3 and reads.count("versions") == 3
+    assert [_comparable(r) for r in alone.results] == [_comparable(r) for r in shared.results]
+
+
+def _stateless_run(engine: Engine) -> DriftRun:
+    # Without the detectors, whose state the first run would move on for the second.
+    return run_drift(engine, None, NOW, current=timedelta(hours=1), reference=timedelta(hours=24), detectors=False)
+
+
+def _comparable(result: Any) -> dict[str, Any]:
+    data = dict(result.to_json())
+    data.pop("run_id", None)
+    return data
