@@ -103,6 +103,14 @@ class WorkloadReport:
         return {**asdict(self), "recommendation_matches": self.recommendation_matches}
 
 
+# A row's sampling settings and the values it may hold: (type, lowest, highest).
+SAMPLING_RANGES: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0.0, 10.0),
+    "top_p": (float, 1e-9, 1.0),
+    "max_new_tokens": (int, 1, 1 << 20),
+}
+
+
 def read_sample(path: Path) -> list[SampleRow]:
     """Rows of a JSONL file: ``{"workload", "prompt" | "messages", "chat"?, "temperature"?, "top_p"?, ...}``.
 
@@ -113,15 +121,20 @@ def read_sample(path: Path) -> list[SampleRow]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
         raise SampleError(f"cannot read the prompt sample {path}: {error.strerror or error}") from None
-    rows = [_row(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    return parse_sample(lines, str(path))
+
+
+def parse_sample(lines: Sequence[str], source: str) -> list[SampleRow]:
+    """:func:`read_sample`'s rows from lines already read; ``source`` names them in errors."""
+    rows = [_row(source, number, line) for number, line in enumerate(lines, 1) if line.strip()]
     if not rows:
-        raise SampleError(f"{path} holds no prompts: write one JSON object per line, e.g. "
+        raise SampleError(f"{source} holds no prompts: write one JSON object per line, e.g. "
                           '{"workload": "code", "prompt": "Write a function that ..."}')  # fmt: skip
     return rows
 
 
-def _row(path: Path, number: int, line: str) -> SampleRow:
-    where = f"{path}, line {number}"
+def _row(source: str, number: int, line: str) -> SampleRow:
+    where = f"{source}, line {number}"
     try:
         data = json.loads(line)
     except json.JSONDecodeError as error:
@@ -141,8 +154,7 @@ def _row(path: Path, number: int, line: str) -> SampleRow:
     else:
         raise SampleError(f'{where}: needs a non-empty "prompt" (text) or "messages" (a chat)')
     numbers: dict[str, Any] = {}
-    for key, kind, low, high in (("temperature", float, 0.0, 10.0), ("top_p", float, 1e-9, 1.0),
-                                 ("max_new_tokens", int, 1, 1 << 20)):  # fmt: skip
+    for key, (kind, low, high) in SAMPLING_RANGES.items():
         if key in data:
             value = data[key]
             if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:

@@ -46,7 +46,7 @@ DATA_DIR: Final = Spec(
     "data_dir",
     "DRAFTWATCH_DATA_DIR",
     parse_path,
-    "directory for the default SQLite database and the recorder's spool "
+    "directory for the default SQLite database, the recorder's spool and the opt-in prompt sample "
     "(default: $XDG_DATA_HOME/draftwatch or ~/.local/share/draftwatch)",
 )
 # Section attribute of Settings -> the room's section class, in the README table's order.

@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sqlite3
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
@@ -49,6 +51,7 @@ from decoder.evaluation import (
     evaluate,
     format_table,
     measure,
+    parse_sample,
     progress_steps,
     read_sample,
     split,
@@ -57,7 +60,8 @@ from decoder.extras import refuse_without
 from decoder.fetch import FetchError
 from decoder.record import RecordError, RequestRecord, pooled_decode_ms_per_token
 from decoder.workloads import builtin_workloads
-from monitor.commands.common import add_settings_arguments, run_with_engine
+from monitor.commands.common import add_settings_arguments, run_with_engine, settings_from_args
+from monitor.config import ConfigError
 
 if TYPE_CHECKING:  # the HTTP client loads when a server is asked, not when --help is read
     import httpx
@@ -97,6 +101,9 @@ def register(subparsers: Any) -> None:
                         help='one JSON object per line: {"workload", "prompt" | "messages", "chat"?, '
                         '"temperature"?, "top_p"?, "max_new_tokens"?}')  # fmt: skip
     source.add_argument("--builtin", action="store_true", help="the built-in sample: 5 prompts a workload")
+    source.add_argument("--captured", action="store_true",
+                        help="the sidecar's own sample of real prompts (capture.share, off by default; see "
+                        "docs/capture.md), read from capture.path")  # fmt: skip
     evaluate.add_argument(
         "--server", action="append", default=[], metavar="URL",
         help="a llama.cpp llama-server started with a candidate draft (e.g. -md D --spec-type draft-simple), "
@@ -132,7 +139,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         return refused
     from tqdm.auto import tqdm
 
-    expected: tuple[type[Exception], ...] = (ServerError, FetchError, SampleError, RecordError, ValueError)
+    expected: tuple[type[Exception], ...] = (ServerError, FetchError, SampleError, RecordError, ValueError,
+                                             ConfigError)  # fmt: skip
     if local:  # the model code, with torch, loads only to decode here
         from decoder.loading import ModelLoadError
 
@@ -140,6 +148,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     try:
         if args.prompts is not None:
             rows = read_sample(args.prompts)
+        elif args.captured:
+            rows = captured_rows(settings_from_args(args))
         else:
             rows = [SampleRow(w, p) for w, prompts in builtin_workloads().items() for p in prompts]
         measured = measured_rows(rows, learning=local)
@@ -169,7 +179,7 @@ def _store(args: argparse.Namespace, reports: Sequence[WorkloadReport], target: 
     """Put the verdict where the dashboard reads it; the report above is printed whatever happens here."""
     from monitor.store.evaluations import save_evaluation
 
-    sample = str(args.prompts) if args.prompts is not None else "built-in sample"
+    sample = str(args.prompts) if args.prompts is not None else "captured" if args.captured else "built-in sample"
 
     def action(engine: Engine, settings: Settings) -> int:
         run_id = save_evaluation(engine, [r.to_dict() for r in reports], target_model=target, target_version=version,
@@ -179,6 +189,26 @@ def _store(args: argparse.Namespace, reports: Sequence[WorkloadReport], target: 
         return 0
 
     return run_with_engine(args, "evaluate", action)
+
+
+def captured_rows(settings: Settings) -> list[SampleRow]:
+    """The prompt sample the sidecar keeps (monitor/ingest/capture.py), past its retention pruned first."""
+    from monitor.ingest.capture import PromptSample
+
+    path = settings.capture.path
+    try:
+        sample = PromptSample.existing(path)
+    except (OSError, sqlite3.Error) as error:
+        raise SampleError(f"cannot read the prompt sample {path}: {error}") from None
+    if sample is None:
+        raise SampleError(f"no prompt sample at {path}: set capture.share above 0 on the sidecar and let it see "
+                          "traffic (docs/capture.md), or give --prompts FILE.jsonl")  # fmt: skip
+    try:
+        sample.prune(settings.capture.retention_days, time.time())
+        lines = sample.lines()
+    finally:
+        sample.close()
+    return parse_sample(lines, f"the prompt sample {path}")
 
 
 def _evaluate_locally(

@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from decoder.evaluation import SampleRow
+from decoder.evaluation import SAMPLING_RANGES, SampleRow
 from monitor.ingest.settings import CaptureSettings
 from monitor.log_safe import describe
 
@@ -74,9 +74,6 @@ CREATE TABLE IF NOT EXISTS prompts (
 );
 CREATE INDEX IF NOT EXISTS prompts_by_time ON prompts (captured_at);
 """
-# The ranges decoder.evaluation.read_sample accepts; a request outside them is not captured, so
-# that every exported line reads back (tests/ingest/test_capture.py holds the two together).
-SAMPLING_RANGES: Final = {"temperature": (0.0, 10.0), "top_p": (1e-9, 1.0), "max_new_tokens": (1, 1 << 20)}
 
 
 def sample_line(row: SampleRow) -> str | None:
@@ -104,7 +101,8 @@ def sample_line(row: SampleRow) -> str | None:
     line |= {"temperature": row.temperature, "top_p": row.top_p}
     if row.max_new_tokens is not None:
         line["max_new_tokens"] = row.max_new_tokens
-    for key, (low, high) in SAMPLING_RANGES.items():
+    # A request outside the ranges read_sample accepts is not captured: every exported line reads back.
+    for key, (_, low, high) in SAMPLING_RANGES.items():
         if key in line and not low <= line[key] <= high:
             return None
     return json.dumps(line, ensure_ascii=False)

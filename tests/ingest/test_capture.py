@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from decoder.evaluation import SampleRow, read_sample
+from decoder.evaluation import SAMPLING_RANGES, SampleRow, read_sample
 from monitor.commands.main import main
-from monitor.ingest.capture import DAY_S, SAMPLING_RANGES, PromptSample, sample_line
+from monitor.ingest.capture import DAY_S, PromptSample, sample_line
 
 CAP = 5
 STREAM = 20  # requests considered per trial
@@ -110,7 +110,7 @@ def test_rows_out_of_read_samples_ranges_are_not_captured(tmp_path: Path) -> Non
     path = tmp_path / "ok.jsonl"
     path.write_text("".join(f"{sample_line(r)}\n" for r in rows))
     assert read_sample(path) == rows
-    for key, (low, high) in SAMPLING_RANGES.items():
+    for key, (_, low, high) in SAMPLING_RANGES.items():
         for bad in (low - 1 if key != "top_p" else 0.0, high * 2):
             assert sample_line(SampleRow("code", "x", **{key: bad})) is None, (key, bad)
             path.write_text(json.dumps({"workload": "code", "prompt": "x", key: bad}) + "\n")

@@ -50,3 +50,27 @@ def test_a_store_that_cannot_be_opened_is_reported_after_the_table(
     out, err = capsys.readouterr()
     assert "recommend" in out  # the evaluation's own result is not lost
     assert err.strip().splitlines()[-1].startswith("draftwatch evaluate: ")
+
+
+def test_evaluate_reads_the_sidecars_prompt_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import random
+    import time
+
+    from decoder.evaluation import SampleRow
+    from monitor.ingest.capture import PromptSample, sample_line
+
+    monkeypatch.setenv("DRAFTWATCH_DATA_DIR", str(tmp_path / "data"))
+    argv = ["evaluate", "--target", "smollm2-135m", "--drafter", "ngram", "--captured", "--max-new-tokens", "4",
+            "--json"]  # fmt: skip
+    assert main(argv) == 1  # nothing captured yet: said, with what to do
+    assert "no prompt sample at" in capsys.readouterr().err
+    sample = PromptSample.open(tmp_path / "data" / "prompt-sample.db")
+    rows = [SampleRow("copy", f"Count from {n} to {n + 5}.") for n in range(4)]
+    kept = sample.keep([("copy", str(sample_line(r)), time.time()) for r in rows], 10, random.Random(0))
+    sample.close()
+    assert kept == 4
+    assert main(argv) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert (report["workload"], report["learn_prompts"], report["held_out_prompts"]) == ("copy", 2, 2)
