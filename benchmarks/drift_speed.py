@@ -31,7 +31,7 @@ import psycopg
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.generated_rows import GENERATED_COLUMNS
+from benchmarks.generated_rows import WITHOUT_SPANS
 from monitor.drift.run import run_drift
 from monitor.drift.settings import DriftSettings
 from monitor.store.engine import create_engine
@@ -40,7 +40,7 @@ from monitor.store.migrate import upgrade
 START = datetime(2026, 3, 1, tzinfo=UTC)
 HEADER = "| database | windows | cache | run time (CPU of this process, load avg) | results | sampled (acceptance) |"
 DAYS = 7
-COLUMNS = GENERATED_COLUMNS
+COLUMNS = WITHOUT_SPANS
 SUMS = """count(*), sum(case when finish_reason = 'error' then 1 else 0 end), sum(prompt_tokens), sum(output_tokens),
  sum(num_spec_steps), sum(num_draft_tokens), sum(num_accepted_tokens),
  sum(case when num_draft_tokens > 0 then 1 else 0 end),

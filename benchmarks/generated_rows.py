@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from monitor.store.models import RequestRow
 
-# The key is the database's; error, prompt hash and holdout reason are optional; generated records,
-# like a serving stack's, do not know output positions.
-LEFT_NULL = ("id", "error", "prompt_hash", "holdout_reason", "drafted_by_span", "accepted_by_span")
+# The key is the database's; error, prompt hash and holdout reason are optional.
+LEFT_NULL = ("id", "error", "prompt_hash", "holdout_reason")
 GENERATED_COLUMNS: tuple[str, ...] = tuple(c.name for c in RequestRow.__table__.columns if c.name not in LEFT_NULL)
+# The span counts (drafted / accepted by output position): store_scale.py fills them, as the embedded decoder
+# does; drift_speed.py, whose tests read no spans, leaves them NULL, as a serving stack's records do.
+SPAN_COLUMNS = ("drafted_by_span", "accepted_by_span")
+WITHOUT_SPANS: tuple[str, ...] = tuple(c for c in GENERATED_COLUMNS if c not in SPAN_COLUMNS)

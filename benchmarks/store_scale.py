@@ -64,6 +64,7 @@ import numpy as np
 import psycopg
 
 from benchmarks.generated_rows import GENERATED_COLUMNS
+from decoder.record import OUTPUT_SPAN_EDGES
 from monitor.store.lengths import PROMPT_EDGES
 
 TITLE = "Store at production volume, {records:,} requests (benchmarks/store_scale.py)"  # one section per size
@@ -81,8 +82,7 @@ HOLDOUT_SHARE = 0.05
 CHUNK_ROWS = 200_000
 REQUEST_COLUMNS = GENERATED_COLUMNS
 MINUTE_KEY = ("bucket", "workload", "target_model", "drafter", "draft_model", "mode")
-# monitor.store.bins' metrics in the order the codes below use; the span metrics stay empty (generated records,
-# like a serving stack's, do not know output positions).
+# monitor.store.bins' metrics in the order the codes below use.
 BIN_METRICS = (
     "ms_per_token",
     "ttft_ms",
@@ -91,7 +91,13 @@ BIN_METRICS = (
     "prompt_drafting",
     "prompt_drafted",
     "prompt_accepted",
+    "span_drafting",
+    "span_drafted",
+    "span_accepted",
 )
+BATCH_SIZE = 1000  # records per recorder_batches marker, the recorder's default batch
+BATCH_COLUMNS = ("batch_id", "origin", "n_records", "committed_at", "host", "pid")
+GENERATOR_HOST = "scale-generator"  # the markers' host
 NUM_BINS = 241  # monitor.store.bins.NUM_BINS
 WRITER_WORKLOAD = "scale-writer"
 PAGE_TARGETS = {1_000_000: 2.0, 10_000_000: 5.0}
@@ -170,6 +176,7 @@ def generate_chunk(plan: Plan, number: int, first: int, stop: int) -> dict[str, 
     ttft = rng.uniform(20.0, 80.0, n)
     latency = ttft + ms_per_token * (output - 1)
     ts = plan.start_us + plan.offsets_us(first, stop)
+    drafted_by_span, accepted_by_span = _spans(spec_steps, accepted)
     return {
         "index": np.arange(first, stop),
         "w": w,
@@ -180,6 +187,8 @@ def generate_chunk(plan: Plan, number: int, first: int, stop: int) -> dict[str, 
         "accepted": accepted,
         "steps": spec_steps,
         "drafted": spec_steps * GAMMA,
+        "drafted_by_span": drafted_by_span,
+        "accepted_by_span": accepted_by_span,
         "output": output,
         "prompt": rng.integers(16, 513, n),
         "ttft": ttft,
@@ -187,6 +196,25 @@ def generate_chunk(plan: Plan, number: int, first: int, stop: int) -> dict[str, 
         "ts": ts,
         "ts_end": ts + np.round(latency * 1000).astype(np.int64),
     }
+
+
+def _spans(
+    steps: np.ndarray[Any, Any], accepted: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Drafted and accepted tokens by output span (decoder/record.py), as the embedded decoder counts them.
+
+    The histogram does not say the order of the steps; each is taken to emit the request's mean
+    ``1 + accepted / steps`` tokens, so step ``i`` starts at output position ``1 + i * emitted``. A span's
+    steps draft GAMMA each, and its accepted tokens are the request's shared by cumulative floor, which
+    keeps every span's accepted at most its drafted and the sums exact. Holdout requests: zeros.
+    """
+    per_step = 1.0 + accepted / np.maximum(steps, 1)
+    edges = np.asarray(OUTPUT_SPAN_EDGES, dtype=np.float64)
+    before = np.ceil((edges[None, :] - 1.0) / per_step[:, None]).astype(np.int64)  # steps starting before an edge
+    cum_steps = np.concatenate([np.minimum(before, steps[:, None]), steps[:, None]], axis=1)
+    cum_accepted = accepted[:, None] * cum_steps // np.maximum(steps, 1)[:, None]
+    first = np.zeros((len(steps), 1), dtype=np.int64)
+    return np.diff(cum_steps, axis=1, prepend=first) * GAMMA, np.diff(cum_accepted, axis=1, prepend=first)
 
 
 def _strings(values: np.ndarray[Any, Any]) -> list[str]:
@@ -212,6 +240,10 @@ def request_lines(plan: Plan, data: dict[str, Any], mask: np.ndarray[Any, Any] |
     hh = [_strings(data["hist"][:, j]) for j in range(GAMMA + 1)]
     per_position = ["[]" if h else f"[{a},{b},{c},{d}]" for h, a, b, c, d in zip(hold, *pp, strict=True)]
     histogram = ["[]" if h else f"[{a},{b},{c},{d},{e}]" for h, a, b, c, d, e in zip(hold, *hh, strict=True)]
+    spans = [
+        ["[" + ",".join(counts) + "]" for counts in zip(*(_strings(data[name][:, k]) for k in range(3)), strict=True)]
+        for name in ("drafted_by_span", "accepted_by_span")
+    ]
     latency = data["latency"]
     ts_end = _times(data["ts_end"])
     columns: list[Any] = [
@@ -242,6 +274,7 @@ def request_lines(plan: Plan, data: dict[str, Any], mask: np.ndarray[Any, Any] |
         itertools.repeat("stop"),
         itertools.repeat("embedded"),
         itertools.repeat("f"),
+        *spans,
         ts_end,  # ingested when it finished
     ]
     return "".join("\t".join(row) + "\n" for row in zip(*columns, strict=False))
@@ -314,6 +347,13 @@ def rollup_lines(plan: Plan, data: dict[str, Any]) -> tuple[str, str]:
         parts.append((inv * nm + m) * NUM_BINS + bucket)
         weights.append(np.where(drafting, values, 0).astype(np.float64))
         present.append(drafting)  # ... these for every request that drafted, a 0 included
+    # Acceptance by output span, over the spans a request drafted in.
+    for k in range(len(OUTPUT_SPAN_EDGES) + 1):
+        span_drafted = data["drafted_by_span"][:, k]
+        for m, values in ((7, np.ones(len(inv))), (8, span_drafted), (9, data["accepted_by_span"][:, k])):
+            parts.append((inv * nm + m) * NUM_BINS + k)
+            weights.append(np.where(span_drafted > 0, values, 0).astype(np.float64))
+            present.append(span_drafted > 0)
     all_codes, all_weights = np.concatenate(parts), np.concatenate(weights)
     bin_codes, bin_inv = np.unique(all_codes, return_inverse=True)
     counts = np.rint(np.bincount(bin_inv, weights=all_weights)).astype(np.int64)
@@ -328,10 +368,23 @@ def rollup_lines(plan: Plan, data: dict[str, Any]) -> tuple[str, str]:
     return minutes, bins
 
 
-def chunk_text(plan: Plan, number: int, first: int, stop: int) -> tuple[int, str, str, str]:
+def batch_lines(data: dict[str, Any]) -> str:
+    """COPY text of the ``recorder_batches`` markers the recorder would have committed with the chunk's requests:
+    one per BATCH_SIZE requests in arrival order, committed when the last of them finished."""
+    index, ts_end = data["index"], data["ts_end"]
+    starts = np.arange(0, len(index), BATCH_SIZE)
+    ends = np.minimum(starts + BATCH_SIZE, len(index))
+    committed = np.maximum.reduceat(ts_end, starts) if len(index) else ts_end[:0]
+    return "".join(
+        f"scale-{index[a]}\tlive\t{b - a}\t{at}\t{GENERATOR_HOST}\t\\N\n"
+        for a, b, at in zip(starts.tolist(), ends.tolist(), _times(committed), strict=True)
+    )
+
+
+def chunk_text(plan: Plan, number: int, first: int, stop: int) -> tuple[int, str, str, str, str]:
     data = generate_chunk(plan, number, first, stop)
     minutes, bins = rollup_lines(plan, data)
-    return stop - first, request_lines(plan, data), minutes, bins
+    return stop - first, request_lines(plan, data), minutes, bins, batch_lines(data)
 
 
 def _connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -379,7 +432,7 @@ def generate(plan: Plan, dsn: str) -> float:
         with ThreadPoolExecutor(1) as pool:  # the next chunk is made while this one is copied
             pending = pool.submit(chunk_text, plan, 0, *chunks[0])
             for number in range(len(chunks)):
-                n, requests, minutes, bins = pending.result()
+                n, requests, minutes, bins, batches = pending.result()
                 if number + 1 < len(chunks):
                     pending = pool.submit(chunk_text, plan, number + 1, *chunks[number + 1])
                 with conn.cursor() as cur:
@@ -390,6 +443,8 @@ def generate(plan: Plan, dsn: str) -> float:
                         copy.write(minutes)
                     with cur.copy(f"COPY rollup_bins ({', '.join(MINUTE_KEY)}, metric, bin, count) FROM STDIN") as copy:
                         copy.write(bins)
+                    with cur.copy(f"COPY recorder_batches ({', '.join(BATCH_COLUMNS)}) FROM STDIN") as copy:
+                        copy.write(batches)
                 conn.commit()
                 done += n
                 elapsed = time.perf_counter() - t0
@@ -528,6 +583,12 @@ def _cached_plan(dsn: str, records: int, days: int, workloads: int, max_age: tim
             (count,) = conn.execute("SELECT count(*) FROM requests").fetchone() or (0,)
             if count != records:
                 print(f"  cached database holds {count:,} requests, not {records:,}")
+                return None
+            (markers,) = conn.execute(
+                "SELECT count(*) FROM recorder_batches WHERE host = %s", (GENERATOR_HOST,)
+            ).fetchone() or (0,)
+            if not markers:  # an earlier generator's: no batch markers, no span counts
+                print("  cached database was made by an earlier generator (no recorder_batches markers)")
                 return None
             return plan
     except psycopg.Error as error:
