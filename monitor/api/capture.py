@@ -17,6 +17,8 @@ from fastapi import Request
 from decoder.evaluation import SampleRow
 from monitor.api.state import api_state
 
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+
 
 def offer(request: Request, make: Callable[[], SampleRow | None]) -> None:
     """Offer a request's row to the sample when capture is on (``make`` runs only past the share gate)."""
@@ -50,7 +52,9 @@ def proxied_row(path: str, payload: Mapping[str, Any] | None, workload: str) -> 
         return None
     if not prompt:
         return None
-    settings: dict[str, Any] = {}
+    # An OpenAI-compatible server samples at temperature 1 unless told otherwise; replayed greedily,
+    # such a prompt would be measured in another regime than the traffic it came from.
+    settings: dict[str, Any] = {"temperature": OPENAI_DEFAULT_TEMPERATURE}
     for key in ("temperature", "top_p"):
         if _is_number(payload.get(key)):
             settings[key] = float(payload[key])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -91,6 +92,9 @@ def _with_sample(
         if sample is not None:
             sample.prune(settings.capture.retention_days, time.time())
         return act(sample, settings.capture)
+    except (OSError, sqlite3.Error) as error:  # a locked or read-only file, an --out that cannot be written
+        print(f"draftwatch capture {command}: {error}", file=sys.stderr)
+        return 1
     finally:
         if sample is not None:
             sample.close()
@@ -115,6 +119,7 @@ def _export(args: argparse.Namespace) -> int:
             return 0
         # Owner-only, as the sample itself: the file holds real prompts.
         descriptor = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)  # O_CREAT's mode applies only to a new file
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
         workloads = len({json.loads(line)["workload"] for line in lines})

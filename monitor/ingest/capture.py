@@ -105,7 +105,12 @@ def sample_line(row: SampleRow) -> str | None:
     for key, (_, low, high) in SAMPLING_RANGES.items():
         if key in line and not low <= line[key] <= high:
             return None
-    return json.dumps(line, ensure_ascii=False)
+    text = json.dumps(line, ensure_ascii=False)
+    try:  # a lone surrogate ("\ud800" in a JSON body) parses, but no file can hold it as UTF-8
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +315,10 @@ class PromptCapture:
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout_s)
+            if self._thread.is_alive():  # mid-write (the file locked by a command): leave it its connection
+                log.warning("prompt sample: the writer did not finish within %.0f s; %d prompts still queued",
+                            timeout_s, self._queue.qsize())  # fmt: skip
+                return
             self._thread = None
         if self._sample is not None:
             self._sample.close()
@@ -339,9 +348,11 @@ class PromptCapture:
 
     def _write(self, items: Sequence[tuple[str, str, float]]) -> None:
         now = self._clock()
-        if self._sample is None and not items:
-            return  # nothing captured yet: no file to make or prune
         try:
+            # Nothing kept by this process yet: prune a file an earlier one left, but never make one.
+            unopened = self._sample is None and not items
+            if unopened and (now - self._last_prune < PRUNE_EVERY_S or not self.settings.path.exists()):
+                return
             if self._sample is None:
                 self._sample = PromptSample.open(self.settings.path)
                 self._sample.fit(self.settings.max_per_workload, self._reservoir)

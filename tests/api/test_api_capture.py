@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,7 +72,8 @@ def test_a_full_reservoir_keeps_exactly_its_cap_of_the_prompts_sent(
         assert settings == ("support", True, 0.7, 1.0, 64)
     # A completion's prompt is raw text: evaluate must not wrap it in the chat template.
     completions = export(tmp_path, monkeypatch, "--workload", "code")
-    assert completions == [SampleRow("code", "def fib(n):", chat=False, top_p=0.9)]
+    # No temperature in the body: the upstream sampled at its default of 1, and so is the replay.
+    assert completions == [SampleRow("code", "def fib(n):", chat=False, temperature=1.0, top_p=0.9)]
     status = {w.workload: (w.kept, w.seen) for w in PromptSample.open(tmp_path / "data" / SAMPLE).status()}
     assert status == {"code": (1, 1), "support": (3, 10)}
 
@@ -155,7 +157,8 @@ def test_no_prompt_reaches_the_logs_even_when_the_file_cannot_be_written(
         written(client)
         metrics = client.get("/metrics", headers=auth(READ)).text
     assert "draftwatch_capture_failed_total 2\n" in metrics
-    assert "prompt sample: 1 prompts not written" in caplog.text  # the failure is logged ...
+    # The failure is logged (the two prompts may fail in one write or in two) ...
+    assert re.search(r"prompt sample: [12] prompts not written", caplog.text)
     assert "4111" not in caplog.text and "card number" not in caplog.text  # ... without the prompt
     for record in caplog.records:
         assert "4111" not in json.dumps([str(a) for a in (record.args or ())])

@@ -138,12 +138,41 @@ def test_the_commands_export_status_and_purge(
     status = {w["workload"]: (w["kept"], w["seen"]) for w in json.loads(capsys.readouterr().out)}
     assert status == {"chat": (1, 1), "code": (1, 2)}  # p1 is past the 7 days: pruned before reading
     out = tmp_path / "sample.jsonl"
+    out.write_text("an older export, readable by all")
+    out.chmod(0o644)
     assert main(["capture", "export", "--workload", "code", "--out", str(out)]) == 0
     assert "wrote 1 prompts of 1 workloads" in capsys.readouterr().err
     assert read_sample(out) == [SampleRow("code", "p2")] and stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert main(["capture", "export", "--out", str(tmp_path / "no" / "such" / "dir.jsonl")]) == 1
+    assert "No such file or directory" in capsys.readouterr().err  # a message, not a traceback
     assert main(["capture", "export"]) == 0
     assert [json.loads(x)["prompt"] for x in capsys.readouterr().out.splitlines()] == ["p3", "p2"]
     assert main(["capture", "purge"]) == 0 and "removed 2 prompts" in capsys.readouterr().out
     assert main(["capture", "status"]) == 0 and "no prompts kept" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["capture", "export", "--workload", "not a workload!"])
+
+
+def test_a_sidecar_that_keeps_nothing_new_still_prunes_what_an_earlier_one_left(tmp_path: Path) -> None:
+    from monitor.ingest.capture import PromptCapture
+    from monitor.ingest.settings import CaptureSettings
+
+    path = tmp_path / "sample.db"
+    sample = PromptSample.open(path)
+    now = time.time()
+    sample.keep([("code", line("code", "old"), now - 8 * DAY_S), ("code", line("code", "new"), now)], 10,
+                random.Random(0))  # fmt: skip
+    sample.close()
+    capture = PromptCapture(CaptureSettings(share=0.5, max_per_workload=10, retention_days=7, path=path)).start()
+    capture.close()  # it kept no prompt of its own, but its writer ran
+    reopened = PromptSample.open(path)
+    assert [json.loads(x)["prompt"] for x in reopened.lines()] == ["new"]
+    reopened.close()
+    empty = tmp_path / "never-made.db"
+    PromptCapture(CaptureSettings(share=0.5, max_per_workload=10, retention_days=7, path=empty)).start().close()
+    assert not empty.exists()  # pruning never makes a file
+
+
+def test_a_prompt_no_file_can_hold_is_left_out_not_its_batch() -> None:
+    assert sample_line(SampleRow("code", "half a surrogate pair: \ud800")) is None
+    assert sample_line(SampleRow("code", "a whole one: \U0001f642")) is not None
