@@ -115,9 +115,9 @@ class Recorder:
             with self._count_lock:
                 self._rejected += 1
             raise
-        if self._closed:
-            raise RecorderClosedError("the recorder is closed")
-        with self._lock:
+        with self._lock:  # _closed is read under the lock close() sets it under: no record after the drain
+            if self._closed:
+                raise RecorderClosedError("the recorder is closed")
             if len(self._pending) < self._maxsize:
                 self._append(rec)
                 return
@@ -212,9 +212,9 @@ class Recorder:
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop taking records, drain the queue (to the database or the spool) and stop the thread."""
-        self._closed = True
-        self._stop.set()
         with self._lock:
+            self._closed = True
+            self._stop.set()
             self._work.notify_all()  # a writer waiting for records or for a fuller batch drains now
         deadline = time.monotonic() + timeout
         for thread in self._threads:
@@ -276,7 +276,7 @@ class Recorder:
     def _take_batch(self) -> list[RequestRecord]:
         interval, size, pending = self.settings.flush_interval_s, self.settings.batch_size, self._pending
         with self._lock:
-            if not pending:
+            if not pending and not self._stop.is_set():
                 self._idle_writers += 1  # record() wakes an idle writer with the first record
                 try:
                     self._work.wait(interval)
