@@ -34,6 +34,7 @@ import logging
 import sqlite3
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime
@@ -135,6 +136,10 @@ def _evaluate(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     local = bool(args.draft or args.drafter or not servers)
+    if args.store and not local:
+        print("error: --store files a verdict under the embedded target and its recommendation; a run with "
+              "--server alone has neither: add --draft or --drafter (and --target)", file=sys.stderr)  # fmt: skip
+        return 2
     if local and (refused := refuse_without("draftwatch evaluate", "decoder")) is not None:
         return refused
     from tqdm.auto import tqdm
@@ -198,17 +203,26 @@ def captured_rows(settings: Settings) -> list[SampleRow]:
     path = settings.capture.path
     try:
         sample = PromptSample.existing(path)
+        if sample is None:
+            raise SampleError(f"no prompt sample at {path}: set capture.share above 0 on the sidecar and let it "
+                              "see traffic (docs/capture.md), or give --prompts FILE.jsonl")  # fmt: skip
+        try:
+            sample.prune(settings.capture.retention_days, time.time())
+            lines = sample.lines()
+        finally:
+            sample.close()
     except (OSError, sqlite3.Error) as error:
         raise SampleError(f"cannot read the prompt sample {path}: {error}") from None
-    if sample is None:
-        raise SampleError(f"no prompt sample at {path}: set capture.share above 0 on the sidecar and let it see "
-                          "traffic (docs/capture.md), or give --prompts FILE.jsonl")  # fmt: skip
-    try:
-        sample.prune(settings.capture.retention_days, time.time())
-        lines = sample.lines()
-    finally:
-        sample.close()
-    return parse_sample(lines, f"the prompt sample {path}")
+    rows = parse_sample(lines, f"the prompt sample {path}")
+    # A real sample has workloads that have barely been seen; they are left out, not the whole run.
+    counts = Counter(row.workload for row in rows)
+    if sparse := sorted(w for w, n in counts.items() if n < 2):
+        logger.warning("left out of the evaluation (fewer than 2 captured prompts): %s", ", ".join(sparse))
+        print(f"left out (fewer than 2 captured prompts): {', '.join(sparse)}", file=sys.stderr)
+    kept = [row for row in rows if counts[row.workload] >= 2]
+    if not kept:
+        raise SampleError(f"the prompt sample {path} holds no workload with 2 prompts or more yet")
+    return kept
 
 
 def _evaluate_locally(

@@ -67,10 +67,18 @@ def test_evaluate_reads_the_sidecars_prompt_sample(
     assert main(argv) == 1  # nothing captured yet: said, with what to do
     assert "no prompt sample at" in capsys.readouterr().err
     sample = PromptSample.open(tmp_path / "data" / "prompt-sample.db")
-    rows = [SampleRow("copy", f"Count from {n} to {n + 5}.") for n in range(4)]
-    kept = sample.keep([("copy", str(sample_line(r)), time.time()) for r in rows], 10, random.Random(0))
+    rows = [SampleRow("copy", f"Count from {n} to {n + 5}.") for n in range(4)] + [SampleRow("rare", "Hello")]
+    kept = sample.keep([(r.workload, str(sample_line(r)), time.time()) for r in rows], 10, random.Random(0))
     sample.close()
-    assert kept == 4
+    assert kept == 5
     assert main(argv) == 0
-    (report,) = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    (report,) = json.loads(out)  # a workload seen once is left out, not the whole run
     assert (report["workload"], report["learn_prompts"], report["held_out_prompts"]) == ("copy", 2, 2)
+    assert "left out (fewer than 2 captured prompts): rare" in err
+
+
+def test_a_server_only_run_cannot_be_stored(capsys: pytest.CaptureFixture[str]) -> None:
+    # Its verdict would be filed under --target's default and replace that target's embedded verdict.
+    assert main(["evaluate", "--server", "http://127.0.0.1:9", "--builtin", "--store"]) == 2
+    assert "add --draft or --drafter" in capsys.readouterr().err
