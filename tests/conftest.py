@@ -10,6 +10,7 @@ from sqlalchemy.engine import Engine
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from tests.pg import PG_URL, create_pg_database, drop_pg_database
+from tests.proxy.upstream import Upstream, serving
 
 
 @pytest.fixture
@@ -43,3 +44,11 @@ def engine(db_url: str) -> Iterator[Engine]:
         yield eng
     finally:
         eng.dispose()
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[Upstream, str]]:
+    """A stub serving stack (tests/proxy/upstream.py) on a free port, and its URL."""
+    stub = Upstream()
+    with serving(stub) as url:
+        yield stub, url

@@ -7,7 +7,6 @@ import logging
 import random
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,20 +18,9 @@ from monitor.commands.main import main
 from monitor.ingest.capture import DAY_S, PromptSample, sample_line
 from tests.api.conftest import INGEST, READ, auth, make_settings
 from tests.api.test_api_decode import tiny_decoder
-from tests.proxy.upstream import Upstream, serving
+from tests.proxy.upstream import Upstream, proxy_sidecar
 
 SAMPLE = "prompt-sample.db"
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[Upstream, str]]:
-    stub = Upstream()
-    with serving(stub) as url:
-        yield stub, url
-
-
-def proxy_sidecar(tmp_path: Path, sqlite_url: str, url: str, **env: str) -> TestClient:
-    return TestClient(create_app(make_settings(tmp_path, sqlite_url, DRAFTWATCH_PROXY_UPSTREAM=url, **env)))
 
 
 def written(client: TestClient) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,7 @@ from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow
 from tests.api.conftest import make_settings, stored
 from tests.api.test_api_decode import free_port
-from tests.proxy.upstream import Upstream, serving
-
-
-@pytest.fixture
-def upstream() -> Iterator[tuple[Upstream, str]]:
-    stub = Upstream()
-    with serving(stub) as url:
-        yield stub, url
-
-
-def sidecar(tmp_path: Path, db_url: str, url: str, **env: str) -> TestClient:
-    return TestClient(create_app(make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=url, **env)))
+from tests.proxy.upstream import Upstream, proxy_sidecar
 
 
 def rows(db_url: str) -> list[dict[str, Any]]:
@@ -48,7 +36,7 @@ def test_a_non_streamed_chat_passes_through_and_is_recorded(
     stub, url = upstream
     body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "hi"}]}
     headers = {"Authorization": "Bearer upstream-key", "X-Workload": "code"}
-    with sidecar(tmp_path, db_url, url) as client:
+    with proxy_sidecar(tmp_path, db_url, url) as client:
         response = client.post("/v1/chat/completions", json=body, headers=headers)
         flush(client)
     assert response.status_code == 200 and response.json() == stub.chat
@@ -69,7 +57,7 @@ def test_a_stream_is_relayed_event_by_event_with_the_usage_it_did_not_ask_for_ta
     stub, url = upstream
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}], "user": "bot-7"}
     rules = "model:other*=chat;user:bot-*=batch"
-    with sidecar(tmp_path, db_url, url, DRAFTWATCH_PROXY_WORKLOAD_RULES=rules) as client:
+    with proxy_sidecar(tmp_path, db_url, url, DRAFTWATCH_PROXY_WORKLOAD_RULES=rules) as client:
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
             received = b"".join(response.iter_raw())
         flush(client)
@@ -86,14 +74,17 @@ def test_a_stream_is_relayed_event_by_event_with_the_usage_it_did_not_ask_for_ta
 def test_a_client_that_asked_for_usage_keeps_it(tmp_path: Path, db_url: str, upstream: tuple[Upstream, str]) -> None:
     stub, url = upstream
     body = {"model": "m", "stream": True, "stream_options": {"include_usage": True}, "messages": []}
-    with sidecar(tmp_path, db_url, url) as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+    with (
+        proxy_sidecar(tmp_path, db_url, url) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
         received = b"".join(response.iter_raw())
     assert received == b"".join(stub.stream_events(usage=True))
 
 
 def test_native_endpoints_and_models_pass_through(tmp_path: Path, db_url: str, upstream: tuple[Upstream, str]) -> None:
     stub, url = upstream
-    with sidecar(tmp_path, db_url, url, DRAFTWATCH_PROXY_DEFAULT_WORKLOAD="rag") as client:
+    with proxy_sidecar(tmp_path, db_url, url, DRAFTWATCH_PROXY_DEFAULT_WORKLOAD="rag") as client:
         generated = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 8}})
         models = client.get("/v1/models")
         flush(client)
@@ -108,7 +99,7 @@ def test_upstream_errors_are_forwarded_and_recorded(
 ) -> None:
     stub, url = upstream
     stub.fail_with = 503
-    with sidecar(tmp_path, db_url, url) as client:
+    with proxy_sidecar(tmp_path, db_url, url) as client:
         response = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
         flush(client)
     assert response.status_code == 503 and response.json()["error"]["message"] == "model overloaded"
@@ -117,7 +108,7 @@ def test_upstream_errors_are_forwarded_and_recorded(
 
 
 def test_an_unreachable_upstream_gives_502_in_the_openai_shape(tmp_path: Path, db_url: str) -> None:
-    with sidecar(tmp_path, db_url, f"http://127.0.0.1:{free_port()}") as client:
+    with proxy_sidecar(tmp_path, db_url, f"http://127.0.0.1:{free_port()}") as client:
         response = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
         flush(client)
     assert response.status_code == 502
@@ -147,7 +138,7 @@ def test_a_proxy_scope_token_guards_the_proxied_routes_apart_from_the_clients_au
     proxy_token = "proxy-token-0123456789"
     tokens = f"proxy:{proxy_token},read:read-token-0123456789ab"
     body = {"model": "m", "messages": []}
-    with sidecar(tmp_path, db_url, url, DRAFTWATCH_API_TOKENS=tokens) as client:
+    with proxy_sidecar(tmp_path, db_url, url, DRAFTWATCH_API_TOKENS=tokens) as client:
         missing = client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer upstream-key"})
         wrong = client.post(
             "/v1/chat/completions", json=body, headers={"X-Draftwatch-Token": "read-token-0123456789ab"}
@@ -171,7 +162,7 @@ def test_a_responses_stream_is_recorded_from_its_completed_event_and_left_as_it_
     stub, url = upstream
     body = {"model": "openai/gpt-oss-20b", "input": "hi", "stream": True}
     with (
-        sidecar(tmp_path, db_url, url) as client,
+        proxy_sidecar(tmp_path, db_url, url) as client,
         client.stream("POST", "/v1/responses", json=body, headers={"X-Workload": "chat"}) as response,
     ):
         received = b"".join(response.iter_raw())

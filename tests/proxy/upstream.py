@@ -16,11 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fastapi.testclient import TestClient
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from monitor.api.app import create_app
+from tests.api.conftest import make_settings
 from tests.api.test_api_errors import serving as serving_app
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
@@ -118,3 +121,8 @@ def serving(upstream: Upstream) -> Iterator[str]:
     """Serve ``upstream`` on a free loopback port; yields its base URL."""
     with serving_app(upstream.app()) as url:
         yield url
+
+
+def proxy_sidecar(tmp_path: Path, db_url: str, url: str, **env: str) -> TestClient:
+    """The sidecar in proxy mode in front of ``url``, on ``db_url``, with ``env`` settings on top."""
+    return TestClient(create_app(make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=url, **env)))
