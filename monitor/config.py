@@ -29,10 +29,11 @@ from typing import Any, Final
 
 from decoder.holdout import HoldoutPolicy
 from monitor.alerts.settings import AlertConfig, AlertSettings
-from monitor.api.settings import ApiSettings, DecoderSettings, ProxySettings
+from monitor.api.settings import ApiSettings, DecoderSettings
 from monitor.drift.settings import DriftSettings
 from monitor.ingest.settings import CaptureSettings, RecorderSettings, ScrapeSettings
 from monitor.notify.settings import DeliverySettings
+from monitor.proxy.settings import ProxySettings
 from monitor.scheduler.settings import RetentionSettings, SchedulerSettings
 from monitor.settings.fields import Spec, resolve, specs
 from monitor.settings.parsers import ConfigError, parse_path

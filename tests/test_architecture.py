@@ -17,6 +17,7 @@ LAYERS: Final = {
     "monitor.notify": 2,
     "monitor.alerts": 3,
     "monitor.api": 4,
+    "monitor.proxy": 4,
     "monitor.scheduler": 4,
     "monitor.demo": 4,
     "monitor.config": 4,

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from sqlalchemy.engine import Engine
 
-from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, proxy, reads
+from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, reads
 from monitor.api.adapters import MODELS
 from monitor.api.auth import TokenSet, require
 from monitor.api.controller_state import STATE_FILE
@@ -35,10 +35,11 @@ from monitor.api.limits import LimitsMiddleware
 from monitor.api.metrics import Metrics
 from monitor.api.state import ApiState
 from monitor.api.store_figures import StoreFigures
-from monitor.api.upstream import Upstream
 from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
+from monitor.proxy import forward
+from monitor.proxy.upstream import Upstream
 from monitor.store import migrate
 from monitor.store.engine import create_engine
 
@@ -96,7 +97,7 @@ def create_app(
                      settings.capture.path)  # fmt: skip
         if settings.proxy.upstream is not None:
             state.upstream = Upstream(settings.proxy)
-            log.info("proxy mode: forwarding %s to %s", ", ".join(proxy.FORWARDED_PATHS), settings.proxy.upstream)
+            log.info("proxy mode: forwarding %s to %s", ", ".join(forward.FORWARDED_PATHS), settings.proxy.upstream)
         metrics.add_collector(lambda: _own_figures(state))
         metrics.add_families(StoreFigures(eng, settings).collect)
         app.state.api = state
@@ -133,12 +134,12 @@ def create_app(
         max_body_bytes=settings.api.max_body_bytes,
         timeout_s=settings.api.request_timeout_s,
         # A proxied request waits on the upstream, under the proxy's own timeout.
-        untimed=proxy.FORWARDED_PATHS if settings.proxy.upstream is not None else (),
+        untimed=forward.FORWARDED_PATHS if settings.proxy.upstream is not None else (),
     )
     # Added last, so outermost: it also answers for an error in the limits middleware.
     app.add_middleware(errors.UnhandledErrorMiddleware)
     # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.
-    served = (proxy,) if settings.proxy.upstream is not None else (generate, openai_chat)
+    served = (forward,) if settings.proxy.upstream is not None else (generate, openai_chat)
     for module in (ingest, *served, reads, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)

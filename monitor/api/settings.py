@@ -1,15 +1,14 @@
-"""The API's settings: where it listens, who may call it, its limits, the decoder worker's holdout, the proxy."""
+"""The API's settings: where it listens, who may call it, its limits, the decoder worker's holdout."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from decoder.record import WORKLOAD_PATTERN
 from monitor.settings.fields import setting
-from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_share, parse_str
+from monitor.settings.parsers import parse_int, parse_seconds, parse_share, parse_str
 
-# proxy: the pass-through routes of proxy mode, once any token has it (see monitor/api/proxy.py).
+# proxy: the pass-through routes of proxy mode, once any token has it (see monitor/proxy/forward.py).
 API_SCOPES: Final = ("ingest", "read", "admin", "proxy")
 API_TOKEN_MIN_LENGTH: Final = 16
 
@@ -124,108 +123,3 @@ class DecoderSettings:
         "share held out while a workload is below decoder.holdout_target: the most a small workload pays for "
         "measuring its speedup (default: 0.2)",
     )
-
-
-PROXY_KINDS: Final = ("auto", "vllm", "sglang", "llamacpp", "openai")
-RULE_FIELDS: Final = ("model", "path", "user")
-
-
-class WorkloadRule(NamedTuple):
-    """``field:pattern=workload``: a proxied request whose ``field`` matches ``pattern`` (fnmatch) is ``workload``."""
-
-    field: str
-    pattern: str
-    workload: str
-
-
-def parse_upstream(raw: Any) -> str:
-    url = parse_str(raw).rstrip("/")
-    if not url.startswith(("http://", "https://")) or "?" in url or "#" in url:
-        raise ValueError("expected an http:// or https:// base URL, such as http://127.0.0.1:8080")
-    return url
-
-
-def parse_workload_rules(raw: Any) -> tuple[WorkloadRule, ...]:
-    """``model:qwen*=code;path:/completion=completion;user:bot-*=batch``, tried in order.
-
-    >>> parse_workload_rules("model:qwen*=code; user:bot-*=batch")[1]
-    WorkloadRule(field='user', pattern='bot-*', workload='batch')
-    """
-    if not isinstance(raw, str):
-        raise ValueError("expected rules like 'model:qwen*=code;path:/completion=completion'")
-    rules: list[WorkloadRule] = []
-    for number, part in enumerate(filter(None, (p.strip() for p in raw.split(";"))), start=1):
-        match, _, workload = part.rpartition("=")
-        field, _, pattern = match.partition(":")
-        if field.strip() not in RULE_FIELDS or not pattern.strip() or not WORKLOAD_PATTERN.fullmatch(workload.strip()):
-            raise ValueError(
-                f"rule {number}: expected FIELD:PATTERN=WORKLOAD with FIELD one of {', '.join(RULE_FIELDS)} "
-                "and WORKLOAD a workload tag"
-            )
-        rules.append(WorkloadRule(field.strip(), pattern.strip(), workload.strip()))
-    return tuple(rules)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProxySettings:
-    """Proxy mode: the sidecar forwards a serving stack's endpoints and records every request it passes."""
-
-    upstream: str | None = setting(
-        "proxy.upstream",
-        "DRAFTWATCH_PROXY_UPSTREAM",
-        parse_upstream,
-        None,
-        "base URL of the serving stack to forward to (proxy mode), e.g. http://127.0.0.1:8080; none: no proxy "
-        "(default: none)",
-    )
-    kind: str = setting(
-        "proxy.kind",
-        "DRAFTWATCH_PROXY_KIND",
-        parse_choice(PROXY_KINDS),
-        "auto",
-        "the upstream's stack, which decides how its speculative counts are read: auto (by the response's shape), "
-        "vllm, sglang, llamacpp, openai (usage only) (default: auto)",
-    )
-    speculative: str = setting(
-        "proxy.speculative",
-        "DRAFTWATCH_PROXY_SPECULATIVE",
-        parse_choice(("auto", "true", "false")),
-        "auto",
-        "whether the upstream decodes speculatively: true stores a request that drafted nothing as speculative "
-        "with 0 drafts and refuses a response without counts; auto infers it per response (default: auto)",
-    )
-    timeout_s: float = setting(
-        "proxy.timeout_s",
-        "DRAFTWATCH_PROXY_TIMEOUT_S",
-        parse_seconds,
-        600.0,
-        "longest wait for the upstream's response to start, or between two streamed chunks; past it the client "
-        "gets 504 (default: 600)",
-    )
-    workload_header: str = setting(
-        "proxy.workload_header",
-        "DRAFTWATCH_PROXY_WORKLOAD_HEADER",
-        parse_str,
-        "X-Workload",
-        "request header naming a proxied request's workload; it is not forwarded (default: X-Workload)",
-    )
-    workload_rules: tuple[WorkloadRule, ...] = setting(
-        "proxy.workload_rules",
-        "DRAFTWATCH_PROXY_WORKLOAD_RULES",
-        parse_workload_rules,
-        (),
-        "workloads of requests without the header or a body metadata.workload: 'model:qwen*=code;path:/completion="
-        "completion;user:bot-*=batch', first match wins (default: none)",
-    )
-    default_workload: str = setting(
-        "proxy.default_workload",
-        "DRAFTWATCH_PROXY_DEFAULT_WORKLOAD",
-        parse_str,
-        "default",
-        "workload of a proxied request no header, metadata or rule names (default: default)",
-    )
-
-    @property
-    def deployment_speculative(self) -> bool | None:
-        """What the stack parsers are told of the deployment: speculative, plain, or None (infer it)."""
-        return None if self.speculative == "auto" else self.speculative == "true"

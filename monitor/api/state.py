@@ -13,10 +13,10 @@ from sqlalchemy.engine import Engine
 from monitor.api.auth import TokenSet
 from monitor.api.decoding import DecodeWorker
 from monitor.api.metrics import Metrics
-from monitor.api.upstream import Upstream
 from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
+from monitor.proxy.upstream import Upstream
 
 
 @dataclass(slots=True)

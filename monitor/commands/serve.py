@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from decoder.cli import add_model_arguments, build_decoder
 from decoder.extras import refuse_without
 from decoder.fetch import FetchError
-from monitor.api.settings import PROXY_KINDS, parse_upstream
 from monitor.commands.common import add_settings_arguments, settings_or_report
+from monitor.proxy.settings import PROXY_KINDS, parse_upstream
 
 if TYPE_CHECKING:
     from decoder.speculative import SpeculativeDecoder

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpcore
 
-from monitor.api.settings import ProxySettings
+from monitor.proxy.settings import ProxySettings
 
 Headers = Sequence[tuple[bytes, bytes]]
 # Idle connections kept for reuse; a burst beyond them opens new ones, closed once idle.

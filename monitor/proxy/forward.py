@@ -38,10 +38,10 @@ from monitor.api.adapters import AdapterFields, record_of
 from monitor.api.auth import Guard
 from monitor.api.capture import offer, proxied_row
 from monitor.api.errors import ApiError
-from monitor.api.settings import ProxySettings
 from monitor.api.state import ApiState, api_state
-from monitor.api.upstream import UpstreamError, UpstreamResponse, UpstreamTimeoutError, UpstreamUnavailableError
 from monitor.ingest.stacks import PARSERS, Stack, StackError
+from monitor.proxy.settings import ProxySettings
+from monitor.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeoutError, UpstreamUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Proxy mode: the sidecar in a serving stack's request path: pass-through, upstream pools, routing, recording."""
