@@ -44,7 +44,9 @@ COUNT_FIELDS: Final = (
     "num_speculative_tokens", "prompt_tokens", "output_tokens", "num_spec_steps", "num_draft_tokens",
     "num_accepted_tokens",
 )  # fmt: skip
-MEASURE_FIELDS: Final = ("ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p")  # None or >= 0
+MEASURE_FIELDS: Final = (
+    "ttft_ms", "latency_ms", "decode_ms", "draft_ms", "verify_ms", "temperature", "top_p",
+)  # fmt: skip  # None or >= 0
 FINISH_REASONS: Final = ("stop", "length", "error")
 WORKLOAD_MAX_LENGTH: Final = 64
 WORKLOAD_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$")
@@ -80,7 +82,9 @@ def validate_workload(tag: str) -> str:
     return tag
 
 
-def decode_ms_per_token(latency_ms: float | None, ttft_ms: float | None, output_tokens: int) -> float | None:
+def decode_ms_per_token(
+    latency_ms: float | None, ttft_ms: float | None, output_tokens: int, decode_ms: float | None = None
+) -> float | None:
     """Milliseconds per output token after the first: ``(latency - TTFT) / (output_tokens - 1)``.
 
     The one speed figure every comparison of speculative with plain decoding uses. Prompt reading
@@ -89,12 +93,22 @@ def decode_ms_per_token(latency_ms: float | None, ttft_ms: float | None, output_
     token, so that cost lands here, charged to speculation. ``None`` without both timings or with
     fewer than two output tokens.
 
+    ``decode_ms``, where given, is the decode phase measured apart from queueing and prompt reading
+    (a serving stack's own timings, or a stream's first text-bearing event to its last): it replaces
+    ``latency - TTFT``, which behind a proxy also holds the time the request waited in the engine's queue.
+
     >>> decode_ms_per_token(100.0, 60.0, 9)
     5.0
+    >>> decode_ms_per_token(100.0, 60.0, 9, decode_ms=16.0)
+    2.0
     >>> decode_ms_per_token(100.0, None, 9) is None, decode_ms_per_token(100.0, 60.0, 1) is None
     (True, True)
     """
-    if latency_ms is None or ttft_ms is None or output_tokens < 2:
+    if output_tokens < 2:
+        return None
+    if decode_ms is not None:
+        return decode_ms / (output_tokens - 1)
+    if latency_ms is None or ttft_ms is None:
         return None
     return max(latency_ms - ttft_ms, 0.0) / (output_tokens - 1)
 
@@ -105,8 +119,8 @@ def pooled_decode_ms_per_token(records: Iterable[RequestRecord]) -> float | None
     Long answers weigh more than in a mean of per-request figures; ``None`` when no request has both timings
     and two tokens.
     """
-    timed = [(r.latency_ms - r.ttft_ms, r.output_tokens - 1) for r in records
-             if r.latency_ms is not None and r.ttft_ms is not None and r.output_tokens > 1]  # fmt: skip
+    timed = [(per_token * (r.output_tokens - 1), r.output_tokens - 1) for r in records
+             if (per_token := r.decode_ms_per_token) is not None]  # fmt: skip
     tokens = sum(count for _, count in timed)
     return sum(ms for ms, _ in timed) / tokens if tokens else None
 
@@ -160,6 +174,11 @@ class RequestRecord:
     holdout_reason: HoldoutReason | None = None  # at which rate a holdout request was drawn (decoder/holdout.py)
     drafted_by_span: list[int] | None = None  # by the step's first output position (module docstring)
     accepted_by_span: list[int] | None = None
+    # The decode phase alone, where it was measured apart from queueing (see decode_ms_per_token).
+    decode_ms: float | None = None
+    # Requests in flight at the serving stack's replica when this one started, itself included (proxy
+    # mode): the load a comparison of speculative with plain decoding must match.
+    upstream_inflight: int | None = None
 
     # Derived figures: computed, never stored twice.
 
@@ -179,7 +198,7 @@ class RequestRecord:
 
     @property
     def decode_ms_per_token(self) -> float | None:
-        return decode_ms_per_token(self.latency_ms, self.ttft_ms, self.output_tokens)
+        return decode_ms_per_token(self.latency_ms, self.ttft_ms, self.output_tokens, self.decode_ms)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -232,6 +251,9 @@ class RequestRecord:
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise RecordError(name, f"must be a finite non-negative number, got {value!r}")
+        inflight = self.upstream_inflight
+        if inflight is not None and (isinstance(inflight, bool) or not isinstance(inflight, int) or inflight < 1):
+            raise RecordError("upstream_inflight", f"must be a positive integer (itself included), got {inflight!r}")
         if self.ts_end < self.ts_start:
             raise RecordError("ts_end", f"{self.ts_end.isoformat()} is before ts_start")
         if self.num_accepted_tokens > self.num_draft_tokens:
@@ -414,8 +436,14 @@ def quick_pass(r: RequestRecord) -> bool:
     value = r.latency_ms
     if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
         return False
+    value = r.decode_ms
+    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
     value = r.draft_ms
     if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+        return False
+    inflight = r.upstream_inflight
+    if inflight is not None and (type(inflight) is not int or inflight < 1):
         return False
     value = r.verify_ms
     if value is not None and (type(value) is not float or not 0.0 <= value < _INF):

@@ -111,6 +111,8 @@ class EventIn(BaseModel):
     holdout_reason: HoldoutReason | None = None
     drafted_by_span: SpanCounts = None
     accepted_by_span: SpanCounts = None
+    decode_ms: Millis = None
+    upstream_inflight: Annotated[StrictInt, Field(ge=1, le=MAX_COUNT)] | None = None
 
 
 class EventBatchIn(BaseModel):

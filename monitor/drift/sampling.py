@@ -73,6 +73,8 @@ class Sample:
     prompt_tokens: FloatArray
     latency_ms: FloatArray  # NaN when unknown
     ttft_ms: FloatArray
+    decode_ms: FloatArray
+    upstream_inflight: FloatArray  # NaN outside proxy mode
 
     def __len__(self) -> int:
         return len(self.mode)
@@ -86,8 +88,9 @@ class Sample:
     def decode_ms_per_token(self) -> FloatArray:
         """Per request, :func:`decoder.record.decode_ms_per_token`; NaN where it is undefined."""
         values = []
-        for latency, ttft, output in zip(self.latency_ms, self.ttft_ms, self.output_tokens, strict=True):
-            value = decode_ms_per_token(_known(latency), _known(ttft), int(output))
+        columns = (self.latency_ms, self.ttft_ms, self.output_tokens, self.decode_ms)
+        for latency, ttft, output, decode in zip(*columns, strict=True):
+            value = decode_ms_per_token(_known(latency), _known(ttft), int(output), _known(decode))
             values.append(np.nan if value is None else value)
         return np.array(values, dtype=float)
 
@@ -108,6 +111,8 @@ _COLUMNS = (
     RequestRow.prompt_tokens,
     RequestRow.latency_ms,
     RequestRow.ttft_ms,
+    RequestRow.decode_ms,
+    RequestRow.upstream_inflight,
 )
 
 

@@ -127,6 +127,8 @@ def copy_line(rec: RequestRecord, ingested: str) -> str:
                 _text(rec.holdout_reason),
                 _text(_spans(rec.drafted_by_span)),
                 _text(_spans(rec.accepted_by_span)),
+                _number(rec.decode_ms),
+                _text(None if rec.upstream_inflight is None else str(rec.upstream_inflight)),
                 ingested,
             )
         )
@@ -194,6 +196,8 @@ def sqlite_row(rec: RequestRecord, ingested: str) -> tuple[Any, ...]:
         rec.holdout_reason,
         _spans(rec.drafted_by_span),
         _spans(rec.accepted_by_span),
+        rec.decode_ms,
+        rec.upstream_inflight,
         ingested,
     )
 

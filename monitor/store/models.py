@@ -126,6 +126,9 @@ class RequestRow(Base):
     # NULL where the source does not know output positions (serving stacks), and before migration 0007.
     drafted_by_span: Mapped[list[int] | None] = mapped_column(OptionalJsonList)
     accepted_by_span: Mapped[list[int] | None] = mapped_column(OptionalJsonList)
+    # NULL where not measured apart from queueing, and before migration 0010.
+    decode_ms: Mapped[float | None] = mapped_column(Float)
+    upstream_inflight: Mapped[int | None] = mapped_column(Integer)
     ingested_at: Mapped[datetime]
 
     __table_args__ = (

@@ -323,6 +323,7 @@ def request_samples(
         r.latency_ms,
         r.output_tokens,
         r.ttft_ms,
+        r.decode_ms,
     ).where(r.workload == workload, r.ts_start >= start, r.ts_start < end)
     if pair is not None:
         query = query.where(r.target_model == pair.target_model, r.drafter == pair.drafter)
@@ -339,10 +340,10 @@ def request_samples(
                 ts_start=ts,
                 mode=m,
                 acceptance_rate=accepted / drafted if drafted else None,
-                ms_per_token=decode_ms_per_token(latency, ttft, output),
+                ms_per_token=decode_ms_per_token(latency, ttft, output, decode),
                 ttft_ms=ttft,
             )
-            for rid, ts, m, drafted, accepted, latency, output, ttft in conn.execute(query)
+            for rid, ts, m, drafted, accepted, latency, output, ttft, decode in conn.execute(query)
         ]
 
 

@@ -12,7 +12,7 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from decoder.record import RecordError, RequestRecord, quick_pass
+from decoder.record import MEASURE_FIELDS, RecordError, RequestRecord, quick_pass
 
 RECORD_FIELDS: Final = tuple(f.name for f in fields(RequestRecord))
 # Column order of the tuples from to_row: the record's fields in declaration order, then ingested_at.
@@ -79,7 +79,7 @@ def validate_rules(rec: object) -> RequestRecord:
     for name in ("drafted_by_span", "accepted_by_span"):
         if getattr(rec, name) is not None and not isinstance(getattr(rec, name), list):
             raise RecordError(name, f"must be a list or null, got {getattr(rec, name)!r}")
-    for name in ("ttft_ms", "latency_ms", "draft_ms", "verify_ms", "temperature", "top_p"):
+    for name in MEASURE_FIELDS:
         value = getattr(rec, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise RecordError(name, f"must be a number, got {value!r}")
