@@ -8,6 +8,13 @@ and ``per_step_drafted``). Both are ``null`` for ``n > 1`` and absent when the f
 stream carries them on its final usage chunk only (``stream_options.include_usage``), whose
 ``choices`` is empty. ``/v1/responses`` counts ``usage.input_tokens``/``output_tokens`` and ends in
 ``status`` (vllm/entrypoints/openai/responses/protocol.py at c0bc5965).
+
+``acceptance_histogram_by_draft_length`` (acceptance_metrics.md at 02cf515f) maps each proposed
+draft length ``k`` seen in the request (a JSON string key, after grammar validation) to ``k + 1``
+bins: row ``k``, bin ``j`` counts the steps that accepted ``j`` of ``k`` drafts. Where draft
+lengths vary per step it is the only figure that says how many steps drafted each position, so it
+is checked against the flat histogram and the totals (each row's bins add up to the flat one's,
+``sum(k x steps)`` to ``num_draft_tokens``), and it stands in for the flat histogram where that is absent.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Final
+from typing import Annotated, Any, Final
+
+from pydantic import Field
 
 from decoder.record import FinishReason
 from monitor.ingest.stacks.report import (
@@ -42,8 +51,13 @@ from monitor.ingest.stacks.report import (
     spread,
     validated,
 )
+from monitor.store.rows import MAX_SPECULATIVE_TOKENS
 
 SPEC: Final[Loc] = ("metrics", "speculative_decoding")
+BY_LENGTH: Final[Loc] = (*SPEC, "acceptance_histogram_by_draft_length")
+# A proposed draft length, as the JSON object's key writes it.
+DraftLength = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,3})$")]
+ByLength = Annotated[dict[DraftLength, Histogram], Field(max_length=MAX_SPECULATIVE_TOKENS + 1)]
 NO_SPEC: Final = (
     "vLLM reports per-request speculative decoding only when started with --per-request-spec-decode-metrics "
     "summary (or detailed), only for single-sequence requests (n == 1), and in a stream only on the final "
@@ -75,6 +89,7 @@ class VllmSpecDecoding(Lenient):
     num_accepted_draft_tokens: Count | None = None
     num_spec_tokens: Gamma | None = None
     acceptance_histogram: Histogram | None = None
+    acceptance_histogram_by_draft_length: ByLength | None = None
     per_step_accepted: PerStep | None = None
     per_step_drafted: PerStep | None = None
 
@@ -149,9 +164,10 @@ def parse_vllm(
             ((*SPEC, "num_accepted_draft_tokens"), spec.num_accepted_draft_tokens),
         ],
     )
-    histogram = _steps_histogram(spec) or spec.acceptance_histogram
+    histogram = _steps_histogram(spec) or spec.acceptance_histogram or _by_length_histogram(spec)
     steps = spec.num_spec_steps if spec.num_spec_steps is not None else sum(histogram or ())
     gamma = settle_gamma(spec.num_spec_tokens, num_speculative_tokens, "metrics.speculative_decoding.num_spec_tokens")
+    _check_by_length(spec, histogram, gamma)
     gamma, bins, per_position = spread(histogram, gamma)
     return replace(
         report,
@@ -195,6 +211,50 @@ def _steps_histogram(spec: VllmSpecDecoding) -> list[int] | None:
     if problems:
         raise StackError(problems)
     return histogram
+
+
+def _by_length_histogram(spec: VllmSpecDecoding) -> list[int] | None:
+    """The flat histogram the by-length rows add up to: bin ``j`` over every row."""
+    rows = spec.acceptance_histogram_by_draft_length
+    if not rows:
+        return None
+    flat: list[int] = []
+    for bins in rows.values():
+        flat = [a + b for a, b in zip(_padded(flat, len(bins)), _padded(bins, len(flat)), strict=True)]
+    return flat
+
+
+def _check_by_length(spec: VllmSpecDecoding, histogram: list[int] | None, gamma: int | None) -> None:
+    """Each by-length row against its length, the draft length and the request's totals; every fault named."""
+    rows = spec.acceptance_histogram_by_draft_length
+    if not rows:
+        return
+    problems = []
+    for key, bins in rows.items():
+        k = int(key)
+        if len(bins) != k + 1:
+            msg = f"row {key} has {len(bins)} bins: a row of draft length k has k + 1 (0 to k accepted)"
+            problems.append(Problem(loc=(*BY_LENGTH, key), msg=msg, type="value_error"))
+        elif gamma is not None and k > gamma:
+            msg = f"row {key} drafts more than the draft length {gamma}"
+            problems.append(Problem(loc=(*BY_LENGTH, key), msg=msg, type="value_error"))
+    if problems:
+        raise StackError(problems)
+    flat = _by_length_histogram(spec) or []
+    drafted = sum(int(key) * sum(bins) for key, bins in rows.items())
+    accepted = sum(j * n for bins in rows.values() for j, n in enumerate(bins))
+    for found, summary, total in (
+        (drafted, "num_draft_tokens", spec.num_draft_tokens),
+        (accepted, "num_accepted_draft_tokens", spec.num_accepted_draft_tokens),
+    ):
+        if total is not None and found != total:
+            msg = f"gives {found}, but {summary} is {total}: the rows must add up to the summary"
+            problems.append(Problem(loc=BY_LENGTH, msg=msg, type="value_error"))
+    if histogram is not None and _padded(histogram, len(flat)) != _padded(flat, len(histogram)):
+        msg = "disagrees with acceptance_histogram: bin j of every row together counts the steps that accepted j"
+        problems.append(Problem(loc=BY_LENGTH, msg=msg, type="value_error"))
+    if problems:
+        raise StackError(problems)
 
 
 def _padded(values: list[int], length: int) -> list[int]:
