@@ -39,7 +39,7 @@ from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
 from monitor.proxy import forward
-from monitor.proxy.upstream import Upstream
+from monitor.proxy.routing import build_router, refresh_routes
 from monitor.store import migrate
 from monitor.store.engine import create_engine
 
@@ -95,9 +95,9 @@ def create_app(
             state.capture = PromptCapture(settings.capture).start()
             log.info("prompt sample on: %g of requests considered, kept in %s", settings.capture.share,
                      settings.capture.path)  # fmt: skip
-        if settings.proxy.upstream is not None:
-            state.upstream = Upstream(settings.proxy)
-            log.info("proxy mode: forwarding %s to %s", ", ".join(forward.FORWARDED_PATHS), settings.proxy.upstream)
+        if settings.proxy.upstream:
+            state.router = build_router(settings)
+            routes = asyncio.create_task(refresh_routes(state.router, eng, settings.proxy.route_refresh_s))
         metrics.add_collector(lambda: _own_figures(state))
         metrics.add_families(StoreFigures(eng, settings).collect)
         app.state.api = state
@@ -108,8 +108,9 @@ def create_app(
                 schema_task.cancel()
             if state.worker is not None:
                 await anyio.to_thread.run_sync(state.worker.stop)
-            if state.upstream is not None:
-                await state.upstream.aclose()
+            if state.router is not None:
+                routes.cancel()
+                await state.router.aclose()
             if state.capture is not None:
                 await anyio.to_thread.run_sync(state.capture.close)
             await anyio.to_thread.run_sync(recorder.close)
@@ -134,12 +135,12 @@ def create_app(
         max_body_bytes=settings.api.max_body_bytes,
         timeout_s=settings.api.request_timeout_s,
         # A proxied request waits on the upstream, under the proxy's own timeout.
-        untimed=forward.FORWARDED_PATHS if settings.proxy.upstream is not None else (),
+        untimed=forward.FORWARDED_PATHS if settings.proxy.upstream else (),
     )
     # Added last, so outermost: it also answers for an error in the limits middleware.
     app.add_middleware(errors.UnhandledErrorMiddleware)
     # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.
-    served = (forward,) if settings.proxy.upstream is not None else (generate, openai_chat)
+    served = (forward,) if settings.proxy.upstream else (generate, openai_chat)
     for module in (ingest, *served, reads, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)
@@ -185,7 +186,7 @@ def _own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
         "gauge",
         float(stats.database_available),
     )
-    if state.upstream is not None:
+    if state.router is not None:
         yield (
             "draftwatch_proxy_unrecorded_total",
             "Proxied responses forwarded but not recorded (their figures could not be read).",

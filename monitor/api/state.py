@@ -16,7 +16,7 @@ from monitor.api.metrics import Metrics
 from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
-from monitor.proxy.upstream import Upstream
+from monitor.proxy.routing import Router
 
 
 @dataclass(slots=True)
@@ -27,8 +27,8 @@ class ApiState:
     tokens: TokenSet
     metrics: Metrics
     worker: DecodeWorker | None = None
-    # Proxy mode: the upstream's client, and the proxied responses whose figures could not be read.
-    upstream: Upstream | None = None
+    # Proxy mode: the upstream pools and the router, and the proxied responses whose figures could not be read.
+    router: Router | None = None
     proxy_unrecorded: int = 0
     # The opt-in prompt sample; None while capture.share is 0.
     capture: PromptCapture | None = None

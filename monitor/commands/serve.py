@@ -54,7 +54,19 @@ def register(subparsers: Any) -> None:
         type=_upstream,
         default=None,
         metavar="URL",
-        help="proxy mode: forward to this serving stack, e.g. http://127.0.0.1:8080 (default: proxy.upstream)",
+        action="append",
+        help="proxy mode: forward to this serving stack, e.g. http://127.0.0.1:8080; repeat it for a pool balanced "
+        "by least outstanding requests (default: proxy.upstream)",
+    )
+    parser.add_argument(
+        "--baseline-upstream",
+        type=_upstream,
+        default=None,
+        metavar="URL",
+        action="append",
+        help="the same model served WITHOUT speculation: the plain baseline that measures, per workload, whether "
+        "speculation pays (the verdict in /v1/workloads, the drift run's net_loss, the dashboard); repeatable "
+        "(default: proxy.baseline_upstream; see proxy.baseline_policy and proxy.on_net_loss)",
     )
     parser.add_argument(
         "--upstream-kind",
@@ -85,11 +97,20 @@ def _serve(args: argparse.Namespace) -> int:
     from monitor.api.app import create_app
     from monitor.api.auth import check_bind
 
-    overrides = {"api.host": args.host, "api.port": args.port, "proxy.upstream": args.upstream}
+    overrides = {
+        "api.host": args.host,
+        "api.port": args.port,
+        "proxy.upstream": args.upstream,
+        "proxy.baseline_upstream": args.baseline_upstream,
+    }
     settings = settings_or_report(args, "serve", {**overrides, "proxy.kind": args.upstream_kind})
     if settings is None:
         return 2
-    if settings.proxy.upstream is not None and args.target is not None:
+    if settings.proxy.baseline_upstream and not settings.proxy.upstream:
+        print("draftwatch serve: --baseline-upstream needs --upstream (the speculative stack it is compared with)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if settings.proxy.upstream and args.target is not None:
         print("draftwatch serve: --upstream (proxy mode) and --target (the embedded decoder) exclude each other",
               file=sys.stderr)  # fmt: skip
         return 2

@@ -48,6 +48,7 @@ top; the estimate has no p-value, its false-alarm rate is what the interval rule
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as st
@@ -55,34 +56,76 @@ from scipy import stats as st
 from monitor.drift.result import Decision, DriftResult, insufficient
 from monitor.drift.stats import FloatArray, bootstrap_means, percentile_interval
 
-# At most this many strata, and at least this many comparison requests per stratum.
+# At most this many context strata per load level, and at least this many comparison requests per stratum.
 MAX_STRATA = 4
 PER_STRATUM = 10
 # Plain requests count only within this factor of the speculative requests' context lengths.
 SUPPORT = 1.25
+# Below this share of the speculative requests with plain requests at their load and context, no verdict.
+MIN_COVERAGE = 0.5
+
+
+def load_level(inflight: FloatArray) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Load levels of ``upstream_inflight``: 1, 2-3, 4-7, 8-15, ... (levels 1, 2, 3, 4, ...); unknown (NaN) is 0.
+
+    A replica's time per token grows with the requests it batches; doubling steps keep the levels
+    few while keeping within a level requests whose batches are alike.
+
+    >>> load_level(np.array([1.0, 2.0, 3.0, 4.0, 9.0, np.nan])).tolist()
+    [1, 2, 2, 3, 4, 0]
+    """
+    known = np.isfinite(inflight)
+    levels = np.zeros(len(inflight), dtype=np.int64)
+    levels[known] = 1 + np.floor(np.log2(np.maximum(inflight[known], 1.0))).astype(np.int64)
+    return levels
 
 
 @dataclass(frozen=True, slots=True)
 class Strata:
-    """Speculative and plain ms-per-token values grouped by context-length stratum."""
+    """Speculative and plain ms-per-token values grouped by load level and context-length stratum."""
 
     spec: list[FloatArray]
     plain: list[FloatArray]
     edges: list[float]
+    levels: list[int]
+    n_spec: int  # speculative requests offered, kept in a stratum or not
 
     @classmethod
-    def split(cls, spec: FloatArray, spec_ctx: FloatArray, plain: FloatArray, plain_ctx: FloatArray) -> Strata:
+    def split(
+        cls,
+        spec: FloatArray,
+        spec_ctx: FloatArray,
+        plain: FloatArray,
+        plain_ctx: FloatArray,
+        spec_load: FloatArray | None = None,
+        plain_load: FloatArray | None = None,
+    ) -> Strata:
         # Common support: a plain request far longer or shorter than any speculative one says
         # nothing about what the speculative traffic would have cost without speculation.
         low, high = spec_ctx.min() / SUPPORT, spec_ctx.max() * SUPPORT
         inside = (plain_ctx >= low) & (plain_ctx <= high)
-        plain, plain_ctx = plain[inside], plain_ctx[inside]
-        k = max(1, min(MAX_STRATA, len(plain) // PER_STRATUM))
-        edges = list(np.unique(np.quantile(spec_ctx, np.linspace(0, 1, k + 1)[1:-1]))) if k > 1 else []
-        spec_bin, plain_bin = np.searchsorted(edges, spec_ctx, "right"), np.searchsorted(edges, plain_ctx, "right")
-        groups = [(spec[spec_bin == s], plain[plain_bin == s]) for s in range(len(edges) + 1)]
-        kept = [(a, b) for a, b in groups if len(a) and len(b)]
-        return cls([a for a, _ in kept], [b for _, b in kept], [float(e) for e in edges])
+        spec_level = load_level(np.full(len(spec), np.nan) if spec_load is None else np.asarray(spec_load, float))
+        plain_level = load_level(np.full(len(plain), np.nan) if plain_load is None else np.asarray(plain_load, float))
+        plain, plain_ctx, plain_level = plain[inside], plain_ctx[inside], plain_level[inside]
+        kept: list[tuple[FloatArray, FloatArray, int]] = []
+        all_edges: list[float] = []
+        for level in np.unique(spec_level):
+            s, p = spec_level == level, plain_level == level
+            k = max(1, min(MAX_STRATA, int(p.sum()) // PER_STRATUM))
+            edges = list(np.unique(np.quantile(spec_ctx[s], np.linspace(0, 1, k + 1)[1:-1]))) if k > 1 else []
+            all_edges += [float(e) for e in edges]
+            spec_bin = np.searchsorted(edges, spec_ctx[s], "right")
+            plain_bin = np.searchsorted(edges, plain_ctx[p], "right")
+            for b in range(len(edges) + 1):
+                a, c = spec[s][spec_bin == b], plain[p][plain_bin == b]
+                if len(a) and len(c):
+                    kept.append((a, c, int(level)))
+        return cls([a for a, _, _ in kept], [c for _, c, _ in kept], all_edges, [lv for _, _, lv in kept], len(spec))
+
+    @property
+    def coverage(self) -> float:
+        """Share of the speculative requests that found plain requests at their load and context."""
+        return self.used()[0] / self.n_spec if self.n_spec else 0.0
 
     @property
     def weights(self) -> FloatArray:
@@ -143,37 +186,63 @@ class NetLoss:
         self.ci_level = ci_level
 
     def measured(
-        self, spec: FloatArray, spec_ctx: FloatArray, holdout: FloatArray, holdout_ctx: FloatArray
+        self,
+        spec: FloatArray,
+        spec_ctx: FloatArray,
+        holdout: FloatArray,
+        holdout_ctx: FloatArray,
+        spec_load: FloatArray | None = None,
+        holdout_load: FloatArray | None = None,
     ) -> DriftResult:
         """Speculative against holdout requests of the same workload and window; n_ref is the holdout."""
-        strata = self._strata(spec, spec_ctx, holdout, holdout_ctx)
-        if strata is None:
-            return insufficient(self.test, self.metric, len(holdout), len(spec), self.min_holdout)
+        strata = self._strata(spec, spec_ctx, holdout, holdout_ctx, spec_load, holdout_load)
+        if isinstance(strata, DriftResult):
+            return strata
         z, p = strata.van_elteren()
         return self._result(strata, z, p, "no_drift", "measured: holdout vs speculative decode ms per token")
 
     def estimated(
-        self, spec: FloatArray, spec_ctx: FloatArray, plain: FloatArray, plain_ctx: FloatArray
+        self,
+        spec: FloatArray,
+        spec_ctx: FloatArray,
+        plain: FloatArray,
+        plain_ctx: FloatArray,
+        spec_load: FloatArray | None = None,
+        plain_load: FloatArray | None = None,
     ) -> DriftResult:
         """Speculative requests against the target's plain and holdout requests; flagged, no p-value."""
-        strata = self._strata(spec, spec_ctx, plain, plain_ctx)
-        if strata is None:
-            return insufficient(self.test, self.metric, len(plain), len(spec), self.min_holdout)
+        strata = self._strata(spec, spec_ctx, plain, plain_ctx, spec_load, plain_load)
+        if isinstance(strata, DriftResult):
+            return strata
         result = self._result(strata, None, None, "no_drift", "estimate: the target's plain decoding vs speculative")
         decision: Decision = "drift" if result.passes_floor else "no_drift"
         return result.replace(decision=decision, detail={**result.detail, "estimate": True})
 
     def _strata(
-        self, spec: FloatArray, spec_ctx: FloatArray, plain: FloatArray, plain_ctx: FloatArray
-    ) -> Strata | None:
+        self,
+        spec: FloatArray,
+        spec_ctx: FloatArray,
+        plain: FloatArray,
+        plain_ctx: FloatArray,
+        spec_load: FloatArray | None,
+        plain_load: FloatArray | None,
+    ) -> Strata | DriftResult:
+        """The strata, or an ``insufficient_data`` result that says why there is no like-for-like comparison."""
         spec, plain = np.asarray(spec, dtype=float), np.asarray(plain, dtype=float)
         if len(spec) < self.min_requests or len(plain) < self.min_holdout:
-            return None
-        strata = Strata.split(spec, np.asarray(spec_ctx, dtype=float), plain, np.asarray(plain_ctx, dtype=float))
+            return insufficient(self.test, self.metric, len(plain), len(spec), self.min_holdout)
+        strata = Strata.split(
+            spec, np.asarray(spec_ctx, dtype=float), plain, np.asarray(plain_ctx, dtype=float), spec_load, plain_load
+        )
         used_spec, used_plain = strata.used()
-        if used_spec < self.min_requests or used_plain < self.min_holdout:
-            return None
-        return strata
+        if used_spec >= self.min_requests and used_plain >= self.min_holdout and strata.coverage >= MIN_COVERAGE:
+            return strata
+        why = (
+            f"strata do not overlap: {used_spec} of {len(spec)} speculative and {used_plain} of {len(plain)} plain "
+            "requests share a load level and context length"
+        )
+        result = insufficient(self.test, self.metric, len(plain), len(spec), self.min_holdout)
+        return result.replace(note=why, detail={"inconclusive": why, "coverage": strata.coverage})
 
     def _result(self, strata: Strata, z: float | None, p: float | None, decision: Decision, note: str) -> DriftResult:
         ci = percentile_interval(strata.speedup_draws(self.n_boot), self.ci_level)
@@ -196,5 +265,7 @@ class NetLoss:
                 "speculative_ms_per_token": spec_mean,
                 "strata": len(strata.spec),
                 "context_edges": strata.edges,
+                "load_levels": sorted(set(strata.levels)),
+                "coverage": strata.coverage,
             },
         )

@@ -32,6 +32,7 @@ from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, sample_requests, window_counts
 from monitor.drift.scraped import scraped_tests
 from monitor.drift.settings import DriftSettings
+from monitor.drift.stats import FloatArray
 from monitor.drift.traffic_mix import TrafficMixDrift
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
 from monitor.settings.parsers import format_duration
@@ -202,9 +203,9 @@ def _net_loss(
         start, end = windows.cur_start, windows.cur_end
         size = config.sample_size
         holdout = sample_requests(conn, workload, pair, start, end, size, mode="holdout", any_drafter=True)
-    spec_ms, spec_ctx = _decode_speed(spec)
-    hold_ms, hold_ctx = _decode_speed(holdout)
-    measured = test.measured(spec_ms, spec_ctx, hold_ms, hold_ctx)
+    spec_ms, spec_ctx, spec_load = _decode_speed(spec)
+    hold_ms, hold_ctx, hold_load = _decode_speed(holdout)
+    measured = test.measured(spec_ms, spec_ctx, hold_ms, hold_ctx, spec_load, hold_load)
     if measured.decision != "insufficient_data":
         return measured
     # Too little comparable holdout for the workload: compare with all of the target's plain decoding.
@@ -222,17 +223,18 @@ def _net_loss(
             mode=("holdout", "plain"),
             any_drafter=True,
         )
-    plain_ms, plain_ctx = _decode_speed(plain)
-    return test.estimated(spec_ms, spec_ctx, plain_ms, plain_ctx)
+    plain_ms, plain_ctx, plain_load = _decode_speed(plain)
+    estimated = test.estimated(spec_ms, spec_ctx, plain_ms, plain_ctx, spec_load, plain_load)
+    if estimated.decision == "insufficient_data" and "inconclusive" in measured.detail:
+        return measured  # the workload's own baseline is there, at another load: say so
+    return estimated
 
 
-def _decode_speed(
-    sample: Sample,
-) -> tuple[np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.float64]]]:
-    """Decode ms per token and context length of the requests that have a decode speed."""
+def _decode_speed(sample: Sample) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Decode ms per token, context length and upstream load of the requests that have a decode speed."""
     speed = sample.decode_ms_per_token
     known = np.isfinite(speed)
-    return speed[known], sample.context_tokens[known]
+    return speed[known], sample.context_tokens[known], sample.upstream_inflight[known]
 
 
 def run_drift(

@@ -33,13 +33,17 @@ from typing import Any, Final
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from decoder.record import WORKLOAD_PATTERN, RequestRecord
+from decoder.record import WORKLOAD_PATTERN, Mode, RequestRecord
 from monitor.api.adapters import AdapterFields, record_of
 from monitor.api.auth import Guard
 from monitor.api.capture import offer, proxied_row
 from monitor.api.errors import ApiError
 from monitor.api.state import ApiState, api_state
 from monitor.ingest.stacks import PARSERS, Stack, StackError
+from monitor.ingest.stacks.report import StackReport
+from monitor.ingest.stacks.sglang import is_sglang_openai
+from monitor.proxy.asks import ask_sglang, cleaned_sglang_json, gathered_sglang
+from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
 from monitor.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeoutError, UpstreamUnavailableError
 
@@ -84,7 +88,7 @@ def stack_of(kind: str, path: str, report: Mapping[str, Any]) -> Stack | None:
     if kind == "auto":
         if "timings" in report:
             return "llamacpp"
-        if "meta_info" in report or path == "/generate":
+        if "meta_info" in report or path == "/generate" or is_sglang_openai(report):
             return "sglang"
         if "metrics" in report or "usage" in report:
             return "vllm"
@@ -94,16 +98,23 @@ def stack_of(kind: str, path: str, report: Mapping[str, Any]) -> Stack | None:
 class _Exchange:
     """One proxied request: what was asked, what came back, and the record made of it."""
 
-    def __init__(self, state: ApiState, request: Request, body: bytes) -> None:
+    def __init__(self, state: ApiState, router: Router, request: Request, body: bytes) -> None:
         self.state = state
         self.settings = state.settings.proxy
         self.path = request.url.path
-        self.upstream_host = state.upstream.netloc if state.upstream is not None else ""
+        # One name for the deployment whichever pool answers: SGLang's /generate names no model.
+        self.upstream_host = router.speculative.members[0].upstream.netloc
         self.started = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.ttft_s: float | None = None
+        # The stream's first and last events that carried generated text: its decode phase.
+        self.first_text_s: float | None = None
+        self.last_text_s: float | None = None
         self.payload = _json_object(body)
         self.workload = workload_of(request, self.payload, self.settings)
+        self.route = router.for_models() if self.path == "/v1/models" else router.choose(self.workload)
+        self.inflight = self.route.member.acquire()
+        self._released = False
         self.streamed = bool(self.payload and self.payload.get("stream") is True)
         self.strip_usage = False
         # Chat and completions streams carry usage only when asked; a Responses stream always ends with it.
@@ -114,6 +125,11 @@ class _Exchange:
                 self.payload["stream_options"] = {**options, "include_usage": True}
                 body = json.dumps(self.payload).encode()
                 self.strip_usage = True
+        # SGLang's OpenAI routes report the counts only when asked (monitor/proxy/asks.py); the answer is cleaned.
+        self.sglang_added = frozenset[str]()
+        if self.settings.kind == "sglang" and self.payload is not None:
+            self.sglang_added = ask_sglang(self.payload, self.path)
+            body = json.dumps(self.payload).encode() if self.sglang_added else body
         self.body = body
         self.headers = {
             k: v
@@ -122,8 +138,24 @@ class _Exchange:
             and k.lower() not in (self.settings.workload_header.lower(), PROXY_TOKEN_HEADER)
         }
 
+    def release(self) -> None:
+        """The request left its replica: one fewer in flight there (once, whichever path ends it)."""
+        if not self._released:
+            self._released = True
+            self.route.member.release()
+
+    def saw_event(self, event: Mapping[str, Any] | None) -> None:
+        now = time.perf_counter() - self.t0
+        if self.ttft_s is None:
+            self.ttft_s = now
+        if event is not None and _carries_text(event):
+            if self.first_text_s is None:
+                self.first_text_s = now
+            self.last_text_s = now
+
     def record(self, report: Mapping[str, Any] | None, *, finish: str | None = None, error: str | None = None) -> None:
         """Hand the record of this request to the recorder; a report the parser refuses is counted, not stored."""
+        self.release()
         if self.path == "/v1/models":
             return
         ended = self.started + timedelta(seconds=time.perf_counter() - self.t0)
@@ -152,7 +184,13 @@ class _Exchange:
         stack = stack_of(self.settings.kind, self.path, report)
         if stack is None:
             raise ValueError(f"proxy.kind={self.settings.kind!r}: the response carries no usage to record")
-        parsed = PARSERS[stack](report, speculative=self.settings.deployment_speculative)
+        baseline = self.route.baseline
+        parsed = PARSERS[stack](report, speculative=False if baseline else self.settings.deployment_speculative)
+        if baseline and parsed.drafted:
+            raise ValueError(
+                f"the baseline upstream {self.route.member.upstream.netloc} drafted {parsed.drafted} tokens: "
+                "proxy.baseline_upstream must serve the model without speculation"
+            )
         latency = time.perf_counter() - self.t0
         measured = dataclasses.replace(
             parsed,
@@ -166,9 +204,29 @@ class _Exchange:
             measured = dataclasses.replace(measured, ttft_ms=parsed.ttft_ms)
         extra = {"finish_reason": finish} if finish and parsed.finish_reason is None else {}
         adapter = AdapterFields.model_validate({**fields, "request_id": parsed.request_id or _new_id(), **extra})
-        return record_of(adapter, measured, ("response",))
+        rec = record_of(adapter, measured, ("response",))
+        return dataclasses.replace(
+            rec,
+            mode="holdout" if baseline else rec.mode,
+            holdout_reason=self.route.holdout_reason,
+            decode_ms=self._decode_ms(parsed),
+            upstream_inflight=self.inflight,
+        ).check()
+
+    def _decode_ms(self, parsed: StackReport) -> float | None:
+        """The engine's own decode time where it reports one, else the stream's; a whole answer has none.
+
+        A non-streamed response without engine timings arrives in one piece: its latency holds queueing
+        and prompt reading, which would be taken for decoding, so it has no decode time at all.
+        """
+        if parsed.ttft_ms is not None and parsed.latency_ms is not None:
+            return max(parsed.latency_ms - parsed.ttft_ms, 0.0)
+        if self.streamed and self.first_text_s is not None and self.last_text_s is not None:
+            return (self.last_text_s - self.first_text_s) * 1000
+        return None
 
     def _failure(self, fields: dict[str, Any], error: str) -> RequestRecord:
+        spec_mode: Mode = "speculative" if self.settings.speculative == "true" else "plain"
         return RequestRecord(
             request_id=_new_id(),
             ts_start=fields["ts_start"],
@@ -176,7 +234,10 @@ class _Exchange:
             workload=self.workload,
             target_model=fields["target_model"],
             drafter="upstream",
-            mode="plain",
+            # A failed request keeps the mode its routing chose.
+            mode="holdout" if self.route.baseline else spec_mode,
+            holdout_reason=self.route.holdout_reason,
+            upstream_inflight=self.inflight,
             ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000,
             latency_ms=(time.perf_counter() - self.t0) * 1000,
             finish_reason="error",
@@ -187,14 +248,15 @@ class _Exchange:
 
 async def forward(request: Request) -> Response:
     state = api_state(request)
-    upstream = state.upstream
-    if upstream is None:  # the route exists only in proxy mode
+    router = state.router
+    if router is None:  # the route exists only in proxy mode
         raise ApiError(503, "proxy_off", "proxy mode is off: start the sidecar with --upstream URL")
     if state.tokens.has_scope("proxy"):
         # The client's own Authorization belongs to the upstream: draftwatch's token comes apart.
         presented = request.headers.get(PROXY_TOKEN_HEADER)
         Guard("proxy").check(request, presented, how="X-Draftwatch-Token: <token of scope proxy>")
-    exchange = _Exchange(state, request, await request.body())
+    exchange = _Exchange(state, router, request, await request.body())
+    upstream = exchange.route.member.upstream
     target = request.url.path.encode() + (b"?" + request.url.query.encode() if request.url.query else b"")
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exchange.headers.items()]
     try:
@@ -222,6 +284,7 @@ async def forward(request: Request) -> Response:
         exchange.record(None, error=f"upstream status {response.status}")
     else:
         exchange.record(report)
+        content = cleaned_sglang_json(content, exchange.sglang_added) or content
     return Response(content, response.status, headers_out)
 
 
@@ -247,11 +310,18 @@ async def _relay(exchange: _Exchange, response: UpstreamResponse) -> AsyncIterat
                 event, pending = pending[:end], pending[end:]
                 data = _event_data(event)
                 if data is not None:
-                    if exchange.ttft_s is None:
-                        exchange.ttft_s = time.perf_counter() - exchange.t0
-                    report, finish = _remember(data, report, finish)
+                    parsed_event = _json_object(data)
+                    exchange.saw_event(parsed_event)
+                    before = report
+                    report, finish = _remember(parsed_event, report, finish)
+                    if exchange.sglang_added and parsed_event is not None:  # SGLang's counts and usage: two events
+                        report = gathered_sglang(before, parsed_event)
                     if exchange.strip_usage and _usage_only(data):
                         continue
+                    if exchange.sglang_added and (cleaned := cleaned_sglang_json(data, exchange.sglang_added)) != data:
+                        if cleaned is None:
+                            continue
+                        event = b"data: " + cleaned + b"\n\n"
                 elif _is_done(event):
                     settle()  # before the client reads the end: what it has seen is recorded by then
                 yield event
@@ -278,9 +348,8 @@ def _reason(refused: Exception) -> str:
 
 
 def _remember(
-    data: bytes, report: dict[str, Any] | None, finish: str | None
+    event: dict[str, Any] | None, report: dict[str, Any] | None, finish: str | None
 ) -> tuple[dict[str, Any] | None, str | None]:
-    event = _json_object(data)
     if event is None:
         return report, finish
     if event.get("type") == "response.completed" and isinstance(event.get("response"), dict):
@@ -296,6 +365,25 @@ def _remember(
     if carries and not ("usage" in event and event["usage"] is None):
         report = event
     return report, finish
+
+
+def _carries_text(event: Mapping[str, Any]) -> bool:
+    """Does a streamed event carry generated text? A role-only first chunk or ``response.created`` does not."""
+    if event.get("type") == "response.output_text.delta":  # Responses
+        return bool(event.get("delta"))
+    choices = event.get("choices")
+    if isinstance(choices, list):  # chat (delta.content, delta.reasoning_content) and completions (text)
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")):
+                return True
+            if choice.get("text"):
+                return True
+        return False
+    # llama.cpp's /completion and SGLang's /generate stream the text itself.
+    return bool(event.get("content") or event.get("text"))
 
 
 def _usage_only(data: bytes) -> bool:

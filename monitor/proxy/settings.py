@@ -10,6 +10,7 @@ from monitor.settings.fields import setting
 from monitor.settings.parsers import parse_choice, parse_seconds, parse_str
 
 PROXY_KINDS: Final = ("auto", "vllm", "sglang", "llamacpp", "openai")
+BASELINE_POLICIES: Final = ("share", "member")
 RULE_FIELDS: Final = ("model", "path", "user")
 
 
@@ -26,6 +27,19 @@ def parse_upstream(raw: Any) -> str:
     if not url.startswith(("http://", "https://")) or "?" in url or "#" in url:
         raise ValueError("expected an http:// or https:// base URL, such as http://127.0.0.1:8080")
     return url
+
+
+def parse_upstreams(raw: Any) -> tuple[str, ...]:
+    """One base URL or several (a pool): a TOML list, or comma-separated in the environment.
+
+    >>> parse_upstreams("http://a:8080, http://b:8080/")
+    ('http://a:8080', 'http://b:8080')
+    """
+    items = raw if isinstance(raw, list | tuple) else parse_str(raw).split(",")
+    urls = tuple(parse_upstream(item) for item in items if not isinstance(item, str) or item.strip())
+    if len(set(urls)) != len(urls):
+        raise ValueError("expected each base URL once")
+    return urls
 
 
 def parse_workload_rules(raw: Any) -> tuple[WorkloadRule, ...]:
@@ -53,13 +67,53 @@ def parse_workload_rules(raw: Any) -> tuple[WorkloadRule, ...]:
 class ProxySettings:
     """Proxy mode: the sidecar forwards a serving stack's endpoints and records every request it passes."""
 
-    upstream: str | None = setting(
+    upstream: tuple[str, ...] = setting(
         "proxy.upstream",
         "DRAFTWATCH_PROXY_UPSTREAM",
-        parse_upstream,
-        None,
-        "base URL of the serving stack to forward to (proxy mode), e.g. http://127.0.0.1:8080; none: no proxy "
-        "(default: none)",
+        parse_upstreams,
+        (),
+        "base URLs of the speculative serving stack to forward to (proxy mode), e.g. http://127.0.0.1:8080; several "
+        "(a TOML list, or comma-separated) make a pool balanced by least outstanding requests; none: no proxy",
+    )
+    baseline_upstream: tuple[str, ...] = setting(
+        "proxy.baseline_upstream",
+        "DRAFTWATCH_PROXY_BASELINE_UPSTREAM",
+        parse_upstreams,
+        (),
+        "base URLs of the same model served without speculation: the baseline that measures whether speculation "
+        "pays, per workload (see proxy.baseline_policy); none: the speedup is not measured",
+    )
+    baseline_policy: str = setting(
+        "proxy.baseline_policy",
+        "DRAFTWATCH_PROXY_BASELINE_POLICY",
+        parse_choice(BASELINE_POLICIES),
+        "share",
+        "how requests reach the baseline: share (the holdout policy, decoder.holdout_*, draws them per workload) "
+        "or member (the baseline replicas are equal members of the least-outstanding-requests pool: load matched "
+        "by construction, recommended where a whole replica can be spared)",
+    )
+    on_net_loss: str = setting(
+        "proxy.on_net_loss",
+        "DRAFTWATCH_PROXY_ON_NET_LOSS",
+        parse_choice(("alert", "route")),
+        "alert",
+        "what an established net loss does: alert only, or route (the workload goes to the baseline, a probe share "
+        "drawn by the holdout policy keeps reaching the speculative pool, and it returns once the speedup's lower "
+        "bound is above 1 again)",
+    )
+    route_min_dwell_s: float = setting(
+        "proxy.route_min_dwell",
+        "DRAFTWATCH_PROXY_ROUTE_MIN_DWELL",
+        parse_seconds,
+        1800.0,
+        "shortest time a workload stays routed (or back) before the next switch, so that routing cannot flap",
+    )
+    route_refresh_s: float = setting(
+        "proxy.route_refresh",
+        "DRAFTWATCH_PROXY_ROUTE_REFRESH",
+        parse_seconds,
+        10.0,
+        "how often the proxy reads the routing decisions the scheduler made",
     )
     kind: str = setting(
         "proxy.kind",

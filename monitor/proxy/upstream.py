@@ -19,8 +19,6 @@ from urllib.parse import urlsplit
 
 import httpcore
 
-from monitor.proxy.settings import ProxySettings
-
 Headers = Sequence[tuple[bytes, bytes]]
 # Idle connections kept for reuse; a burst beyond them opens new ones, closed once idle.
 KEEPALIVE: Final = 64
@@ -40,16 +38,14 @@ class UpstreamUnavailableError(UpstreamError):
 
 
 class Upstream:
-    def __init__(self, settings: ProxySettings) -> None:
-        if settings.upstream is None:
-            raise ValueError("proxy.upstream is not set")
-        parts = urlsplit(settings.upstream)
-        self.url = settings.upstream
+    def __init__(self, url: str, timeout_s: float) -> None:
+        parts = urlsplit(url)
+        self.url = url
         self.netloc = parts.netloc.rpartition("@")[2]
         port = parts.port or (443 if parts.scheme == "https" else 80)
         self._origin = httpcore.Origin(parts.scheme.encode(), (parts.hostname or "").encode(), port)
         self._prefix = parts.path.rstrip("/").encode()
-        t = settings.timeout_s
+        t = timeout_s
         self._timeouts = {"connect": min(10.0, t), "read": t, "write": t, "pool": t}
         self._idle: list[httpcore.AsyncHTTPConnection] = []
 

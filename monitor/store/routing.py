@@ -1,0 +1,76 @@
+"""Routing events (proxy mode, migration 0011): each switch of a workload to the plain baseline and back.
+
+The scheduler decides (``monitor.proxy.decide``) from the drift run's net-loss verdicts and writes a
+row per switch; the proxy reads the latest row per workload to know which workloads are routed; the
+dashboard marks the switches on its timeline and the alert ``routing_changed`` reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Boolean, Float, Index, String, func, insert, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Mapped, mapped_column
+
+from monitor.store.models import Base, BigId
+
+
+class RoutingEventRow(Base):
+    __tablename__ = "routing_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime]
+    workload: Mapped[str] = mapped_column(String(64))
+    target_model: Mapped[str] = mapped_column(String(512))
+    routed: Mapped[bool] = mapped_column(Boolean)  # True: to the plain baseline; False: back to speculation
+    reason: Mapped[str] = mapped_column(String(512))
+    speedup: Mapped[float | None] = mapped_column(Float)
+    ci_low: Mapped[float | None] = mapped_column(Float)
+    ci_high: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_routing_events_workload_ts", "workload", "ts"),)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingEvent:
+    ts: datetime
+    workload: str
+    target_model: str
+    routed: bool
+    reason: str
+    speedup: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+def record_switch(conn: Connection, event: RoutingEvent) -> None:
+    conn.execute(insert(RoutingEventRow).values(**{name: getattr(event, name) for name in event.__dataclass_fields__}))
+
+
+def latest_routing(engine: Engine | Connection) -> dict[str, RoutingEvent]:
+    """The last switch of every workload that ever switched, by workload."""
+    r = RoutingEventRow
+    last = select(r.workload, func.max(r.id).label("id")).group_by(r.workload).subquery()
+    query = select(r).join(last, r.id == last.c.id)
+    if isinstance(engine, Connection):
+        return {row.workload: _event(row) for row in engine.scalars(query)}
+    with engine.connect() as conn:
+        return {row.workload: _event(row) for row in conn.scalars(query)}
+
+
+def routing_events(engine: Engine, start: datetime, end: datetime, workload: str | None = None) -> list[RoutingEvent]:
+    """Switches in ``[start, end)``, oldest first."""
+    r = RoutingEventRow
+    query = select(r).where(r.ts >= start, r.ts < end)
+    if workload is not None:
+        query = query.where(r.workload == workload)
+    with engine.connect() as conn:
+        return [_event(row) for row in conn.scalars(query.order_by(r.ts, r.id))]
+
+
+def _event(row: RoutingEventRow) -> RoutingEvent:
+    return RoutingEvent(
+        row.ts, row.workload, row.target_model, row.routed, row.reason, row.speedup, row.ci_low, row.ci_high
+    )
