@@ -14,7 +14,7 @@ Rules come from ``alerts.rules`` (TOML ``[[alerts.rules]]`` tables or a JSON lis
 >>> [(r.name, r.severity) for r in rules if r.enabled]  # doctest: +NORMALIZE_WHITESPACE
 [('acceptance_drop', 'warning'), ('net_loss', 'warning'), ('traffic_mix_shift', 'info'),
  ('recorder_spooling', 'warning'), ('scheduler', 'critical'), ('webhook_dead_letters', 'warning'),
- ('scrape_target_down', 'warning')]
+ ('scrape_target_down', 'warning'), ('routing_changed', 'warning')]
 """
 
 from __future__ import annotations
@@ -99,6 +99,10 @@ DEFAULT_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "scrape_target_down", "health", ("scrape_target",), "warning", for_runs=1, clear_runs=1,
         summary="a scrape target has failed its last scrapes (down or not an engine's metrics)",
+    ),
+    Rule(
+        "routing_changed", "health", ("routing",), "warning", for_runs=1, clear_runs=1,
+        summary="a workload was routed to the plain baseline: speculation lost there (it resolves on the way back)",
     ),
 )  # fmt: skip
 

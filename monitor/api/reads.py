@@ -17,9 +17,11 @@ from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import Problem, described, off_calendar, validation_error
 from monitor.api.state import ApiState, api_state
+from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, latest_verdicts
 from monitor.store import queries, scrape
 from monitor.store.migrate import current_revision
 from monitor.store.rollups import minute_after, minute_of
+from monitor.store.routing import RoutingEvent, latest_routing
 
 router = APIRouter(tags=["read"], route_class=GuardedRoute)
 guard = require("read")
@@ -120,13 +122,27 @@ async def workloads(
     found = await anyio.to_thread.run_sync(lambda: queries.workload_summaries(engine, start, end, mode=mode))
     aggregate = await anyio.to_thread.run_sync(lambda: scrape.scraped_summaries(engine, start, end))
     health = await anyio.to_thread.run_sync(lambda: scrape.target_health(engine))
+    verdicts = await anyio.to_thread.run_sync(lambda: latest_verdicts(engine))
+    routes = await anyio.to_thread.run_sync(lambda: latest_routing(engine))
     return WorkloadsOut(
         since=start,
         until=end,
-        workloads=[dataclasses.asdict(s) for s in found],
+        workloads=[{**dataclasses.asdict(s), **_verdict_fields(s.workload, verdicts, routes)} for s in found],
         scraped=[dataclasses.asdict(s) for s in aggregate],
         scrape_targets=[dataclasses.asdict(t) for t in health],
     )
+
+
+def _verdict_fields(workload: str, verdicts: list[Verdict], routes: dict[str, RoutingEvent]) -> dict[str, Any]:
+    """Is speculation paying here: the latest drift run's verdict per pair (the busiest first), and the routing."""
+    mine = sorted((v for v in verdicts if v.workload == workload), key=lambda v: -v.n_speculative)
+    main = mine[0] if mine else Verdict(workload, None, "not_measured", HOW_TO_MEASURE)
+    route = routes.get(workload)
+    return {
+        "verdict": main.to_json(),
+        "verdicts": [v.to_json() for v in mine],
+        "routed_to_baseline": bool(route and route.routed),
+    }
 
 
 @router.get("/v1/workloads/{tag}/series", dependencies=read, response_model=SeriesOut, responses=READ_ERRORS)

@@ -13,6 +13,8 @@
   ``draftwatch_scraped_acceptance_rate{workload, target, drafter, scrape_target}``: scrape mode's
   targets and the acceptance of their series over the last ``drift.current_window`` (accepted /
   drafted tokens; SGLang's gauge averaged), so that panels and rules see scraped engines too.
+* ``draftwatch_speculation_speedup{workload, pair}`` and ``draftwatch_speculation_verdict{workload,
+  pair, verdict}``: the newest drift run's net-loss verdict (:mod:`monitor.drift.verdict`).
 
 These are the same for every replica of one database, so rules take ``max`` over them
 (docs/prometheus/draftwatch-rules.yml). A scrape never waits long on the database: the figures are
@@ -40,6 +42,7 @@ from monitor.api.metrics import MAX_LABEL_SETS, Family, Labels
 from monitor.config import Settings
 from monitor.drift.queries import StoredResult, latest_results, latest_run
 from monitor.drift.result import DECISIONS
+from monitor.drift.verdict import VERDICTS, verdict_of
 from monitor.log_safe import describe
 from monitor.scheduler.health import health_signals
 from monitor.store.scrape import ScrapedSummary, TargetHealth, scraped_summaries, target_health
@@ -81,6 +84,7 @@ def families(read: Read | None, settings: Settings) -> list[Family]:
         decisions += [((*labels, ("decision", d)), float(d == r.decision)) for d in DECISIONS]
         effects.append((labels, math.nan if r.effect is None else r.effect))
     finished = [((), read.finished_at.timestamp())] if read and read.finished_at else []
+    speedups, verdicts = _verdict_samples(read)
     health = [_health_sample(signal) for signal in (read.health if read else ())]
     return [
         Family(
@@ -89,6 +93,20 @@ def families(read: Read | None, settings: Settings) -> list[Family]:
         Family("draftwatch_drift_effect", "Effects of the newest drift run's tests (NaN: none).", "gauge", effects),
         Family("draftwatch_drift_last_run_timestamp_seconds", "When the newest drift run finished.", "gauge", finished),
         Family("draftwatch_health_signal", "The scheduler's health checks, 1 when active.", "gauge", health),
+        Family(
+            "draftwatch_speculation_speedup",
+            "Measured decode speedup of speculation over plain decoding per workload and pair (newest drift run; "
+            "NaN: not measured).",
+            "gauge",
+            speedups,
+        ),
+        Family(
+            "draftwatch_speculation_verdict",
+            "Is speculation paying, per workload and pair: 1 for the verdict taken (pays, net_loss, inconclusive, "
+            "not_measured).",
+            "gauge",
+            verdicts,
+        ),
         Family("draftwatch_alerts", "Pending and firing alerts per rule.", "gauge", _alert_counts(read, settings)),
         Family(
             "draftwatch_scrape_target_up",
@@ -103,6 +121,19 @@ def families(read: Read | None, settings: Settings) -> list[Family]:
             [_scraped_sample(s) for s in (read.scraped if read else ())[:MAX_LABEL_SETS]],
         ),
     ]
+
+
+def _verdict_samples(read: Read | None) -> tuple[list[tuple[Labels, float]], list[tuple[Labels, float]]]:
+    speedups: list[tuple[Labels, float]] = []
+    verdicts: list[tuple[Labels, float]] = []
+    for stored in read.results if read else ():
+        if stored.result.test != "net_loss" or len(speedups) >= MAX_LABEL_SETS:
+            continue
+        v = verdict_of(stored.result)
+        labels: Labels = (("workload", v.workload), ("pair", v.pair or ""))
+        speedups.append((labels, math.nan if v.speedup is None else v.speedup))
+        verdicts += [((*labels, ("verdict", name)), float(name == v.verdict)) for name in VERDICTS]
+    return speedups, verdicts
 
 
 def _scraped_sample(summary: ScrapedSummary) -> tuple[Labels, float]:

@@ -27,6 +27,7 @@ from monitor.config import Settings
 from monitor.ingest.spool import PREFIX, SUFFIX
 from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
+from monitor.store.routing import latest_routing
 from monitor.store.scrape import target_health
 from monitor.store.types import Fence
 
@@ -71,6 +72,10 @@ def health_signals(engine: Engine, settings: Settings, now: datetime) -> list[Si
             select(func.count()).where(n.status == "dead", n.created_at >= now - DEAD_LETTER_WINDOW)
         ).scalar_one()
     signals.append(Signal("health", "dead_letters", _decision(dead > 0), {}, float(dead)))
+    for workload, route in sorted(latest_routing(engine).items()):
+        # Active while a workload is routed to plain: the alert fires on the switch and resolves on the way back.
+        signals.append(Signal("health", "routing", _decision(route.routed), {"workload": workload}, route.speedup,
+                              route.reason))  # fmt: skip
     for target in target_health(engine):
         failing = target.failures >= SCRAPE_FAILURES
         note = f"{target.status}: {target.error}" if failing else None

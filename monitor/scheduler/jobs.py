@@ -22,8 +22,10 @@ from sqlalchemy.exc import IntegrityError
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.config import Settings
 from monitor.drift.run import run_drift
+from monitor.drift.verdict import verdict_of
 from monitor.ingest.scrape.run import scrape_due
 from monitor.notify.delivery import deliver_pending
+from monitor.proxy.decide import decide_routes
 from monitor.scheduler.health import evaluate_health
 from monitor.scheduler.lease import Lease, LeaseLostError
 from monitor.scheduler.models import JobRunRow
@@ -50,7 +52,10 @@ def drift_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) 
     """One drift run ending at now, stored only while the lease holds, then the alert rules over it."""
     run = run_drift(engine, settings.drift, fence=fence)
     evaluation = evaluate_alerts(engine, settings.alert_config, run.results, fence=fence)
-    return {"run_id": run.run_id, "results": len(run.results), "drift": len(run.drifts), **_eval(evaluation)}
+    verdicts = [verdict_of(r) for r in run.results if r.test == "net_loss"]
+    switches = decide_routes(engine, settings.proxy, verdicts, datetime.now(UTC))
+    return {"run_id": run.run_id, "results": len(run.results), "drift": len(run.drifts), "routing_switches":
+            len(switches), **_eval(evaluation)}  # fmt: skip
 
 
 def delivery_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
