@@ -14,6 +14,7 @@ import altair as alt
 
 DRIFT_COLOR: Final = "#e45756"
 VERSION_COLOR: Final = "#b279a2"
+ROUTE_COLOR: Final = "#f58518"
 REGRESSION_COLOR: Final = "#f58518"
 REFERENCE_COLOR: Final = "#8c8c8c"
 CURRENT_COLOR: Final = "#4c78a8"
@@ -41,8 +42,8 @@ def _markers(events: Rows, color: str, label: str) -> ChartSpec:
     )
 
 
-def acceptance_over_time(points: Rows, drifts: Rows, versions: Rows) -> ChartSpec:
-    """Acceptance rate per time step, drift findings (red) and model-version changes (purple) as rules."""
+def acceptance_over_time(points: Rows, drifts: Rows, versions: Rows, routes: Rows = ()) -> ChartSpec:
+    """Acceptance per time step; drift findings (red), model-version changes (purple) and routing switches (orange)."""
     base = alt.Chart(_data(points)).encode(
         x=alt.X("bucket:T", title=None),
         y=alt.Y("acceptance:Q", title="acceptance rate", axis=alt.Axis(format="%"), scale=alt.Scale(zero=False)),
@@ -57,6 +58,8 @@ def acceptance_over_time(points: Rows, drifts: Rows, versions: Rows) -> ChartSpe
         layers.append(_markers(drifts, DRIFT_COLOR, "drift finding"))
     if versions:
         layers.append(_markers(versions, VERSION_COLOR, "model version"))
+    if routes:
+        layers.append(_markers(routes, ROUTE_COLOR, "routing"))
     return alt.layer(*layers).properties(height=260)
 
 

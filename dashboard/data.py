@@ -23,7 +23,7 @@ from monitor.config import Settings, default_config_file
 from monitor.drift import queries as drift_queries
 from monitor.store import dashboard_queries as dq
 from monitor.store import evaluations as stored_evaluations
-from monitor.store import queries, scrape
+from monitor.store import queries, routing, scrape
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 
@@ -100,6 +100,11 @@ def position_acceptance(url: str, workload: str, start: datetime, end: datetime)
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def length_histogram(url: str, workload: str, start: datetime, end: datetime) -> list[queries.LengthBin]:
     return queries.acceptance_length_histogram(engine(url), workload, start, end)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def routing_switches(url: str, start: datetime, end: datetime, workload: str) -> list[routing.RoutingEvent]:
+    return routing.routing_events(engine(url), start, end, workload)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

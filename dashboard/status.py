@@ -26,12 +26,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from monitor.drift.queries import StoredResult
+from monitor.drift.verdict import HOW_TO_MEASURE, verdict_of
 from monitor.store.dashboard_queries import CurrentSetting, SpeedupInputs
 from monitor.store.types import WorkloadSummary
 
 # Matches the drift tests' default minimum sample (drift.min_requests): below it nothing is concluded.
 MIN_REQUESTS: Final = 30
 STATUSES: Final = ("net loss", "regression", "drift", "insufficient data", "ok")
+VERDICT_LABELS: Final = {
+    "pays": "yes: pays",
+    "net_loss": "no: net loss",
+    "inconclusive": "inconclusive",
+    "not_measured": "not measured",
+}
 BADGES: Final = {
     "net loss": "🔴 net loss",
     "regression": "🟠 regression",
@@ -56,6 +63,9 @@ class OverviewRow:
     mode: str | None
     status: str = "ok"
     findings: str = ""
+    # Is speculation paying: the newest drift run's verdict (monitor.drift.verdict) and why.
+    verdict: str = "not_measured"
+    verdict_reason: str = HOW_TO_MEASURE
 
     def replace(self, **changes: Any) -> OverviewRow:
         return dataclasses.replace(self, **changes)
@@ -122,6 +132,7 @@ def overview_rows(
             gamma=setting.gamma if setting else None,
             mode=setting.mode if setting else None,
             findings=_finding_list(mine),
+            **_verdict(mine),
         )
         rows.append(row.replace(status=status_of(row, mine)))
     return rows
@@ -140,6 +151,15 @@ def _net_loss(findings: Sequence[StoredResult]) -> tuple[float, str] | None:
     return None
 
 
+def _verdict(findings: Sequence[StoredResult]) -> dict[str, str]:
+    """The verdict of the workload's busiest pair; not measured (and how to measure it) without a net-loss result."""
+    verdicts = [verdict_of(f.result) for f in findings if f.result.test == "net_loss"]
+    if not verdicts:
+        return {}
+    v = max(verdicts, key=lambda v: v.n_speculative)
+    return {"verdict": v.verdict, "verdict_reason": v.reason}
+
+
 def table(rows: Sequence[OverviewRow]) -> list[dict[str, Any]]:
     """The rows as the Overview's table shows them (values raw; formats are the column config's)."""
     return [
@@ -152,6 +172,8 @@ def table(rows: Sequence[OverviewRow]) -> list[dict[str, Any]]:
             "Mean accept. length": r.mean_acceptance_length,
             "Speedup": r.speedup,
             "Speedup is": r.speedup_source,
+            "Pays?": VERDICT_LABELS[r.verdict],
+            "Why": r.verdict_reason,
             "p95 ms/token": r.p95_ms_per_token,
             "Δ p95": r.p95_change,
             "γ": r.gamma,

@@ -24,6 +24,10 @@ COLUMNS = {
     "p95 ms/token": st.column_config.NumberColumn(format="%.2f"),
     "Δ p95": st.column_config.NumberColumn(format="percent", help="relative change against the previous window"),
     "γ": st.column_config.NumberColumn(help="drafts per step of the newest request"),
+    "Pays?": st.column_config.TextColumn(
+        help="is speculation paying here: the newest drift run's verdict on decode speed against plain decoding, "
+        "like for like (context length and load); 'not measured' needs a plain baseline (README)"
+    ),
 }
 
 

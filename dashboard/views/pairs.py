@@ -9,7 +9,8 @@ import streamlit as st
 
 from dashboard import charts, components, data
 from dashboard.components import Filters
-from dashboard.status import MIN_REQUESTS
+from dashboard.status import MIN_REQUESTS, VERDICT_LABELS
+from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, verdict_of
 from monitor.store.dashboard_queries import PairSummary
 from monitor.store.evaluations import StoredEvaluation
 
@@ -35,6 +36,11 @@ def rows_of(f: Filters, found: list[PairSummary]) -> list[dict[str, Any]]:
     for s in found:
         if s.mode in ("holdout", "plain"):
             holdout[(s.workload, s.pair.target_model)].append(s)
+    verdicts = {
+        (r.result.workload, r.result.pair): verdict_of(r.result)
+        for r in data.latest_drift_results(f.url)
+        if r.result.test == "net_loss"
+    }
     rows = []
     for s in found:
         if s.mode != "speculative" or not f.shows(s.workload):
@@ -59,12 +65,21 @@ def rows_of(f: Filters, found: list[PairSummary]) -> list[dict[str, Any]]:
                 "Mean accept. length": s.sums.mean_acceptance_length,
                 "Speedup": speedup,
                 "Speedup is": source,
+                **_verdict_cells(verdicts.get((s.workload, s.pair.label))),
                 "ms/token": s.sums.ms_per_token_mean,
                 "p95 ms/token": s.ms_per_token_p95,
                 "tokens/s": s.sums.tokens_per_second,
             }
         )
     return rows
+
+
+def _verdict_cells(v: Verdict | None) -> dict[str, Any]:
+    """The drift run's verdict of the pair, its interval, and why; a dash with the reason where there is none."""
+    if v is None:
+        return {"Pays?": "not measured", "Interval": "—", "Why": HOW_TO_MEASURE}
+    interval = f"[{v.ci[0]:.2f}, {v.ci[1]:.2f}]" if v.ci else "—"
+    return {"Pays?": VERDICT_LABELS[v.verdict], "Interval": interval, "Why": v.reason}
 
 
 EVALUATION_COLUMNS = {

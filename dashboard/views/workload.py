@@ -66,10 +66,20 @@ def _acceptance(f: Filters, workload: str) -> None:
         for e in data.deployment_events(f.url, window.start, window.end)
         if e.workload in (None, workload)
     ]
+    routes = [
+        {
+            "ts": e.ts.isoformat(),
+            "text": ("to the plain baseline: " if e.routed else "back to speculation: ") + e.reason,
+        }
+        for e in data.routing_switches(f.url, window.start, window.end, workload)
+    ]
     st.subheader("Acceptance over time")
     if points:
-        st.altair_chart(charts.acceptance_over_time(points, drifts, versions), width="stretch")
-        st.caption("Red rules: drift findings; purple: model version changes. Hover for details.")
+        st.altair_chart(charts.acceptance_over_time(points, drifts, versions, routes), width="stretch")
+        st.caption(
+            "Red rules: drift findings; purple: model version changes; orange: routing switches (proxy.on_net_loss). "
+            "Hover for details."
+        )
     else:
         st.info("No speculative requests in this range: speculation is off for this workload (plain mode).")
 
