@@ -4,25 +4,35 @@ httpx's client layers (URL merging, auth and redirect handling, cookies, event h
 0.4 ms a request on this machine, as much as the rest of the proxy, and httpcore's pool scans every
 connection (a ``poll`` system call each) whenever it assigns a request: at 32 concurrent clients
 that scan took a third of the proxy's time. The proxy needs neither, so it keeps its own stack of
-idle HTTP/1.1 connections (httpcore's, one per request in flight) and reuses the newest. A reused
-connection the upstream has closed meanwhile fails before any answer: the request goes once more,
-on a new one. Errors become two kinds: :class:`UpstreamTimeoutError` (nothing within
-``proxy.timeout_s``) and :class:`UpstreamUnavailableError`.
+idle HTTP/1.1 connections (httpcore's, one per request in flight) and reuses the newest, after one
+look at it alone: an idle connection the upstream has closed meanwhile (llama-server closes
+kept-alive connections without saying so) is readable, and is dropped before anything is written.
+
+A generation must never run twice, so a request goes out a second time only when the upstream
+cannot have started it: the connection could not be opened, or the request could not be written
+whole. Once it was written, a connection cut before the answer is a 502, not a retry: the
+upstream may have read the request and be generating. Errors become two kinds:
+:class:`UpstreamTimeoutError` (nothing within ``proxy.timeout_s``) and :class:`UpstreamUnavailableError`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Final
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httpcore
+
+log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[bytes, bytes]]
 # Idle connections kept for reuse; a burst beyond them opens new ones, closed once idle.
 KEEPALIVE: Final = 64
 KEEPALIVE_EXPIRY_S: Final = 30.0
+# Sends of a request that never reached the upstream whole, after the first (see the module docstring).
+RETRIES: Final = 1
 
 
 class UpstreamError(Exception):
@@ -54,24 +64,35 @@ class Upstream:
         o = self._origin
         url = httpcore.URL(scheme=o.scheme, host=o.host, port=o.port, target=self._prefix + target)
         sent = [(b"host", self.netloc.encode()), *headers, (b"content-length", str(len(body)).encode())]
-        request = httpcore.Request(method, url, headers=sent, content=body, extensions={"timeout": self._timeouts})
+        retries = RETRIES
         while True:
-            reused = bool(self._idle)
-            connection = self._idle.pop() if reused else self._connection()
+            delivery = _Delivery()
+            extensions = {"timeout": self._timeouts, "trace": delivery.trace}
+            request = httpcore.Request(method, url, headers=sent, content=body, extensions=extensions)
+            connection = await self._take_idle() or self._connection()
             try:
                 response = await connection.handle_async_request(request)
-            except (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError) as error:
-                await connection.aclose()
-                if reused:
-                    continue  # llama-server closes kept-alive connections after a stream without saying so
-                raise UpstreamUnavailableError(type(error).__name__) from None
             except httpcore.TimeoutException as error:
                 await connection.aclose()
                 raise UpstreamTimeoutError(type(error).__name__) from None
             except (httpcore.NetworkError, httpcore.ProtocolError) as error:
                 await connection.aclose()
+                if retries and not delivery.written:
+                    retries -= 1
+                    log.info("upstream %s: %s before the request was written; sending it once more",
+                             self.netloc, type(error).__name__)  # fmt: skip
+                    continue
                 raise UpstreamUnavailableError(type(error).__name__) from None
             return UpstreamResponse(response, functools.partial(self._release, connection))
+
+    async def _take_idle(self) -> httpcore.AsyncHTTPConnection | None:
+        """The newest idle connection still open; those the upstream closed (or expired) are dropped on the way."""
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.has_expired() and connection.is_idle():
+                return connection
+            await connection.aclose()
+        return None
 
     def _connection(self) -> httpcore.AsyncHTTPConnection:
         return httpcore.AsyncHTTPConnection(self._origin, keepalive_expiry=KEEPALIVE_EXPIRY_S, http1=True, http2=False)
@@ -86,6 +107,23 @@ class Upstream:
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.aclose()
+
+
+class _Delivery:
+    """Whether the request reached the socket whole, told by httpcore's trace events.
+
+    httpcore swallows a failed write and goes on to read an answer (a server may refuse a request
+    early with one), so the error that ends the exchange does not say whether the request went out.
+    """
+
+    __slots__ = ("written",)
+
+    def __init__(self) -> None:
+        self.written = False
+
+    async def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if event == "http11.send_request_body.complete":
+            self.written = True
 
 
 class UpstreamResponse:
