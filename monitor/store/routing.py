@@ -45,6 +45,9 @@ class RoutingEvent:
     ci_high: float | None
 
 
+_COLUMNS = tuple(getattr(RoutingEventRow, name) for name in RoutingEvent.__dataclass_fields__)
+
+
 def record_switch(conn: Connection, event: RoutingEvent) -> None:
     conn.execute(insert(RoutingEventRow).values(**{name: getattr(event, name) for name in event.__dataclass_fields__}))
 
@@ -53,24 +56,18 @@ def latest_routing(engine: Engine | Connection) -> dict[str, RoutingEvent]:
     """The last switch of every workload that ever switched, by workload."""
     r = RoutingEventRow
     last = select(r.workload, func.max(r.id).label("id")).group_by(r.workload).subquery()
-    query = select(r).join(last, r.id == last.c.id)
+    query = select(*_COLUMNS).join(last, r.id == last.c.id)
     if isinstance(engine, Connection):
-        return {row.workload: _event(row) for row in engine.scalars(query)}
+        return {row.workload: RoutingEvent(*row) for row in engine.execute(query)}
     with engine.connect() as conn:
-        return {row.workload: _event(row) for row in conn.scalars(query)}
+        return {row.workload: RoutingEvent(*row) for row in conn.execute(query)}
 
 
 def routing_events(engine: Engine, start: datetime, end: datetime, workload: str | None = None) -> list[RoutingEvent]:
     """Switches in ``[start, end)``, oldest first."""
     r = RoutingEventRow
-    query = select(r).where(r.ts >= start, r.ts < end)
+    query = select(*_COLUMNS).where(r.ts >= start, r.ts < end)
     if workload is not None:
         query = query.where(r.workload == workload)
     with engine.connect() as conn:
-        return [_event(row) for row in conn.scalars(query.order_by(r.ts, r.id))]
-
-
-def _event(row: RoutingEventRow) -> RoutingEvent:
-    return RoutingEvent(
-        row.ts, row.workload, row.target_model, row.routed, row.reason, row.speedup, row.ci_low, row.ci_high
-    )
+        return [RoutingEvent(*row) for row in conn.execute(query.order_by(r.ts, r.id))]

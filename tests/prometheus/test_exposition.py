@@ -44,6 +44,8 @@ FAMILIES = (
     "draftwatch_drift_effect",
     "draftwatch_drift_last_run_timestamp_seconds",
     "draftwatch_health_signal",
+    "draftwatch_speculation_speedup",
+    "draftwatch_speculation_verdict",
     "draftwatch_alerts",
     "draftwatch_scrape_target_up",
     "draftwatch_scraped_acceptance_rate",

@@ -44,6 +44,7 @@ from monitor.scheduler.health import SCRAPE_FAILURES
 from monitor.scheduler.jobs import delivery_job, drift_job, run_tick
 from monitor.scheduler.lease import Lease
 from monitor.store.engine import create_engine
+from monitor.store.routing import RoutingEvent, record_switch
 from monitor.store.scrape import ScrapeIntervalRow
 from monitor.store.types import Fence
 from tests.api.conftest import INGEST, READ, TOKENS, auth, bodies
@@ -276,13 +277,15 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
     try:
         post(sidecar, history(datetime.now(UTC)))
         run_the_scheduler_jobs(db_url, env)
+        route_a_workload_to_plain(db_url)
         stuck = spool_for_two_minutes(tmp / "data" / "spool", live(datetime.now(UTC), seed=20)[0])
         post(sidecar, live(datetime.now(UTC), seed=10))
         wait_for("the first live records", lambda: prom.query("sum(draftwatch_requests_total) > 500"))
         post(sidecar, live(datetime.now(UTC), seed=12))
         wait_for("the second live records", lambda: prom.query("sum(draftwatch_requests_total) >= 600"))
-        # Every health check active: failures, stale drift runs, dead letters, the old spool segment, the scrape.
-        wait_for("every health check active", lambda: prom.query("count(draftwatch_health_signal == 1) == 5"))
+        # Every health check active: failures, stale drift runs, dead letters, the old spool segment, the scrape,
+        # a workload routed to plain.
+        wait_for("every health check active", lambda: prom.query("count(draftwatch_health_signal == 1) == 6"))
         yield prom
     finally:
         process.send_signal(signal.SIGTERM)
@@ -291,6 +294,15 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         server.wait(30)
         if stuck is not None:
             stuck.close()
+
+
+def route_a_workload_to_plain(db_url: str) -> None:
+    """A switch as the scheduler writes it under proxy.on_net_loss = route (monitor/proxy/decide.py)."""
+    engine = create_engine(db_url)
+    event = RoutingEvent(datetime.now(UTC), "qa", "qwen-coder-1.5b", True, "net loss established", 0.45, 0.38, 0.53)
+    with engine.begin() as conn:
+        record_switch(conn, event)
+    engine.dispose()
 
 
 def alert_states(prometheus: Prometheus) -> dict[str, str]:
@@ -324,6 +336,7 @@ def test_every_rule_expression_returns_data_and_every_alert_is_active(prometheus
         "scheduler": "firing",
         "webhook_dead_letters": "firing",
         "scrape_target_down": "firing",
+        "routing_changed": "firing",
     }
     deadline = time.monotonic() + 10  # the rules are evaluated every second
     while (states := alert_states(prometheus)) != expected and time.monotonic() < deadline:
