@@ -2,7 +2,9 @@
 
 Requests go by ``ts_start``; rollups by bucket (they are additive history, so deleting requests
 does not change them); drift runs and results by start; finished notifications (delivered or
-dead), resolved or inactive alerts and ended silences by age; job history by start. Model versions
+dead), resolved or inactive alerts and ended silences by age; job history by start; the
+recorder's committed batch ids by commit time (replay stays exactly-once without them: a record's
+``request_id`` is unique). Model versions
 and deployment events are kept: they are small and annotate every chart.
 """
 
@@ -20,7 +22,7 @@ from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
 from monitor.scheduler.settings import RetentionSettings
-from monitor.store.models import RequestRow, RollupBinRow, RollupMinuteRow
+from monitor.store.models import RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ def apply_retention(
             AlertRow.state.in_(("resolved", "inactive")), AlertRow.updated_at < c)),
         ("silences", retention.alerts_days, lambda c: delete(SilenceRow).where(SilenceRow.ends_at < c)),
         ("job_runs", retention.jobs_days, lambda c: delete(JobRunRow).where(JobRunRow.started_at < c)),
+        ("recorder_batches", retention.batches_days, lambda c: delete(RecorderBatchRow).where(
+            RecorderBatchRow.committed_at < c)),
     ]  # fmt: skip
     deleted: dict[str, int] = {}
     with engine.begin() as conn:

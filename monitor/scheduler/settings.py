@@ -127,3 +127,11 @@ class RetentionSettings:
         14,
         "days of job history kept; 0 keeps everything (default: 14)",
     )
+    batches_days: int = setting(
+        "retention.batches_days",
+        "DRAFTWATCH_RETENTION_BATCHES_DAYS",
+        parse_int(0),
+        7,
+        "days of committed recorder batch ids kept (one row per batch: about 432,000 a day at 1,000 records/s); "
+        "a spool older than this still replays once, by request id; 0 keeps everything",
+    )
