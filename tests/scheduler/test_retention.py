@@ -29,7 +29,7 @@ def test_recorder_batch_ids_past_retention_are_pruned_and_recent_ones_kept(engin
                     "pid": 1,
                 }
                 for name, days in ages.items()
-            ],  # fmt: skip
+            ],
         )
     deleted = apply_retention(engine, RetentionSettings(batches_days=7), NOW)
     assert deleted["recorder_batches"] == 2
@@ -40,8 +40,11 @@ def test_recorder_batch_ids_past_retention_are_pruned_and_recent_ones_kept(engin
 
 def test_zero_days_keeps_every_batch_id(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(insert(RecorderBatchRow).values(batch_id="ancient", origin="spool", n_records=1,
-                                                     committed_at=NOW - timedelta(days=900)))  # fmt: skip
+        conn.execute(
+            insert(RecorderBatchRow).values(
+                batch_id="ancient", origin="spool", n_records=1, committed_at=NOW - timedelta(days=900)
+            )
+        )
     deleted = apply_retention(engine, RetentionSettings(batches_days=0), NOW)
     assert "recorder_batches" not in deleted
     with engine.connect() as conn:
