@@ -21,6 +21,7 @@ monitor.settings.parsers.ConfigError: DRAFTWATCH_RECORDER_BATCH_SIZE='many': exp
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -35,13 +36,18 @@ from monitor.ingest.settings import CaptureSettings, RecorderSettings, ScrapeSet
 from monitor.notify.settings import DeliverySettings
 from monitor.proxy.settings import ProxySettings
 from monitor.scheduler.settings import RetentionSettings, SchedulerSettings
-from monitor.settings.fields import Spec, resolve, specs
+from monitor.settings.fields import Lookup, Spec, resolve, specs
 from monitor.settings.parsers import ConfigError, parse_path
 from monitor.store.settings import DatabaseSettings
 
 __all__ = ["ConfigError", "Settings", "all_specs", "default_config_file"]
 
 DEFAULT_CONFIG_FILE: Final = "draftwatch.toml"
+# The embedded decoder's own variables (decoder/fetch.py, decoder/loading.py, decoder/cpu/): read
+# there, beside the code they steer, so they are not settings; named here so none is taken for a typo.
+DECODER_VARIABLES: Final = (
+    "DRAFTWATCH_CACHE_DIR", "DRAFTWATCH_CPU_KERNELS", "DRAFTWATCH_DEVICE", "DRAFTWATCH_DTYPE", "DRAFTWATCH_QUANTIZE",
+)  # fmt: skip
 CONFIG_FILE_ENV: Final = "DRAFTWATCH_CONFIG"
 DATA_DIR: Final = Spec(
     "data_dir",
@@ -104,19 +110,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str], config_file: Path | None = None) -> Settings:
         """Resolve every setting from ``environ``, then ``config_file`` (TOML), then the defaults."""
-        file_values = _read_config_file(config_file) if config_file is not None else {}
-        known = {spec.name for _, spec in all_specs()}
-        unknown = sorted(set(file_values) - known)
-        if unknown:
-            raise ConfigError(f"{config_file}: {unknown[0]}={file_values[unknown[0]]!r}: unknown setting")
-
-        def lookup(spec: Spec) -> tuple[str, Any] | None:
-            if spec.env in environ:
-                return spec.env, environ[spec.env]
-            if spec.name in file_values:
-                return f"{config_file}: {spec.name}", file_values[spec.name]
-            return None
-
+        lookup = _lookup(environ, config_file)
         found = lookup(DATA_DIR)
         data_dir = _default_data_dir(environ) if found is None else _parse(DATA_DIR, *found)
         sections = {name: resolve(section, lookup, data_dir) for name, section in SECTIONS.items()}
@@ -151,6 +145,48 @@ class Settings:
                 section = dataclasses.replace(getattr(result, path[0]), **{path[1]: value})
                 result = dataclasses.replace(result, **{path[0]: section})
         return result
+
+
+def _lookup(environ: Mapping[str, str], config_file: Path | None) -> Lookup:
+    """Where each setting's raw value comes from: the environment, then the file (whose unknown keys are errors)."""
+    file_values = _read_config_file(config_file) if config_file is not None else {}
+    known = {spec.name for _, spec in all_specs()}
+    unknown = sorted(set(file_values) - known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"{config_file}: {unknown[0]}={file_values[unknown[0]]!r}: unknown setting{hint}")
+
+    def lookup(spec: Spec) -> tuple[str, Any] | None:
+        if spec.env in environ:
+            return spec.env, environ[spec.env]
+        if spec.name in file_values:
+            return f"{config_file}: {spec.name}", file_values[spec.name]
+        return None
+
+    return lookup
+
+
+def sources(environ: Mapping[str, str], config_file: Path | None) -> dict[str, str]:
+    """Each setting's source by dotted name: its variable, ``FILE: name``, or ``default``."""
+    lookup = _lookup(environ, config_file)
+    return {spec.name: found[0] if (found := lookup(spec)) else "default" for _, spec in all_specs()}
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``DRAFTWATCH_*`` variable that names no setting, with the closest one.
+
+    >>> unknown_variables({"DRAFTWATCH_PROXY_UPSTEAM": "http://x", "DRAFTWATCH_API_PORT": "1"})
+    ['DRAFTWATCH_PROXY_UPSTEAM is not a draftwatch setting and is ignored: did you mean DRAFTWATCH_PROXY_UPSTREAM?']
+    """
+    known = {spec.env for _, spec in all_specs()} | {CONFIG_FILE_ENV, *DECODER_VARIABLES}
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith("DRAFTWATCH_") and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "`draftwatch config show` lists the settings"
+            warnings.append(f"{name} is not a draftwatch setting and is ignored: {hint}")
+    return warnings
 
 
 def _parse(spec: Spec, source: str, raw: Any) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from monitor.config import ConfigError, Settings, default_config_file
+from monitor.config import ConfigError, Settings, default_config_file, unknown_variables
 
 if TYPE_CHECKING:  # the database layer loads when a command runs, not when --help is read
     from sqlalchemy.engine import Engine
@@ -48,6 +48,8 @@ def settings_from_args(args: argparse.Namespace, overrides: Mapping[str, Any] | 
     out, so optional flags can be passed straight through.
     """
     settings = Settings.from_env(os.environ, config_file(args))
+    for warning in unknown_variables(os.environ):
+        print(f"draftwatch: warning: {warning}", file=sys.stderr)
     changes = {"database.url": getattr(args, "database_url", None), **(overrides or {})}
     return settings.with_values({key: value for key, value in changes.items() if value is not None})
 
