@@ -20,6 +20,7 @@ from monitor.proxy.settings import PROXY_KINDS, parse_upstream
 
 if TYPE_CHECKING:
     from decoder.speculative import SpeculativeDecoder
+    from monitor.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,20 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=_serve, target=None)
 
 
+def mode_of(settings: Settings, decoder: SpeculativeDecoder | None) -> str:
+    """What this sidecar does, for its banner: the embedded decoder, proxy mode (with or without a baseline), ingest."""
+    if decoder is not None:
+        return f"embedded decoder: {decoder.target.name}"
+    proxy = settings.proxy
+    if not proxy.upstream:
+        return "ingest only: POST /v1/events and the adapters" + (", scrape mode" if settings.scrape.targets else "")
+    pool = f"proxy mode: {len(proxy.upstream)} speculative upstream(s)"
+    if not proxy.baseline_upstream:
+        return pool + ", no plain baseline (speedup not measured; add --baseline-upstream)"
+    return (f"{pool}, {len(proxy.baseline_upstream)} plain baseline(s) by {proxy.baseline_policy}, "
+            f"on a net loss: {proxy.on_net_loss}")  # fmt: skip
+
+
 def _upstream(raw: str) -> str:
     try:
         return parse_upstream(raw)
@@ -140,9 +155,9 @@ def _serve(args: argparse.Namespace) -> int:
         scheduler = SchedulerService(settings).start()
     app = create_app(settings, decoder=decoder)
     print(
-        f"draftwatch serve: listening on http://{settings.api.host}:{settings.api.port} "
-        f"({'decoding with ' + decoder.target.name if decoder else 'ingest only'}, "
-        f"{'token auth' if settings.api.tokens else 'no auth, loopback only'})",
+        f"draftwatch serve: listening on http://{settings.api.host}:{settings.api.port} ({mode_of(settings, decoder)}, "
+        f"{'token auth' if settings.api.tokens else 'no auth, loopback only'}, "
+        f"{'scheduler in this process' if scheduler else 'no scheduler'})",
         file=sys.stderr,
         flush=True,
     )

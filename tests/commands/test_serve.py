@@ -1,0 +1,29 @@
+"""`draftwatch serve`'s banner says what mode the sidecar runs in."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.commands.main import main
+from monitor.commands.serve import mode_of
+from monitor.config import Settings
+
+
+def settings(**values: object) -> Settings:
+    return Settings.from_env({"HOME": "/nonexistent"}).with_values(values)
+
+
+def test_the_banner_names_the_mode() -> None:
+    assert mode_of(settings(), None).startswith("ingest only")
+    alone = mode_of(settings(**{"proxy.upstream": ("http://spec:8080",)}), None)
+    assert alone == "proxy mode: 1 speculative upstream(s), no plain baseline (speedup not measured; add " \
+                    "--baseline-upstream)"  # fmt: skip
+    paired = settings(**{"proxy.upstream": ("http://a:1", "http://b:1"), "proxy.baseline_upstream": ("http://p:1",),
+                         "proxy.on_net_loss": "route"})  # fmt: skip
+    assert mode_of(paired, None) == "proxy mode: 2 speculative upstream(s), 1 plain baseline(s) by share, on a net " \
+                                    "loss: route"  # fmt: skip
+
+
+def test_a_baseline_without_an_upstream_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--baseline-upstream", "http://127.0.0.1:9"]) == 2
+    assert "--baseline-upstream needs --upstream" in capsys.readouterr().err
