@@ -182,11 +182,15 @@ class BatchSink:
         return BatchOutcome(applied=True, duplicates=duplicates, new=tuple(new))
 
     def _unavailable(self, error: BaseException) -> None:
+        self.mark_unavailable(str(error).splitlines()[0])
+
+    def mark_unavailable(self, reason: str) -> None:
+        """The database is away (refusing, or hung: the recorder's watchdog says so); logged once per outage."""
         with self._lock:
             was_available = self.counts.database_available
             self.counts.database_available = False
         if was_available:
-            log.warning("database unreachable, spooling: %s", str(error).splitlines()[0])
+            log.warning("database unreachable, spooling: %s", reason)
 
     def _durable(self, batch: Sequence[RequestRecord], where: str) -> None:
         if self._on_durable is not None and batch:

@@ -8,6 +8,14 @@ is back; segments left by a crashed process are replayed on the next start. Noth
 silently: a full queue follows an explicit policy, and a record the database refuses for good (it
 should never happen after validation) is written to a ``rejected-*.jsonl`` file beside the spool.
 
+A database can hang rather than refuse (a frozen server accepts and never answers; no socket
+timeout sees that). Each writer makes its database calls on a thread of its own and waits at most
+``write_timeout_s`` for one: past that the database counts as hung, and batches go to the spool
+until the hung call returns (its batch then commits, or spools under its own id, so that replay
+never doubles it). ``record_nowait(rec)`` is the path of a caller that must never wait (the
+proxy, on its event loop): a full queue hands the record to a spill thread that spools it, and
+when that hand-off is full as well the record is dropped and counted (``dropped``).
+
 >>> import tempfile; from pathlib import Path; from datetime import datetime, UTC
 >>> from decoder.record import RequestRecord
 >>> from monitor.store.engine import create_engine
@@ -25,15 +33,18 @@ should never happen after validation) is written to a ``rejected-*.jsonl`` file 
 
 from __future__ import annotations
 
+import functools
 import logging
+import queue
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
-from typing import NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 from sqlalchemy.engine import Engine
 
@@ -45,6 +56,10 @@ from monitor.log_safe import traceback_text
 from monitor.store.rows import validate
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# At most one warning about dropped records per this many seconds (a full hand-off drops many).
+DROP_LOG_EVERY_S: Final = 10.0
 
 
 class RecorderFullError(RuntimeError):
@@ -68,6 +83,10 @@ class RecorderStats:
     failed: int
     spool_pending: bool
     database_available: bool
+    # record_nowait() with the queue and the spill hand-off both full: not stored anywhere.
+    dropped: int = 0
+    # A database call has run past write_timeout_s: batches go to the spool until it returns.
+    database_hung: bool = False
 
 
 class StoreResult(NamedTuple):
@@ -104,17 +123,19 @@ class Recorder:
         self._count_lock = threading.Lock()
         self._retry_at = 0.0
         self._threads: list[threading.Thread] = []
+        # record_nowait()'s hand-off when the queue is full, spooled by the spill thread.
+        self._spill: deque[RequestRecord] = deque()
+        self._spill_ready = threading.Condition(self._lock)
+        self._spilling = 0  # taken by the spill thread, not yet spooled
+        self._dropped = 0
+        self._drop_logged_at = -DROP_LOG_EVERY_S
+        self._hung = 0  # database calls past write_timeout_s, still running
 
     # -- the caller's side ---------------------------------------------------------------------
 
     def record(self, rec: RequestRecord) -> None:
         """Queue one record; raises :class:`RecordError` (naming the field) for an invalid one."""
-        try:
-            validate(rec)
-        except RecordError:
-            with self._count_lock:
-                self._rejected += 1
-            raise
+        self._validate(rec)
         with self._lock:  # _closed is read under the lock close() sets it under: no record after the drain
             if self._closed:
                 raise RecorderClosedError("the recorder is closed")
@@ -124,6 +145,42 @@ class Recorder:
         self._on_full(rec)
 
     __call__ = record
+
+    def record_nowait(self, rec: RequestRecord) -> bool:
+        """Queue one record and never wait, whatever the database does; False when it was dropped.
+
+        A full queue hands the record to the spill thread, which appends it to the spool; a full
+        hand-off (``queue_size`` records more) or a closed recorder drops it, counted in ``dropped``.
+        Raises :class:`RecordError` (naming the field) for an invalid record.
+        """
+        self._validate(rec)
+        with self._lock:
+            if not self._closed:
+                if len(self._pending) < self._maxsize:
+                    self._append(rec)
+                    return True
+                if len(self._spill) < self._maxsize:
+                    self._spill.append(rec)
+                    self._spill_ready.notify()
+                    return True
+            self._dropped += 1
+            dropped, now = self._dropped, time.monotonic()
+            warn = now - self._drop_logged_at >= DROP_LOG_EVERY_S
+            if warn:
+                self._drop_logged_at = now
+        if warn:
+            log.warning(
+                "recorder queue and spill hand-off full (or recorder closed): %d record(s) dropped so far", dropped
+            )
+        return False
+
+    def _validate(self, rec: RequestRecord) -> None:
+        try:
+            validate(rec)
+        except RecordError:
+            with self._count_lock:
+                self._rejected += 1
+            raise
 
     def _append(self, rec: RequestRecord) -> None:
         # With the lock held. A writer waits for the first record of a batch, and for a full one.
@@ -166,7 +223,8 @@ class Recorder:
         if not batch:
             return StoreResult(0, 0, 0)
         batch_id = new_batch_id()
-        outcome = self._sink.write(batch, batch_id, origin="sync", raise_permanent=True)
+        # A hung database would hold the caller as long as it hangs: spool at once meanwhile.
+        outcome = None if self._hung else self._sink.write(batch, batch_id, origin="sync", raise_permanent=True)
         if outcome is None:
             self._sink.spool(batch, batch_id)
             return StoreResult(0, 0, len(batch))
@@ -184,16 +242,21 @@ class Recorder:
         # More than one writer overlaps one batch's Python work with another's database round trip
         # (worth it on PostgreSQL; SQLite serialises writers anyway).
         for number in range(self.settings.writer_threads):
-            thread = threading.Thread(target=self._run, name=f"draftwatch-recorder-{number}", daemon=True)
+            thread = threading.Thread(
+                target=self._run, args=(number,), name=f"draftwatch-recorder-{number}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
+        spill = threading.Thread(target=self._run_spill, name="draftwatch-recorder-spill", daemon=True)
+        spill.start()
+        self._threads.append(spill)
         return self
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued record is committed or spooled; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._pending or self._in_flight:
+            while self._pending or self._in_flight or self._spill or self._spilling:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -216,6 +279,7 @@ class Recorder:
             self._closed = True
             self._stop.set()
             self._work.notify_all()  # a writer waiting for records or for a fuller batch drains now
+            self._spill_ready.notify_all()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -224,8 +288,9 @@ class Recorder:
                     "recorder did not drain within %.1f s; %d record(s) still queued", timeout, len(self._pending)
                 )
                 return
-        # One last replay, so that a clean shutdown with the database up leaves no spool behind.
-        if self._spool.has_pending() and time.monotonic() >= self._retry_at:
+        # One last replay, so that a clean shutdown with the database up leaves no spool behind
+        # (not while it hangs: the next start replays).
+        if not self._hung and self._spool.has_pending() and time.monotonic() >= self._retry_at:
             self._sink.replay(self._spool, self.settings.batch_size)
         self._spool.close()
         self._sink.dispose()
@@ -249,29 +314,63 @@ class Recorder:
             rejected=self._rejected,
             failed=counts.failed,
             spool_pending=self._spool.has_pending(),
-            database_available=counts.database_available,
+            database_available=counts.database_available and not self._hung,
+            dropped=self._dropped,
+            database_hung=bool(self._hung),
         )
 
     # -- the writer thread ---------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, number: int) -> None:
+        database = _DatabaseThread(f"draftwatch-recorder-db-{number}")
+        try:
+            while True:
+                batch = self._take_batch()
+                owned = True  # False once a hung write holds the batch: it settles it when it returns
+                try:
+                    self._maybe_replay(database)
+                    if batch:
+                        owned = self._write(batch, database)
+                except Exception as error:  # the thread must survive anything; the batch is not lost
+                    log.error(
+                        "recorder writer failed on a batch of %d; spooling it\n%s", len(batch), traceback_text(error)
+                    )
+                    if batch:
+                        self._sink.spool(batch, new_batch_id())
+                finally:
+                    if batch and owned:
+                        self._settled(len(batch))
+                if self._stop.is_set() and not self._pending:
+                    break
+        finally:
+            database.stop()
+
+    def _settled(self, count: int) -> None:
+        with self._lock:
+            self._in_flight -= count
+            self._progress.notify_all()
+
+    def _run_spill(self) -> None:
+        size, spill = self.settings.batch_size, self._spill
         while True:
-            batch = self._take_batch()
+            with self._lock:
+                while not spill and not self._stop.is_set():
+                    self._spill_ready.wait()
+                if not spill:
+                    return
+                take = spill.popleft
+                batch = [take() for _ in range(min(size, len(spill)))]
+                self._spilling += len(batch)
             try:
-                self._maybe_replay()
-                if batch:
-                    self._write(batch)
-            except Exception as error:  # the thread must survive anything; the batch is not lost
-                log.error("recorder writer failed on a batch of %d; spooling it\n%s", len(batch), traceback_text(error))
-                if batch:
-                    self._sink.spool(batch, new_batch_id())
+                self._sink.spool(batch, new_batch_id())
+            except Exception as error:  # the spool's disk failed: nowhere left to keep them
+                with self._lock:
+                    self._dropped += len(batch)
+                log.error("spooling %d handed-off record(s) failed; dropped\n%s", len(batch), traceback_text(error))
             finally:
-                if batch:
-                    with self._lock:
-                        self._in_flight -= len(batch)
-                        self._progress.notify_all()
-            if self._stop.is_set() and not self._pending:
-                break
+                with self._lock:
+                    self._spilling -= len(batch)
+                    self._progress.notify_all()
 
     def _take_batch(self) -> list[RequestRecord]:
         interval, size, pending = self.settings.flush_interval_s, self.settings.batch_size, self._pending
@@ -301,27 +400,104 @@ class Recorder:
             self._progress.notify_all()  # room for a caller that waits on a full queue
         return batch
 
-    def _write(self, batch: list[RequestRecord]) -> None:
-        # Straight to the spool while the database was just found away (no connect attempt per
-        # batch); otherwise try it. A spool backlog does not hold live batches back: replay runs
+    def _write(self, batch: list[RequestRecord], database: _DatabaseThread) -> bool:
+        """Commit or spool ``batch``; False when the write hung, and settles the batch when it returns."""
+        # Straight to the spool while the database was just found away or hangs (no connect attempt
+        # per batch); otherwise try it. A spool backlog does not hold live batches back: replay runs
         # before every batch, and the spool's own order is what replay keeps.
-        if time.monotonic() < self._retry_at:
+        if self._hung or time.monotonic() < self._retry_at:
             self._sink.spool(batch, new_batch_id())
-            return
+            return True
+        job = database.submit(functools.partial(self._commit, batch, new_batch_id()))
+        try:
+            job.result(self.settings.write_timeout_s)
+        except TimeoutError:
+            self._hang(job, functools.partial(self._hung_batch_returned, batch))
+            return False
+        return True
+
+    def _commit(self, batch: list[RequestRecord], batch_id: str) -> None:
         # The spooled batch keeps its id: if the failed commit did land after all, replay skips it.
-        batch_id = new_batch_id()
         if self._sink.write(batch, batch_id, origin="live") is None:
             self._retry_at = time.monotonic() + self.settings.retry_interval_s
             self._sink.spool(batch, batch_id)
 
-    def _maybe_replay(self) -> None:
-        if time.monotonic() < self._retry_at:
+    def _maybe_replay(self, database: _DatabaseThread) -> None:
+        if self._hung or time.monotonic() < self._retry_at:
             return
         self._spool.claim_orphans()
         if not self._spool.has_pending():
             return
-        if not self._sink.replay(self._spool, self.settings.batch_size):
+        job = database.submit(functools.partial(self._sink.replay, self._spool, self.settings.batch_size))
+        try:
+            replayed = job.result(self.settings.write_timeout_s)
+        except TimeoutError:
+            self._hang(job, self._hung_replay_returned)
+            return
+        if not replayed:
             self._retry_at = time.monotonic() + self.settings.retry_interval_s
+
+    def _hang(self, job: Future[Any], returned: Callable[[Future[Any]], None]) -> None:
+        """``job`` runs past write_timeout_s: the database hangs until it returns; ``returned`` settles it then."""
+        started = time.monotonic() - self.settings.write_timeout_s
+        with self._lock:
+            self._hung += 1
+        self._sink.mark_unavailable(f"a database call has not returned within {self.settings.write_timeout_s:g} s")
+
+        def done(finished: Future[Any]) -> None:
+            try:
+                returned(finished)
+            finally:
+                with self._lock:
+                    self._hung -= 1
+                log.warning("the hung database call returned after %.1f s", time.monotonic() - started)
+
+        job.add_done_callback(done)  # at once, on this thread, if it returned meanwhile
+
+    def _hung_batch_returned(self, batch: list[RequestRecord], job: Future[Any]) -> None:
+        try:
+            error = job.exception()
+            if error is not None:
+                log.error("recorder writer failed on a batch of %d; spooling it\n%s", len(batch), traceback_text(error))
+                self._sink.spool(batch, new_batch_id())
+        finally:
+            self._settled(len(batch))
+
+    def _hung_replay_returned(self, job: Future[Any]) -> None:
+        error = job.exception()
+        if error is not None:
+            log.error("spool replay failed\n%s", traceback_text(error))
+        if error is not None or not job.result():
+            self._retry_at = time.monotonic() + self.settings.retry_interval_s
+
+
+class _DatabaseThread:
+    """One writer's database calls, on a daemon thread of their own: a hung call holds it, not the writer."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((call, future))
+        return future
+
+    def stop(self) -> None:
+        """End the thread after the call it runs, if any (a hung one returns when the database does)."""
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            call, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as error:  # handed to the waiting writer, which logs and spools
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
 
 def new_batch_id() -> str:

@@ -39,7 +39,8 @@ class RecorderSettings:
         parse_choice(FULL_QUEUE_POLICIES),
         "block_then_spool",
         "what record() does when the queue is full: block_then_spool (wait up to block_timeout_s, then "
-        "append to the spool on the caller's thread), spool (at once), raise (RecorderFullError)",
+        "append to the spool on the caller's thread), spool (at once), raise (RecorderFullError); the proxy never "
+        "waits: its records go to a spill thread that spools them, or are dropped and counted when that is full too",
     )
     block_timeout_s: float = setting(
         "recorder.block_timeout_s",
@@ -54,6 +55,14 @@ class RecorderSettings:
         parse_seconds,
         1.0,
         "how often the recorder retries an unreachable database",
+    )
+    write_timeout_s: float = setting(
+        "recorder.write_timeout_s",
+        "DRAFTWATCH_RECORDER_WRITE_TIMEOUT_S",
+        parse_seconds,
+        5.0,
+        "how long a database write may run before the database counts as hung: new batches go to the spool "
+        "meanwhile, and the hung write still commits or spools when the database answers",
     )
     writer_threads: int = setting(
         "recorder.writer_threads",

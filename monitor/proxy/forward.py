@@ -174,7 +174,7 @@ class _Exchange:
                 rec = self._failure(fields, error or "the upstream's response carried no report")
             else:
                 rec = self._success(fields, report, finish)
-            self.state.recorder.record(rec)
+            self.state.recorder.record_nowait(rec)
         except (StackError, ApiError, ValueError) as refused:
             self.state.proxy_unrecorded += 1
             # The reason names fields and counts only: no body, no header, no token.
