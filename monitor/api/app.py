@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEMA_RETRY_S: Final = 5.0
+SCHEMA_WAIT_S: Final = 5.0
 
 
 def _version() -> str:
@@ -78,9 +79,15 @@ def create_app(
             state.write_lock = threading.Lock()
         state.head_revision = migrate.head_revision()
         schema_task = None
-        if settings.database.upgrade_on_start and not await _upgrade(eng):
-            # The database may come up later: keep trying, while records spool meanwhile.
-            schema_task = asyncio.create_task(_upgrade_until_done(eng))
+        if settings.database.upgrade_on_start:
+            # The start waits for the first attempt, but never long: a database that hangs (or comes up
+            # later) must not hold the proxy or ingest, which spool meanwhile; the attempts go on.
+            tried = asyncio.Event()
+            schema_task = asyncio.create_task(_upgrade_until_done(eng, tried))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tried.wait(), SCHEMA_WAIT_S)
+            if not tried.is_set():
+                log.warning("schema upgrade not done within %g s (database hung?); starting without it", SCHEMA_WAIT_S)
         await anyio.to_thread.run_sync(recorder.start)
         if decoder is not None:
             decoder.sink = recorder.record
@@ -151,17 +158,24 @@ def create_app(
 
 async def _upgrade(engine: Engine) -> bool:
     try:
-        await anyio.to_thread.run_sync(migrate.upgrade, engine)
+        # Abandoned on shutdown: a migration hung on a frozen database must not hold the event loop.
+        await anyio.to_thread.run_sync(migrate.upgrade, engine, abandon_on_cancel=True)
     except Exception as error:  # the service still starts: it spools, and readyz reports the schema
         log.error("schema upgrade failed (%s); retrying in the background", str(error).splitlines()[0])
         return False
     return True
 
 
-async def _upgrade_until_done(engine: Engine) -> None:
+async def _upgrade_until_done(engine: Engine, tried: asyncio.Event) -> None:
+    """Upgrade the schema, retrying until it succeeds; ``tried`` is set once the first attempt ended."""
+    failed = False
     while not await _upgrade(engine):
+        failed = True
+        tried.set()
         await asyncio.sleep(SCHEMA_RETRY_S)
-    log.info("schema upgrade succeeded")
+    tried.set()
+    if failed:
+        log.info("schema upgrade succeeded")
 
 
 def _own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
@@ -192,6 +206,18 @@ def _own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
             "Proxied responses forwarded but not recorded (their figures could not be read).",
             "counter",
             float(state.proxy_unrecorded),
+        )
+        yield (
+            "draftwatch_recorder_dropped_total",
+            "Proxied records dropped: the recorder's queue and its spill hand-off were both full.",
+            "counter",
+            float(stats.dropped),
+        )
+        yield (
+            "draftwatch_recorder_database_hung",
+            "1 while a database call has run past recorder.write_timeout_s (records spool meanwhile).",
+            "gauge",
+            float(stats.database_hung),
         )
     if state.capture is not None:
         captured = state.capture.stats()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,7 @@ read = [Depends(guard)]
 
 DEFAULT_RANGE: Final = timedelta(hours=1)
 MAX_POINTS: Final = 10_000
+UPSTREAM_PROBE_S: Final = 1.0  # readiness: how long an upstream has to take a connection
 SERIES_METRICS: Final = (
     "requests",
     "acceptance_rate_tokens",
@@ -191,8 +193,14 @@ class Health(BaseModel):
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
-async def healthz() -> Health:
-    return Health(status="ok")
+async def healthz(request: Request) -> Health:
+    state = api_state(request)
+    if state.router is None:
+        return Health(status="ok")
+    # Proxy mode: the database's health is a figure of its own, never a reason to restart the proxy.
+    stats = state.recorder.stats()
+    database = {"ok": stats.database_available, "hung": stats.database_hung, "spool_pending": stats.spool_pending}
+    return Health(status="ok", checks={"database": database})
 
 
 @router.get(
@@ -203,10 +211,26 @@ async def healthz() -> Health:
 )
 async def readyz(request: Request) -> JSONResponse:
     state = api_state(request)
-    checks = await anyio.to_thread.run_sync(lambda: readiness(state))
+    if state.router is not None:
+        checks = await proxy_readiness(state)
+    else:
+        checks = await anyio.to_thread.run_sync(lambda: readiness(state))
     ready = all(check["ok"] for check in checks.values())
     body = Health(status="ready" if ready else "not_ready", checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+async def proxy_readiness(state: ApiState) -> dict[str, dict[str, Any]]:
+    """Proxy mode: ready while the speculative pool takes connections, whatever the database does.
+
+    A proxy that forwards must stay behind its load balancer while the monitor's database is away
+    or hangs (records spool meanwhile; ``/healthz`` and ``/metrics`` say how the database is), so
+    the database is not asked here, and nothing here waits on it.
+    """
+    assert state.router is not None
+    members = state.router.speculative.members
+    answers = await asyncio.gather(*(m.upstream.reachable(UPSTREAM_PROBE_S) for m in members))
+    return {"upstream": {"ok": any(answers), "reachable": sum(answers), "members": len(members)}}
 
 
 def readiness(state: ApiState) -> dict[str, dict[str, Any]]:

@@ -17,6 +17,8 @@ upstream may have read the request and be generating. Errors become two kinds:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -93,6 +95,18 @@ class Upstream:
                 return connection
             await connection.aclose()
         return None
+
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the upstream takes a connection within ``timeout_s`` (readiness: nothing is sent on it)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, writer = await asyncio.open_connection(self._origin.host.decode(), self._origin.port)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
 
     def _connection(self) -> httpcore.AsyncHTTPConnection:
         return httpcore.AsyncHTTPConnection(self._origin, keepalive_expiry=KEEPALIVE_EXPIRY_S, http1=True, http2=False)
