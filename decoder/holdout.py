@@ -6,14 +6,32 @@ in its window; one of 10,000 an hour yields 500 it does not need. So each worklo
 count per window (``target`` requests in the last ``window_s`` seconds): below it, requests are
 held out at ``max_share`` (or ``share`` if that is higher); at or above it, at the floor ``share``.
 A small workload then reaches its target as fast as ``max_share`` allows (and pays at most that),
-a big one pays about ``share``.
-Every holdout is a seeded random draw either way, so holdout requests stay a random sample of the
-workload's traffic; the reason (``target`` or ``share``) says at which rate it was drawn.
+a big one pays about ``share``. The reason (``target`` or ``share``) says at which rate a holdout
+was drawn.
+
+Independent draws per request starve by luck: a generator whose first 25 values are all at least
+0.2 holds out none of 25 requests at 20 %. So each workload follows a **systematic schedule**
+with a random offset: it draws ``u`` uniform in ``[0, 1)`` from the seeded generator on its first
+request, then adds each request's share ``p_k`` to ``u`` and holds out the request that carries
+the sum over an integer::
+
+    request k is held out  <=>  floor(u + p_0 + ... + p_k) > floor(u + p_0 + ... + p_(k-1))
+
+Since ``u`` is uniform, every request is held out with probability exactly its share, and any
+run of requests holds out the floor or the ceiling of the sum of its shares, whatever the seed:
+at 20 % each 5 consecutive requests hold out exactly one, and reaching ``target`` at ``max_share``
+takes ``target / max_share`` requests (give or take one holdout's worth). The sum carries over
+when the rate switches between ``max_share`` and ``share``, so the count stays within 1 of the
+shares summed. The price of the guarantee is regularity: at a constant share whose inverse is a
+whole number the holdouts are exactly that many requests apart, so a client that cycles through
+a fixed list of prompts of that length (or a multiple of it) sends the holdout the same prompt.
 
 >>> clock = iter(range(0, 100_000, 10)).__next__    # a request every 10 s: 360 an hour
 >>> holdout = Holdout(HoldoutPolicy(share=0.01, target=30, max_share=0.25), seed=1, clock=clock)
->>> reasons = [holdout.draw("chat") for _ in range(720)]
->>> reasons.count("target") >= 30 and reasons.count("share") < reasons.count("target")
+>>> reasons = [holdout.draw("chat") for _ in range(360)]
+>>> reasons[:120].count("target")    # 120 requests at 25 %: 30, whatever the seed
+30
+>>> reasons[120:].count("share") in (2, 3)    # then 240 at the floor of 1 %: 2.4, rounded down or up
 True
 >>> HoldoutPolicy(share=0.01, target=30, max_share=1.2)
 Traceback (most recent call last):
@@ -54,13 +72,15 @@ class HoldoutPolicy:
 
 
 class Holdout:
-    """Per workload, draws whether the next request is held out; remembers recent holdouts to count them."""
+    """Per workload, a systematic schedule of holdout requests; remembers recent holdouts to count them."""
 
     def __init__(self, policy: HoldoutPolicy, seed: int = 0, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
         self._rng = random.Random(seed)
         self._clock = clock
         self._recent: dict[str, list[float]] = {}
+        # Per workload, the fractional part of u + the shares so far, in [0, 1): the schedule's position.
+        self._carry: dict[str, float] = {}
 
     def draw(self, workload: str) -> HoldoutReason | None:
         """Hold the next request of ``workload`` out? The reason if so, else None."""
@@ -69,19 +89,38 @@ class Holdout:
         recent = [t for t in self._recent.get(workload, []) if t > now - p.window_s]
         reason: HoldoutReason = "target" if len(recent) < p.target else "share"
         share = max(p.max_share, p.share) if reason == "target" else p.share
-        held = share > 0 and self._rng.random() < share
+        carry = self._carry[workload] if workload in self._carry else self._rng.random()
+        carry += share
+        # carry < 2 here, and carry - 1 is exact for carry in [1, 2]: the position stays in [0, 1).
+        held = carry >= 1.0
         if held:
+            carry -= 1.0
             recent.append(now)
+        self._carry[workload] = carry
         self._recent[workload] = recent
         return reason if held else None
 
     def state(self) -> dict[str, Any]:
-        return {"rng": _encode_rng(self._rng.getstate()), "recent": self._recent}
+        return {
+            "rng": _encode_rng(self._rng.getstate()),
+            "recent": {name: list(times) for name, times in self._recent.items()},
+            "schedules": dict(self._carry),
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Resume the random draws and the recent holdouts of :meth:`state` (the policy stays this one's)."""
+        """Resume the generator, the recent holdouts and the schedules of :meth:`state` (the policy stays this one's).
+
+        A state from before schedules (independent draws: ``rng`` and ``recent`` only) keeps its recent
+        holdouts, which still count towards the target, and starts each workload's schedule afresh
+        with an offset drawn from the restored generator.
+        """
         self._rng.setstate(_decode_rng(state["rng"]))
         self._recent = {name: [float(t) for t in times] for name, times in state["recent"].items()}
+        carries = {name: float(carry) for name, carry in state.get("schedules", {}).items()}
+        bad = {name: carry for name, carry in carries.items() if not 0 <= carry < 1}
+        if bad:
+            raise ValueError(f"holdout schedules must be positions in [0, 1), got {bad!r}")
+        self._carry = carries
 
 
 def _encode_rng(state: tuple[Any, ...]) -> list[Any]:

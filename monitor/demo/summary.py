@@ -30,6 +30,18 @@ def finding_line(result: DriftResult) -> str:
     )
 
 
+def traffic_table(scenario: Scenario, before: Traffic, after: Traffic) -> list[str]:
+    """The summary's table: per workload, requests, acceptance and decode speedup before and after the change."""
+    lines = [f"{'workload':12} {'requests':>9} {'acceptance before':>18} {'after':>7}   decode speedup before / after"]
+    for workload in scenario.workloads:
+        lines.append(
+            f"{workload:12} {before.requests.get(workload, 0):>4} / {after.requests.get(workload, 0):<4}"
+            f" {_rate(before.acceptance(workload)):>18} {_rate(after.acceptance(workload)):>7}"
+            f"   {_speedup(before.speedup(workload)):>14} / {_speedup(after.speedup(workload))}"
+        )
+    return lines
+
+
 def print_summary(
     engine: Engine,
     scenario: Scenario,
@@ -40,13 +52,7 @@ def print_summary(
 ) -> None:
     print("\n==================== draftwatch demo: summary ====================")
     print(f"change: {scenario.change_description}\n")
-    print(f"{'workload':12} {'requests':>9} {'acceptance before':>18} {'after':>7}   decode speedup before / after")
-    for workload in scenario.workloads:
-        print(
-            f"{workload:12} {before.requests.get(workload, 0):>4} / {after.requests.get(workload, 0):<4}"
-            f" {_rate(before.acceptance(workload)):>18} {_rate(after.acceptance(workload)):>7}"
-            f"   {_speedup(before.speedup(workload)):>14} / {_speedup(after.speedup(workload))}"
-        )
+    print("\n".join(traffic_table(scenario, before, after)))
     print(
         "\ndecode speedup: mean decode ms per token ((latency - TTFT) / (output tokens - 1), per request) of the "
         "holdout\nrequests over that of the speculative ones; n/a until both modes have a request"

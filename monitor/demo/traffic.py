@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from decoder.record import decode_ms_per_token
+
+# One holdout request is one prompt's decode speed; two make the summary's speedup less of an anecdote.
+MIN_HOLDOUTS: Final = 2
 
 
 @dataclass
@@ -43,6 +47,15 @@ class Traffic:
         if not held or not held[1] or not spec or not spec[1]:
             return None
         return (held[0] / held[1]) / (spec[0] / spec[1])
+
+    def timed(self, workload: str, mode: str) -> int:
+        """Requests of ``workload`` in ``mode`` with a decode time per token, the speedup's evidence."""
+        return int(self.decode[(workload, mode)][1]) if (workload, mode) in self.decode else 0
+
+    def unmeasured(self, workloads: Sequence[str], holdouts: int = MIN_HOLDOUTS) -> list[str]:
+        """The ``workloads`` whose speedup lacks evidence: fewer than ``holdouts`` timed holdout requests,
+        or no timed speculative one."""
+        return [w for w in workloads if self.timed(w, "holdout") < holdouts or not self.timed(w, "speculative")]
 
     def since(self, earlier: Traffic) -> Traffic:
         """The traffic added after ``earlier`` was copied from this one."""
