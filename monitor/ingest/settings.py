@@ -93,7 +93,10 @@ class ScrapeSettings:
         parse_targets,
         (),
         "engines' /metrics endpoints to read (scrape mode): [[scrape]] tables (url, kind vllm|llamacpp|sglang, "
-        "name, interval, workload, target_model, drafter, timeout_s) or a JSON list of the same (default: none)",
+        "name, interval, workload, target_model, drafter, timeout_s (default: 5 or the interval if shorter), "
+        "authorization or bearer_token for an engine behind auth) or a JSON list of the same (default: none)",
+        # The tables may hold a target's credential: a parse error must not quote them.
+        secret=True,
     )
 
 

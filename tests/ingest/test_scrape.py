@@ -178,8 +178,29 @@ def test_targets_come_from_the_config_file_and_the_job_runs_only_with_targets(tm
     assert "scrape" in SchedulerService(settings, jobs=None).jobs
     assert "scrape" not in SchedulerService(Settings.from_env(home), jobs=None).jobs
     config.write_text('[[scrape]]\nurl = "http://h/metrics"\nkind = "vllm"\ntimeout_s = 90\n')
-    with pytest.raises(ConfigError, match="scrape target 1: timeout_s 90: expected more than 0 and less than"):
+    with pytest.raises(ConfigError, match=r"scrape target 1: timeout_s 90 is longer than the interval \(30 s\)"):
         Settings.from_env(home, config)
+
+
+@pytest.mark.parametrize(
+    ("fields", "timeout_s"),
+    [
+        ({}, 5.0),
+        ({"interval": "2s"}, 2.0),  # the default follows a shorter interval rather than refusing it
+        ({"interval": "0.5s"}, 0.5),
+        ({"interval": "2s", "timeout_s": 1}, 1.0),
+        ({"interval": "2s", "timeout_s": 2}, 2.0),
+    ],
+)
+def test_the_default_timeout_is_the_interval_when_that_is_shorter(fields: dict[str, Any], timeout_s: float) -> None:
+    assert target("http://h/metrics", "vllm", **fields).timeout_s == timeout_s
+
+
+def test_an_explicit_timeout_longer_than_the_interval_is_refused_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"timeout_s 3 is longer than the interval \(2 s\)"):
+        target("http://h/metrics", "vllm", interval="2s", timeout_s=3)
+    with pytest.raises(ValueError, match="timeout_s 0: expected more than 0"):
+        target("http://h/metrics", "vllm", timeout_s=0)
 
 
 def test_the_workloads_read_shows_scraped_series_and_target_health(

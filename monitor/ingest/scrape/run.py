@@ -88,7 +88,8 @@ def scrape_due(
 def fetch(http: httpx.Client, target: ScrapeTarget) -> Outcome:
     """Read one target's exposition; what went wrong says why without quoting the body."""
     try:
-        response = http.get(target.url, timeout=target.timeout_s, headers={"Accept": "text/plain"})
+        # Never followed: a redirect elsewhere would take the target's credential with it.
+        response = http.get(target.url, timeout=target.timeout_s, headers=target.headers, follow_redirects=False)
     except httpx.TimeoutException:
         return Outcome(None, "down", f"no answer within {target.timeout_s:g} s")
     except httpx.HTTPError as error:

@@ -7,10 +7,20 @@
 Traceback (most recent call last):
 ...
 ValueError: scrape target 1: kind 'tgi': expected one of vllm, llamacpp, sglang
+
+An engine behind authentication takes ``authorization`` (the header's whole value) or
+``bearer_token``; the value is sent to that target only and never shown:
+
+>>> (t,) = parse_targets([{"url": "http://h/metrics", "kind": "vllm", "bearer_token": "s3cret"}])
+>>> t.authorization
+Secret('***')
+>>> t.headers["Authorization"] == "Bearer s3cret"
+True
 """
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
@@ -20,8 +30,48 @@ from decoder.record import WORKLOAD_PATTERN
 from monitor.ingest.scrape.engines import KINDS, Kind
 from monitor.settings.parsers import parse_duration, parse_seconds, parse_tables
 
-_KEYS: Final = {"url", "kind", "name", "interval", "workload", "target_model", "drafter", "timeout_s"}
+_KEYS: Final = {
+    "url",
+    "kind",
+    "name",
+    "interval",
+    "workload",
+    "target_model",
+    "drafter",
+    "timeout_s",
+    "authorization",
+    "bearer_token",
+}
 DEFAULT_INTERVAL: Final = timedelta(seconds=30)
+# Prometheus' habit: the default timeout is this or the interval, whichever is shorter.
+DEFAULT_TIMEOUT_S: Final = 5.0
+
+
+class Secret:
+    """A credential that shows as ``***`` wherever it is printed, logged, compared in a test or copied.
+
+    Not a dataclass, so that :func:`dataclasses.asdict` of a target copies it masked rather than
+    turning it into a dict that holds the value.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and hmac.compare_digest(self._value.encode(), other._value.encode())
+
+    def __hash__(self) -> int:
+        return hash(Secret)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +86,17 @@ class ScrapeTarget:
     # None: the series' own model_name label (vLLM, SGLang), else the target's name.
     target_model: str | None = None
     drafter: str = ""
-    timeout_s: float = 5.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    # The Authorization header's value, sent with this target's scrapes only.
+    authorization: Secret | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The scrape request's headers: the exposition, and the target's own credential if it has one."""
+        headers = {"Accept": "text/plain"}
+        if self.authorization is not None:
+            headers["Authorization"] = self.authorization.reveal()
+        return headers
 
     @property
     def safe_url(self) -> str:
@@ -78,11 +138,20 @@ def _target(number: int, entry: Any) -> ScrapeTarget:
             raise ValueError(f"{where}: {key}: expected a non-empty string of at most 128 characters")
     try:
         interval = parse_duration(entry.get("interval", "30s"))
-        timeout = parse_seconds(entry.get("timeout_s", 5.0))
+        timeout = parse_seconds(entry["timeout_s"]) if "timeout_s" in entry else None
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
-    if timeout <= 0 or timeout >= interval.total_seconds():
-        raise ValueError(f"{where}: timeout_s {timeout:g}: expected more than 0 and less than the interval")
+    if timeout is None:
+        # A short interval shortens the default timeout rather than refusing the target.
+        timeout = min(DEFAULT_TIMEOUT_S, interval.total_seconds())
+    elif timeout <= 0:
+        raise ValueError(f"{where}: timeout_s {timeout:g}: expected more than 0")
+    elif timeout > interval.total_seconds():
+        raise ValueError(
+            f"{where}: timeout_s {timeout:g} is longer than the interval ({interval.total_seconds():g} s): "
+            "expected at most the interval"
+        )
+    authorization = _authorization(where, entry, parts.username is not None)
     return ScrapeTarget(
         name=texts["name"] or parts.netloc.rpartition("@")[2],
         url=url,  # type: ignore[arg-type]
@@ -92,4 +161,26 @@ def _target(number: int, entry: Any) -> ScrapeTarget:
         target_model=texts["target_model"],
         drafter=texts["drafter"] or f"{kind}-spec",
         timeout_s=timeout,
+        authorization=authorization,
     )
+
+
+def _authorization(where: str, entry: dict[str, Any], url_has_user: bool) -> Secret | None:
+    """The header's value from ``authorization`` or ``bearer_token``; errors never quote it."""
+    given = [key for key in ("authorization", "bearer_token") if key in entry]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"{where}: give authorization or bearer_token, not both")
+    if url_has_user:
+        # httpx would send the URL's user part as Basic auth in place of the configured header.
+        raise ValueError(f"{where}: {given[0]}: the url carries a user part too; give one credential")
+    value = entry[given[0]]
+    # A line break would let the value add headers of its own to the request.
+    if not isinstance(value, str) or not value.strip() or value != value.strip() or any(c in value for c in "\r\n\0"):
+        raise ValueError(f"{where}: {given[0]}: expected a non-empty string on one line (value not shown)")
+    if given[0] == "bearer_token":
+        if any(c.isspace() for c in value):
+            raise ValueError(f"{where}: bearer_token: expected the token alone, without spaces (value not shown)")
+        value = f"Bearer {value}"
+    return Secret(value)
