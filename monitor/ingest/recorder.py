@@ -428,14 +428,24 @@ class Recorder:
         self._spool.claim_orphans()
         if not self._spool.has_pending():
             return
+        progress = self._replay_progress()
         job = database.submit(functools.partial(self._sink.replay, self._spool, self.settings.batch_size))
-        try:
-            replayed = job.result(self.settings.write_timeout_s)
-        except TimeoutError:
-            self._hang(job, self._hung_replay_returned)
-            return
+        # A long backlog replays for longer than write_timeout_s: hung only when no group commits meanwhile.
+        while True:
+            try:
+                replayed = job.result(self.settings.write_timeout_s)
+                break
+            except TimeoutError:
+                if (now := self._replay_progress()) == progress:
+                    self._hang(job, self._hung_replay_returned)
+                    return
+                progress = now
         if not replayed:
             self._retry_at = time.monotonic() + self.settings.retry_interval_s
+
+    def _replay_progress(self) -> int:
+        counts = self._sink.counts
+        return counts.replayed + counts.duplicates + counts.failed
 
     def _hang(self, job: Future[Any], returned: Callable[[Future[Any]], None]) -> None:
         """``job`` runs past write_timeout_s: the database hangs until it returns; ``returned`` settles it then."""
@@ -445,12 +455,11 @@ class Recorder:
         self._sink.mark_unavailable(f"a database call has not returned within {self.settings.write_timeout_s:g} s")
 
         def done(finished: Future[Any]) -> None:
-            try:
-                returned(finished)
-            finally:
-                with self._lock:
-                    self._hung -= 1
-                log.warning("the hung database call returned after %.1f s", time.monotonic() - started)
+            # Not hung any more before the batch is settled: flush() returning means the database answers.
+            with self._lock:
+                self._hung -= 1
+            log.warning("the hung database call returned after %.1f s", time.monotonic() - started)
+            returned(finished)
 
         job.add_done_callback(done)  # at once, on this thread, if it returned meanwhile
 

@@ -134,10 +134,13 @@ def test_a_write_that_hangs_past_write_timeout_sends_batches_to_the_spool_until_
             assert time.monotonic() < deadline, "the hung write was never noticed"
             time.sleep(0.01)
         assert not recorder.stats().database_available
-        # Far more than the queue holds, all taken while the first write still hangs: to the spool.
+        # Far more than the queue holds, all taken while the first write still hangs: the writer drains
+        # the queue to the spool (each record waits for room here, so none goes to the hand-off).
         for rec in records[1:]:
+            while recorder.stats().queued >= settings.queue_size:
+                assert time.monotonic() < deadline, "the queue was not drained while the database hung"
+                time.sleep(0.001)
             assert recorder.record_nowait(rec)
-            time.sleep(0.001)
         while recorder.stats().spooled < len(records) - 1 - settings.queue_size:
             assert time.monotonic() < deadline, "batches did not go to the spool while the database hung"
             time.sleep(0.01)
@@ -148,3 +151,40 @@ def test_a_write_that_hangs_past_write_timeout_sends_batches_to_the_spool_until_
         assert not stats.database_hung and stats.database_available
     assert stored(engine) == len(records)
     assert stats.written + stats.replayed == len(records) and stats.duplicates == 0
+
+
+def test_a_replay_that_runs_long_but_commits_is_not_taken_for_a_hung_database(
+    hung_engine: tuple[Engine, Gate], tmp_path: Path
+) -> None:
+    engine, database = hung_engine
+    settings = RecorderSettings(
+        spool_dir=tmp_path / "spool", queue_size=20, batch_size=5, flush_interval_s=0.01, write_timeout_s=0.2
+    )
+    records = stream(100)
+    with Recorder(engine, settings) as recorder:
+        database.close()
+        recorder.record(records[0])
+        assert database.entered.wait(DEADLOCK_S)
+        deadline = time.monotonic() + DEADLOCK_S
+        while not recorder.stats().database_hung:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for rec in records[1:]:
+            recorder.record(rec)
+        while recorder.stats().spooled < len(records) - 1:  # 5 to a line: a replay of about 20 groups
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        slow = threading.Event()
+        event.listen(engine, "before_cursor_execute", lambda *_: slow.is_set() and time.sleep(0.01))
+        slow.set()  # each group now takes a few statements of 10 ms: the whole replay far past 0.2 s
+        database.open()
+        hung_seen = []
+        while recorder.stats().spool_pending or recorder.stats().database_hung:
+            assert time.monotonic() < deadline + DEADLOCK_S, "the replay never finished"
+            if recorder.stats().database_hung and recorder.stats().replayed:
+                hung_seen.append(recorder.stats().replayed)
+            time.sleep(0.01)
+        slow.clear()
+        assert recorder.stats().replayed == len(records) - 1
+    assert hung_seen == [], "a replay that kept committing was taken for a hung database"
+    assert stored(engine) == len(records)
