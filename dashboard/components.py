@@ -98,10 +98,15 @@ def empty_state(f: Filters) -> bool:
     return False
 
 
+# What a figure nobody reported shows as, in text and in every table (st.dataframe's placeholder):
+# Streamlit's own is the word None, which reads as a bug rather than as "not known".
+MISSING: Final = "—"
+
+
 def pct(value: float | None, digits: int = 1) -> str:
     """``0.834`` as ``83.4 %``; a dash for no value."""
-    return "—" if value is None else f"{value * 100:.{digits}f} %"
+    return MISSING if value is None else f"{value * 100:.{digits}f} %"
 
 
 def num(value: float | None, digits: int = 2, unit: str = "") -> str:
-    return "—" if value is None else f"{value:.{digits}f}{unit}"
+    return MISSING if value is None else f"{value:.{digits}f}{unit}"

@@ -129,7 +129,8 @@ def overview_rows(
             speedup_source=source,
             p95_ms_per_token=s.ms_per_token_p95,
             p95_change=_relative(s.ms_per_token_p95, ref.ms_per_token_p95 if ref else None),
-            gamma=setting.gamma if setting else None,
+            # A request that drafted nothing says nothing of γ (a proxied engine reports none): unknown, not 0.
+            gamma=setting.gamma if setting and setting.gamma > 0 else None,
             mode=setting.mode if setting else None,
             findings=_finding_list(mine),
             **_verdict(mine),
@@ -161,7 +162,10 @@ def _verdict(findings: Sequence[StoredResult]) -> dict[str, str]:
 
 
 def table(rows: Sequence[OverviewRow]) -> list[dict[str, Any]]:
-    """The rows as the Overview's table shows them (values raw; formats are the column config's)."""
+    """The rows as the Overview's table shows them (values raw; formats are the column config's).
+
+    A figure nobody reported stays None, shown as the table's placeholder dash; γ is text, empty when unknown.
+    """
     return [
         {
             "Workload": r.workload,
@@ -176,7 +180,7 @@ def table(rows: Sequence[OverviewRow]) -> list[dict[str, Any]]:
             "Why": r.verdict_reason,
             "p95 ms/token": r.p95_ms_per_token,
             "Δ p95": r.p95_change,
-            "γ": r.gamma,
+            "γ": "" if r.gamma is None else str(r.gamma),
             "Mode": r.mode or "—",
             "Findings": r.findings or "—",
         }

@@ -82,6 +82,7 @@ def _silences(f: Filters) -> None:
             ],
             hide_index=True,
             key="silences_table",
+            placeholder=components.MISSING,
         )
     else:
         st.caption("No active silences.")
@@ -144,6 +145,7 @@ def _deliveries(f: Filters) -> None:
         ],
         hide_index=True,
         key="deliveries_table",
+        placeholder=components.MISSING,
     )
 
 
@@ -157,7 +159,7 @@ def body(f: Filters) -> None:
             shown = [a for a in alerts if a.state == state]
             if shown:
                 st.markdown(f"**{STATE_LABEL[state]}**")
-                st.dataframe(alert_rows(shown), hide_index=True, key=f"alerts_{state}")
+                st.dataframe(alert_rows(shown), hide_index=True, key=f"alerts_{state}", placeholder=components.MISSING)
         if auth.is_admin():
             _ack_form(f, alerts)
     else:

@@ -81,7 +81,13 @@ def _history(f: Filters, latest: list[StoredResult]) -> None:
     if rows:
         st.altair_chart(charts.effect_history(rows), width="stretch")
     st.caption(f"{len(history)} run(s) in {f.range.label()}.")
-    st.dataframe(table(history), hide_index=True, column_config=COLUMNS, key="drift_history_table")
+    st.dataframe(
+        table(history),
+        hide_index=True,
+        column_config=COLUMNS,
+        key="drift_history_table",
+        placeholder=components.MISSING,
+    )
 
 
 def body(f: Filters) -> None:
@@ -110,7 +116,9 @@ def body(f: Filters) -> None:
     shown = [
         s for s in latest if (not decisions or s.result.decision in decisions) and (not tests or s.result.test in tests)
     ]
-    st.dataframe(table(shown), hide_index=True, column_config=COLUMNS, key="drift_table")
+    st.dataframe(
+        table(shown), hide_index=True, column_config=COLUMNS, key="drift_table", placeholder=components.MISSING
+    )
     _history(f, latest)
 
 

@@ -5,25 +5,38 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import alerts_view, components, data, status
-from dashboard.components import Filters
+from dashboard.components import MISSING, Filters
 
 st.title("Overview")
 st.caption("Where speculation helps and where it hurts, per workload, over the range chosen in the sidebar.")
 
 COLUMNS = {
     "Requests": st.column_config.NumberColumn(format="localized"),
-    "Acceptance": st.column_config.NumberColumn(format="percent", help="accepted / drafted tokens"),
-    "Δ acceptance (pts)": st.column_config.NumberColumn(
-        format="%+.1f", help="change in percentage points against the previous window of the same length"
+    "Acceptance": st.column_config.NumberColumn(
+        format="percent",
+        help=f"accepted / drafted tokens; {MISSING} where the requests report no draft counts (an engine behind the "
+        "proxy that returns none: its own counters can be scraped, README 'Scrape mode')",
     ),
-    "Mean accept. length": st.column_config.NumberColumn(format="%.2f", help="tokens per verification step"),
+    "Δ acceptance (pts)": st.column_config.NumberColumn(
+        format="%+.1f",
+        help="change in percentage points against the previous window of the same length; "
+        f"{MISSING} without an acceptance in both windows",
+    ),
+    "Mean accept. length": st.column_config.NumberColumn(
+        format="%.2f", help=f"tokens per verification step; {MISSING} where no verification steps were reported"
+    ),
     "Speedup": st.column_config.NumberColumn(
         format="%.2f×",
-        help="measured: holdout over speculative ms per token; estimated: Leviathan et al. at the current γ",
+        help="measured: holdout over speculative ms per token; estimated: Leviathan et al. at the current γ; "
+        f"{MISSING} without holdout, a drift run's figure or draft timings to estimate from ('Why' says how)",
     ),
-    "p95 ms/token": st.column_config.NumberColumn(format="%.2f"),
-    "Δ p95": st.column_config.NumberColumn(format="percent", help="relative change against the previous window"),
-    "γ": st.column_config.NumberColumn(help="drafts per step of the newest request"),
+    "p95 ms/token": st.column_config.NumberColumn(format="%.2f", help=f"{MISSING} without timed requests"),
+    "Δ p95": st.column_config.NumberColumn(
+        format="percent", help=f"relative change against the previous window; {MISSING} where it has no requests"
+    ),
+    "γ": st.column_config.TextColumn(
+        help="drafts per step of the newest request; empty where the requests do not say (a proxied engine)"
+    ),
     "Pays?": st.column_config.TextColumn(
         help="is speculation paying here: the newest drift run's verdict on decode speed against plain decoding, "
         "like for like (context length and load); 'not measured' needs a plain baseline (README)"
@@ -62,7 +75,8 @@ def requests(f: Filters) -> None:
     columns = st.columns(len(status.STATUSES))
     for column, name in zip(columns, status.STATUSES, strict=True):
         column.metric(status.BADGES[name], sum(r.status == name for r in rows))
-    st.dataframe(status.table(rows), hide_index=True, column_config=COLUMNS, key="overview_table")
+    table = status.table(rows)
+    st.dataframe(table, hide_index=True, column_config=COLUMNS, key="overview_table", placeholder=MISSING)
     run = data.latest_drift_run(f.url)
     st.caption(
         f"{window.label()}; changes are against {window.reference.label()}. "
@@ -96,7 +110,7 @@ def scraped(f: Filters) -> None:
         }
         for s in series
     ]
-    st.dataframe(rows, hide_index=True, column_config=SCRAPED_COLUMNS, key="scraped_table")
+    st.dataframe(rows, hide_index=True, column_config=SCRAPED_COLUMNS, key="scraped_table", placeholder=MISSING)
     down = [t for t in targets if t.status != "up"]
     restarted = [f"{t.name} restarted {t.resets}×, last {t.reset_at:%Y-%m-%d %H:%M} UTC" for t in targets if t.reset_at]
     st.caption(

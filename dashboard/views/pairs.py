@@ -129,7 +129,13 @@ def evaluations(f: Filters) -> None:
     st.subheader("Latest evaluations")
     rows = evaluation_rows(f, found)
     if rows:
-        st.dataframe(rows, hide_index=True, column_config=EVALUATION_COLUMNS, key="evaluations_table")
+        st.dataframe(
+            rows,
+            hide_index=True,
+            column_config=EVALUATION_COLUMNS,
+            key="evaluations_table",
+            placeholder=components.MISSING,
+        )
     plain = sorted(e.workload for e in found if e.recommendation == "plain")
     if plain:
         st.caption(f"Recommended plain decoding (no candidate predicted a gain): {', '.join(plain)}.")
@@ -144,7 +150,7 @@ def body(f: Filters) -> None:
         st.info("No speculative requests in this range for the selected workloads: nothing to compare.")
         evaluations(f)
         return
-    st.dataframe(rows, hide_index=True, column_config=COLUMNS, key="pairs_table")
+    st.dataframe(rows, hide_index=True, column_config=COLUMNS, key="pairs_table", placeholder=components.MISSING)
     chart_rows = [
         {
             "workload": r["Workload"],
