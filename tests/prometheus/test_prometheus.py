@@ -353,6 +353,34 @@ def test_the_alerts_are_the_default_rules() -> None:
     }
 
 
+def test_the_drift_alerts_read_the_tests_their_default_rules_read() -> None:
+    """A drift test missing from an alert's matcher is a drop that Prometheus never alerts on."""
+    alerts = alerting_rules()
+    for rule in DEFAULT_RULES:
+        if rule.source != "drift":
+            continue
+        (matcher,) = re.findall(r'test=~?"([^"]+)"', alerts[rule.name]["expr"])
+        assert set(matcher.split("|")) == set(rule.tests), rule.name
+
+
+def test_the_docs_count_the_rules() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    alerts = sum("alert" in rule for group in groups for rule in group["rules"])
+    recorded = sum("record" in rule for group in groups for rule in group["rules"])
+    assert alerts == len(DEFAULT_RULES)
+    words = {3: "three", 5: "five", 8: "eight", 9: "nine"}
+    for doc, text in (
+        ("rule file", RULES.read_text().split("groups:", 1)[0]),
+        ("api.md", (ROOT / "docs/api.md").read_text()),
+    ):
+        flat = " ".join(text.replace("#", " ").split()).lower()
+        assert f"{words[alerts]} default" in flat and f"{words[recorded]} recording rules" in flat, doc
+    # The README names every default rule.
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    listed = readme.split("through rules (defaults: ", 1)[1].split(")", 1)[0]
+    assert len(listed.split(",")) == len(DEFAULT_RULES), listed
+
+
 def test_promtool_checks_the_rules() -> None:
     done = subprocess.run(
         [binary("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
