@@ -47,8 +47,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-HoldoutReason = Literal["target", "share"]
-HOLDOUT_REASONS: Final = ("target", "share")
+# The policy draws "target" and "share"; a proxy's router adds "member" (a request that landed on a
+# baseline replica of a shared pool) and "route" (a workload routed to plain on an established net loss).
+HoldoutReason = Literal["target", "share", "member", "route"]
+HOLDOUT_REASONS: Final = ("target", "share", "member", "route")
 
 
 @dataclass(frozen=True, slots=True)
