@@ -53,7 +53,7 @@ DRAFTS: Final = "draftwatch_spec_decode_num_drafts_total"
 DRAFT_TOKENS: Final = "draftwatch_spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS: Final = "draftwatch_spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS: Final = "draftwatch_spec_decode_num_accepted_tokens_per_pos_total"
-TPOT: Final = "draftwatch_time_per_output_token_seconds"
+TPOT: Final = "draftwatch_request_time_per_output_token_seconds"
 TTFT: Final = "draftwatch_time_to_first_token_seconds"
 
 
@@ -87,7 +87,7 @@ RECORD_FAMILIES: Final = (
     _Spec(ACCEPTED_PER_POS, "Steps whose draft token at position (0-based) was accepted."),
     _Spec(
         TPOT,
-        "Time per output token after the first: (latency - TTFT) / (output tokens - 1), as vLLM's metric of that name.",
+        "A request's decode time per output token after the first (vLLM's request_time_per_output_token).",
         by_mode=True,
         buckets=TPOT_BUCKETS,
     ),

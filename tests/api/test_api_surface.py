@@ -97,7 +97,7 @@ def test_reads_workloads_series_and_metrics(client: TestClient) -> None:
     assert f'draftwatch_requests_total{{workload="code",{plain},mode="holdout"}} 2' in text
     assert f'draftwatch_requests_total{{workload="code",{spec},mode="speculative"}} 10' in text
     assert f'draftwatch_spec_decode_num_accepted_tokens_per_pos_total{{workload="code",{spec},position="3"}}' in text
-    tpot = "draftwatch_time_per_output_token_seconds_bucket"
+    tpot = "draftwatch_request_time_per_output_token_seconds_bucket"
     assert f'{tpot}{{workload="chat",{spec},mode="speculative",le="+Inf"}} 10' in text
     assert f'{tpot}{{workload="chat",{plain},mode="holdout",le="+Inf"}} 2' in text
     assert "draftwatch_recorder_written_total 24" in text

@@ -29,7 +29,7 @@ FAMILIES = (
     "draftwatch_spec_decode_num_draft_tokens_total",
     "draftwatch_spec_decode_num_accepted_tokens_total",
     "draftwatch_spec_decode_num_accepted_tokens_per_pos_total",
-    "draftwatch_time_per_output_token_seconds",
+    "draftwatch_request_time_per_output_token_seconds",
     "draftwatch_time_to_first_token_seconds",
     "draftwatch_recorder_queued_records",
     "draftwatch_recorder_written_total",
@@ -113,16 +113,16 @@ def test_every_family_is_documented() -> None:
     assert set(FAMILIES) <= documented
 
 
-def test_time_per_output_token_leaves_the_first_token_out(client: TestClient) -> None:
+def test_request_time_per_output_token_leaves_the_first_token_out(client: TestClient) -> None:
     # 900 ms to the first token, then 10 ms for each further one, as vLLM counts it.
     first = synthetic_record(1, workload="code")
     record = dataclasses.replace(first, ttft_ms=900.0, latency_ms=900.0 + 10.0 * (first.output_tokens - 1))
     post(client, [record])
     samples = scrape(client)
     spec = f'{SPEC},mode="speculative"'
-    assert samples[f"draftwatch_time_per_output_token_seconds_sum{{{spec}}}"] == pytest.approx(0.01)
-    assert samples[f'draftwatch_time_per_output_token_seconds_bucket{{{spec},le="0.01"}}'] == 1
-    assert samples[f'draftwatch_time_per_output_token_seconds_bucket{{{spec},le="0.005"}}'] == 0
+    assert samples[f"draftwatch_request_time_per_output_token_seconds_sum{{{spec}}}"] == pytest.approx(0.01)
+    assert samples[f'draftwatch_request_time_per_output_token_seconds_bucket{{{spec},le="0.01"}}'] == 1
+    assert samples[f'draftwatch_request_time_per_output_token_seconds_bucket{{{spec},le="0.005"}}'] == 0
     assert samples[f"draftwatch_time_to_first_token_seconds_sum{{{spec}}}"] == pytest.approx(0.9)
 
 
@@ -133,7 +133,7 @@ def test_a_new_label_set_starts_at_zero_in_every_mode_and_position(client: TestC
         assert samples[f'draftwatch_{family}_total{{{SPEC},mode="plain"}}'] == 0
         assert samples[f'draftwatch_{family}_total{{{SPEC},mode="holdout"}}'] == 0
     assert samples[f'draftwatch_requests_total{{{SPEC},mode="speculative"}}'] == 1
-    assert samples[f'draftwatch_time_per_output_token_seconds_count{{{SPEC},mode="holdout"}}'] == 0
+    assert samples[f'draftwatch_request_time_per_output_token_seconds_count{{{SPEC},mode="holdout"}}'] == 0
     assert samples[f'draftwatch_time_to_first_token_seconds_bucket{{{SPEC},mode="plain",le="+Inf"}}'] == 0
     per_pos = "draftwatch_spec_decode_num_accepted_tokens_per_pos_total"
     assert {name for name in samples if name.startswith(per_pos)} == {
