@@ -29,6 +29,7 @@ from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, re
 from monitor.api.adapters import MODELS
 from monitor.api.auth import TokenSet, require
 from monitor.api.controller_state import STATE_FILE
+from monitor.api.dates import DateMiddleware
 from monitor.api.decoding import DecodeWorker
 from monitor.api.events import EventBatchIn, EventIn
 from monitor.api.limits import LimitsMiddleware
@@ -137,15 +138,20 @@ def create_app(
         redoc_url="/redoc" if open_docs else None,
     )
     errors.install(app)
+    if settings.proxy.upstream:  # inside the limits: a forwarded request's body is read there, under its own limit
+        app.add_middleware(forward.ProxyMiddleware)
     app.add_middleware(
         LimitsMiddleware,
         max_body_bytes=settings.api.max_body_bytes,
         timeout_s=settings.api.request_timeout_s,
-        # A proxied request waits on the upstream, under the proxy's own timeout.
-        untimed=forward.FORWARDED_PATHS if settings.proxy.upstream else (),
+        # A proxied request waits on the upstream, under the proxy's own timeout, and has its own body limit.
+        proxied=forward.proxied if settings.proxy.upstream else None,
+        proxied_max_body_bytes=settings.proxy.max_body_bytes,
     )
     # Added last, so outermost: it also answers for an error in the limits middleware.
     app.add_middleware(errors.UnhandledErrorMiddleware)
+    # Around even that: every answer has one Date (uvicorn's is off, see monitor/api/dates.py).
+    app.add_middleware(DateMiddleware)
     # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.
     served = (forward,) if settings.proxy.upstream else (generate, openai_chat)
     for module in (ingest, *served, reads, alerts, drift):

@@ -5,6 +5,10 @@ over the limit is refused without reading, an undeclared (chunked) body is cut o
 The time limit runs from the request's arrival to the start of its response, and covers reading the
 body, so a client that trickles bytes cannot hold a worker; a streamed response (server-sent events)
 is not cut once it has started.
+
+In proxy mode a forwarded request (``proxied``) has a limit of its own (``proxy.max_body_bytes``:
+engines take long prompts and images), no time limit here (the proxy's own timeout applies), and a
+413 in the OpenAI error shape its client parses.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,21 +28,35 @@ log = logging.getLogger(__name__)
 
 
 class LimitsMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, timeout_s: float, untimed: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        timeout_s: float,
+        untimed: tuple[str, ...] = (),
+        proxied: Callable[[Scope], bool] | None = None,
+        proxied_max_body_bytes: int = 0,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
         self.untimed = frozenset(untimed)
+        self.proxied = proxied
+        self.proxied_max_body_bytes = proxied_max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.proxied is not None and self.proxied(scope):
+            await self._handle(scope, receive, send, self.proxied_max_body_bytes, openai=True)
+            return
         if self.timeout_s <= 0 or scope["path"] in self.untimed:
-            await self._handle(scope, receive, send)
+            await self._handle(scope, receive, send, self.max_body_bytes)
             return
         tracked = TrackedSend(send)
-        task = asyncio.ensure_future(self._handle(scope, receive, tracked))
+        task = asyncio.ensure_future(self._handle(scope, receive, tracked, self.max_body_bytes))
         done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
         if task in done:
             task.result()
@@ -52,10 +71,10 @@ class LimitsMiddleware:
             log.warning("request timed out after %.1f s: %s %s", self.timeout_s, scope["method"], scope["path"])
             await _error(send, 504, "timeout", f"the request took longer than {self.timeout_s:g} s")
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, limit: int, *, openai: bool = False) -> None:
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_body_bytes:
-            await _error(send, 413, "body_too_large", f"the body exceeds {self.max_body_bytes} bytes")
+        if declared is not None and declared > limit:
+            await _error(send, 413, "body_too_large", f"the body exceeds {limit} bytes", openai=openai)
             return
         chunks: list[bytes] = []
         size = 0
@@ -65,8 +84,8 @@ class LimitsMiddleware:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
-                await _error(send, 413, "body_too_large", f"the body exceeds {self.max_body_bytes} bytes")
+            if size > limit:
+                await _error(send, 413, "body_too_large", f"the body exceeds {limit} bytes", openai=openai)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -95,8 +114,9 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _error(send: Send, status: int, code: str, message: str) -> None:
-    body = json.dumps({"error": code, "message": message}).encode()
+async def _error(send: Send, status: int, code: str, message: str, *, openai: bool = False) -> None:
+    shaped = {"error": {"message": message, "type": "invalid_request_error", "code": code}} if openai else None
+    body = json.dumps(shaped or {"error": code, "message": message}).encode()
     headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 413:
         headers.append((b"connection", b"close"))

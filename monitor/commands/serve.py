@@ -171,7 +171,9 @@ def _serve(args: argparse.Namespace) -> int:
             port=settings.api.port,
             log_level=logging.getLevelName(logging.getLogger().level).lower(),
             access_log=logging.getLogger().level <= logging.INFO,
+            # The app adds Date where a response has none: uvicorn's own would double a proxied one's.
             server_header=False,
+            date_header=False,
         )
     finally:
         if scheduler is not None:

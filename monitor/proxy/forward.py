@@ -24,14 +24,21 @@ import dataclasses
 import fnmatch
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+import zlib
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
+from weakref import WeakKeyDictionary
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from decoder.record import WORKLOAD_PATTERN, Mode, RequestRecord
 from monitor.api.adapters import AdapterFields, record_of
@@ -43,6 +50,7 @@ from monitor.ingest.stacks import PARSERS, Stack, StackError
 from monitor.ingest.stacks.report import StackReport
 from monitor.ingest.stacks.sglang import is_sglang_openai
 from monitor.proxy.asks import ask_sglang, cleaned_sglang_json, gathered_sglang
+from monitor.proxy.encoding import Decoder, accepted_upstream, codings, decoded
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
 from monitor.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeoutError, UpstreamUnavailableError
@@ -54,11 +62,16 @@ OPENAI_PATHS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/responses
 NATIVE_PATHS: Final = ("/completion", "/generate")
 USAGE_ON_REQUEST: Final = ("/v1/chat/completions", "/v1/completions")
 FORWARDED_PATHS: Final = (*OPENAI_PATHS, *NATIVE_PATHS, "/v1/models")
-# Hop-by-hop headers (RFC 9110 section 7.6.1) and those the HTTP layers recompute.
+# The generations, recorded when POSTed; anything else the engine serves is forwarded unrecorded.
+RECORDED_PATHS: Final = (*OPENAI_PATHS, *NATIVE_PATHS)
+# Hop-by-hop headers (RFC 9110 section 7.6.1) and those the HTTP layers recompute. Content-Encoding
+# is end to end: a compressed body passes with it (monitor/proxy/encoding.py).
 HOP_HEADERS: Final = frozenset(
     {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host",
-     "content-length", "content-encoding"}
+     "content-length"}
 )  # fmt: skip
+# The longest wait for an upstream connection to close once a request is over (or abandoned).
+CLOSE_TIMEOUT_S: Final = 5.0
 
 PROXY_TOKEN_HEADER: Final = "x-draftwatch-token"
 
@@ -110,33 +123,86 @@ class _Exchange:
         # The stream's first and last events that carried generated text: its decode phase.
         self.first_text_s: float | None = None
         self.last_text_s: float | None = None
-        self.payload = _json_object(body)
+        # Generations are recorded; /v1/models, HEAD, OPTIONS and the engine's other routes pass unrecorded.
+        self.recording = request.method == "POST" and self.path in RECORDED_PATHS
+        self._recorded = False
+        # A compressed body goes upstream as it came; its fields are read from a decoded copy.
+        encoding = request.headers.get("content-encoding", "")
+        readable = decoded(body, encoding, self.settings.max_body_bytes) if encoding else body
+        self.payload = _json_object(readable) if readable is not None else None
         self.workload = workload_of(request, self.payload, self.settings)
-        self.route = router.for_models() if self.path == "/v1/models" else router.choose(self.workload)
+        self.route = router.choose(self.workload) if self.recording else router.for_models()
         self.inflight = self.route.member.acquire()
         self._released = False
-        self.streamed = bool(self.payload and self.payload.get("stream") is True)
+        self.streamed = bool(self.recording and self.payload and self.payload.get("stream") is True)
+        # SGLang's OpenAI routes report the counts only when asked (monitor/proxy/asks.py); the answer is cleaned.
+        self.sglang_added = frozenset[str]()
+        if self.settings.kind == "sglang" and self.recording and self.payload is not None:
+            self.sglang_added = ask_sglang(self.payload, self.path)
+        self._original = body
+        # What goes upstream if the engine refuses the stream_options added below.
+        self._without_usage = json.dumps(self.payload).encode() if self.sglang_added else body
         self.strip_usage = False
         # Chat and completions streams carry usage only when asked; a Responses stream always ends with it.
-        if self.streamed and self.path in USAGE_ON_REQUEST and self.payload is not None:
+        member = self.route.member
+        if self.streamed and self.path in USAGE_ON_REQUEST and self.payload is not None and member.takes_stream_options:
             options = self.payload.get("stream_options")
             options = options if isinstance(options, dict) else {}
             if options.get("include_usage") is not True:
                 self.payload["stream_options"] = {**options, "include_usage": True}
-                body = json.dumps(self.payload).encode()
                 self.strip_usage = True
-        # SGLang's OpenAI routes report the counts only when asked (monitor/proxy/asks.py); the answer is cleaned.
-        self.sglang_added = frozenset[str]()
-        if self.settings.kind == "sglang" and self.payload is not None:
-            self.sglang_added = ask_sglang(self.payload, self.path)
-            body = json.dumps(self.payload).encode() if self.sglang_added else body
-        self.body = body
-        self.headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in HOP_HEADERS
-            and k.lower() not in (self.settings.workload_header.lower(), PROXY_TOKEN_HEADER)
-        }
+        self.body = json.dumps(self.payload).encode() if self.strip_usage else self._without_usage
+        dropped = {*HOP_HEADERS, self.settings.workload_header.lower(), PROXY_TOKEN_HEADER}
+        # Every header as sent, repeated ones included (a dict would keep one of them).
+        self._client_headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in dropped]
+        self.headers = self._headers_for(self.body)
+
+    def _headers_for(self, body: bytes) -> list[tuple[bytes, bytes]]:
+        """The client's headers for ``body``: one rewritten here goes as identity, whatever its coding was."""
+        headers = []
+        for name, value in self._client_headers:
+            lowered = name.lower()
+            if lowered == b"content-encoding" and body is not self._original:
+                continue
+            if lowered == b"accept-encoding":
+                # A stream is decoded here event by event anyway, and an engine's compressor may hold events back.
+                accepted = "identity" if self.streamed else accepted_upstream(value.decode("latin-1"))
+                value = accepted.encode("latin-1")
+            headers.append((name, value))
+        return headers
+
+    def refused_stream_options(self, status: int, content_encoding: str, content: bytes) -> bool:
+        """Whether the engine refused the ``stream_options`` added here (a 400 naming it): the body then goes without.
+
+        The replica is not asked again; its streams are recorded from what they carry (llama.cpp's
+        timings), or counted as unrecorded.
+        """
+        if status != 400 or not self.strip_usage:
+            return False
+        if b"stream_options" not in (decoded(content, content_encoding, self.settings.max_body_bytes) or b""):
+            return False
+        member = self.route.member
+        member.takes_stream_options = False
+        log.warning("upstream %s refused stream_options (400): its streams are no longer asked for usage",
+                    member.upstream.netloc)  # fmt: skip
+        self.strip_usage = False
+        self.body = self._without_usage
+        self.headers = self._headers_for(self.body)
+        return True
+
+    @property
+    def settled(self) -> bool:
+        return self._recorded
+
+    def unreadable(self, why: str) -> None:
+        """A response forwarded whole but not readable here (a content coding not decoded): counted as unrecorded."""
+        if self._recorded:
+            return
+        self._recorded = True
+        self.release()
+        if self.recording:
+            self.state.proxy_unrecorded += 1
+            log.warning("proxied %s not recorded: %s", self.path, why)
 
     def release(self) -> None:
         """The request left its replica: one fewer in flight there (once, whichever path ends it)."""
@@ -154,9 +220,12 @@ class _Exchange:
             self.last_text_s = now
 
     def record(self, report: Mapping[str, Any] | None, *, finish: str | None = None, error: str | None = None) -> None:
-        """Hand the record of this request to the recorder; a report the parser refuses is counted, not stored."""
+        """Hand the record of this request to the recorder, once; a report the parser refuses is counted, not stored."""
+        if self._recorded:  # an abandoned request may end on two paths at once: one record
+            return
+        self._recorded = True
         self.release()
-        if self.path == "/v1/models":
+        if not self.recording:
             return
         ended = self.started + timedelta(seconds=time.perf_counter() - self.t0)
         fields = {
@@ -184,6 +253,7 @@ class _Exchange:
         stack = stack_of(self.settings.kind, self.path, report)
         if stack is None:
             raise ValueError(f"proxy.kind={self.settings.kind!r}: the response carries no usage to record")
+        self.route.member.stack = stack
         baseline = self.route.baseline
         parsed = PARSERS[stack](report, speculative=False if baseline else self.settings.deployment_speculative)
         if baseline and parsed.drafted:
@@ -225,6 +295,10 @@ class _Exchange:
             return (self.last_text_s - self.first_text_s) * 1000
         return None
 
+    def _stack_named(self) -> str:
+        """The configured stack; with proxy.kind auto, the one this replica's answers were last read as (else auto)."""
+        return (self.settings.kind == "auto" and self.route.member.stack) or self.settings.kind
+
     def _failure(self, fields: dict[str, Any], error: str) -> RequestRecord:
         spec_mode: Mode = "speculative" if self.settings.speculative == "true" else "plain"
         return RequestRecord(
@@ -242,8 +316,16 @@ class _Exchange:
             latency_ms=(time.perf_counter() - self.t0) * 1000,
             finish_reason="error",
             error=error[:200],
-            source=f"proxy:{self.settings.kind}",
+            source=f"proxy:{self._stack_named()}",
         ).check()
+
+
+# Whom a refused token is answered as, in the OpenAI error's type.
+_AUTH_ERRORS: Final = {401: "authentication_error", 403: "permission_error"}
+
+
+class _CutShortError(UpstreamError):
+    """The upstream stopped in the middle of a whole (non-streamed) body."""
 
 
 async def forward(request: Request) -> Response:
@@ -254,90 +336,214 @@ async def forward(request: Request) -> Response:
     if state.tokens.has_scope("proxy"):
         # The client's own Authorization belongs to the upstream: draftwatch's token comes apart.
         presented = request.headers.get(PROXY_TOKEN_HEADER)
-        Guard("proxy").check(request, presented, how="X-Draftwatch-Token: <token of scope proxy>")
+        try:
+            Guard("proxy").check(request, presented, how="X-Draftwatch-Token: <token of scope proxy>")
+        except ApiError as refused:  # in the shape the engine's clients parse
+            kind = _AUTH_ERRORS.get(refused.status, "invalid_request_error")
+            return openai_error(refused.status, refused.message, kind, refused.code, refused.headers)
     exchange = _Exchange(state, router, request, await request.body())
-    upstream = exchange.route.member.upstream
-    target = request.url.path.encode() + (b"?" + request.url.query.encode() if request.url.query else b"")
-    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in exchange.headers.items()]
+    response: Response | None = None
+    left = False
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        # The body is read: the next message is the client leaving. Cancelling the upstream request
+        # closes its connection, which is what stops the engine generating for nobody.
+        nonlocal left
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        scope.cancel()
+
     try:
-        response = await upstream.send(request.method, target, headers, exchange.body)
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch, group.cancel_scope)
+            response = await _answer(request, exchange)
+            group.cancel_scope.cancel()
+    except Exception:
+        exchange.record(None, error="the proxy failed (see its log)")
+        raise
+    finally:
+        if response is None:  # the client left (or the server stops) before the answer came
+            exchange.record(None, error="client disconnected")
+    # The client left: nobody reads this (499, nginx's "client closed request").
+    return Response(status_code=499) if response is None else response
+
+
+async def _answer(request: Request, exchange: _Exchange) -> Response:
+    """The upstream's answer to one request, as the client gets it; recorded, or handed to the relay that records it."""
+    upstream = exchange.route.member.upstream
+    try:
+        response, content = await _send(request, exchange)
     except UpstreamTimeoutError:
         exchange.record(None, error="upstream timed out")
-        return _upstream_error(504, f"the upstream sent nothing within {exchange.settings.timeout_s:g} s")
+        silence = f"the upstream sent nothing within {exchange.settings.timeout_s:g} s"
+        return openai_error(504, silence, "upstream_timeout")
+    except _CutShortError as error:
+        exchange.record(None, error=f"upstream response cut: {error}")
+        return openai_error(502, "the upstream's response was cut short", "upstream_unavailable")
     except UpstreamUnavailableError as error:
         exchange.record(None, error=f"upstream unreachable: {error}")
-        return _upstream_error(502, f"the upstream at {upstream.netloc} cannot be reached ({error})")
-    if response.status < 400:  # a request the upstream refused is no traffic to evaluate on
+        return openai_error(502, f"the upstream at {upstream.netloc} cannot be reached ({error})",
+                            "upstream_unavailable")  # fmt: skip
+    if exchange.recording and response.status < 400:  # a request the upstream refused is no traffic to evaluate on
         offer(request, lambda: proxied_row(exchange.path, exchange.payload, exchange.workload))
-    headers_out = {k: v for k, v in response.headers if k.lower() not in HOP_HEADERS}
-    if response.header("content-type").startswith("text/event-stream"):
-        return StreamingResponse(_relay(exchange, response), response.status, headers_out)
-    try:
-        content = await response.read()
-    except UpstreamError as error:
-        exchange.record(None, error=f"upstream response cut: {error}")
-        return _upstream_error(502, "the upstream's response was cut short")
-    finally:
-        await response.aclose()
-    report = _json_object(content)
-    if response.status >= 400 or report is None:
+    coding = response.header("content-encoding")
+    if content is None:
+        relay = _Relay(exchange, response, codings(coding))
+        # Read event by event, a stream is decoded here and goes on as identity (an unknown coding passes as is).
+        return _RelayResponse(relay, response.status, _headers_out(response, decoded=relay.decoder is not None))
+    head = request.method == "HEAD"
+    headers = _headers_out(response, decoded=False, keep_length=head)
+    readable = decoded(content, coding, exchange.settings.max_body_bytes)
+    report = None if readable is None else _json_object(readable)
+    if readable is None:
+        exchange.unreadable(f"the response's content coding {coding!r} cannot be read")
+    elif response.status >= 400 or report is None:
         exchange.record(None, error=f"upstream status {response.status}")
     else:
         exchange.record(report)
-        content = cleaned_sglang_json(content, exchange.sglang_added) or content
-    return Response(content, response.status, headers_out)
+        cleaned = cleaned_sglang_json(readable, exchange.sglang_added)
+        if cleaned is not None and cleaned != readable:  # rewritten here: it goes as identity
+            content, headers = cleaned, _headers_out(response, decoded=True)
+    return _whole(b"" if head else content, response.status, headers, head=head)
 
 
-async def _relay(exchange: _Exchange, response: UpstreamResponse) -> AsyncIterator[bytes]:
-    """Pass the upstream's events on as each completes; keep the last report and finish reason for the record."""
-    report: dict[str, Any] | None = None
-    finish: str | None = None
-    error: str | None = None
-    recorded = False
-    pending = b""
+async def _send(request: Request, exchange: _Exchange) -> tuple[UpstreamResponse, bytes | None]:
+    """The upstream's answer: an event stream still to relay (None), or a whole body, read and closed."""
+    upstream = exchange.route.member.upstream
+    target = request.url.path.encode() + (b"?" + request.url.query.encode() if request.url.query else b"")
+    while True:
+        response = await upstream.send(request.method, target, exchange.headers, exchange.body)
+        if response.header("content-type").startswith("text/event-stream"):
+            return response, None
+        try:
+            content = await response.read()
+        except UpstreamTimeoutError:
+            raise
+        except UpstreamError as error:
+            raise _CutShortError(str(error)) from None
+        finally:
+            await _closed(response)
+        # A refused stream_options goes again once without it (a 400: nothing was generated).
+        if not exchange.refused_stream_options(response.status, response.header("content-encoding"), content):
+            return response, content
 
-    def settle() -> None:
-        nonlocal recorded
-        if not recorded:
-            recorded = True
-            failed = error is not None or response.status >= 400 or report is None
-            exchange.record(None if failed else report, finish=finish, error=error)
 
-    try:
-        async for chunk in response.chunks():
-            pending += chunk
-            while (end := _event_end(pending)) is not None:
-                event, pending = pending[:end], pending[end:]
-                data = _event_data(event)
-                if data is not None:
-                    parsed_event = _json_object(data)
-                    exchange.saw_event(parsed_event)
-                    before = report
-                    report, finish = _remember(parsed_event, report, finish)
-                    if exchange.sglang_added and parsed_event is not None:  # SGLang's counts and usage: two events
-                        report = gathered_sglang(before, parsed_event)
-                    if exchange.strip_usage and _usage_only(data):
-                        continue
-                    if exchange.sglang_added and (cleaned := cleaned_sglang_json(data, exchange.sglang_added)) != data:
-                        if cleaned is None:
-                            continue
-                        event = b"data: " + cleaned + b"\n\n"
-                elif _is_done(event):
-                    settle()  # before the client reads the end: what it has seen is recorded by then
-                yield event
-        if pending:
-            yield pending
-    except UpstreamError as cut:
-        error = f"upstream stream cut: {cut}"
-        settle()  # before the client reads the error event, as before a [DONE]
-        message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
-        yield f"data: {json.dumps(message)}\n\n".encode()
-    except BaseException:  # the client went away (cancellation) or the server stops
-        error = "client disconnected"
-        raise
-    finally:
+async def _closed(response: UpstreamResponse) -> None:
+    # Shielded: a cancelled request (the client left) must still close its upstream connection.
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT_S):
         await response.aclose()
-        settle()
+
+
+def _headers_out(response: UpstreamResponse, *, decoded: bool, keep_length: bool = False) -> list[tuple[bytes, bytes]]:
+    """The upstream's headers for the client, repeated ones included; a body decoded here loses its coding."""
+    dropped = HOP_HEADERS - {"content-length"} if keep_length else HOP_HEADERS
+    return [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in response.headers
+        if name.lower() not in dropped and not (decoded and name.lower() == "content-encoding")
+    ]
+
+
+def _whole(content: bytes, status: int, headers: list[tuple[bytes, bytes]], *, head: bool) -> Response:
+    response = Response(content, status)
+    # A HEAD answer keeps the upstream's Content-Length (of the body it did not send).
+    response.raw_headers = [*headers, *([] if head else response.raw_headers)]
+    return response
+
+
+class _Relay:
+    """One relayed event stream and its end (record, close, release), which runs once however the stream ends."""
+
+    def __init__(self, exchange: _Exchange, response: UpstreamResponse, applied: list[str] | None) -> None:
+        self.exchange = exchange
+        self.response = response
+        self.decoder = Decoder(applied, exchange.settings.max_body_bytes) if applied else None
+        # A coding not read here (an upstream that ignored Accept-Encoding): the bytes pass, unrecorded.
+        self.opaque = applied is None
+        self.report: dict[str, Any] | None = None
+        self.finish: str | None = None
+        self.error: str | None = None
+        self.events = self._events()
+
+    def settle(self) -> None:
+        if self.opaque:
+            self.exchange.unreadable("the stream's content coding cannot be read")
+            return
+        failed = self.error is not None or self.response.status >= 400 or self.report is None
+        self.exchange.record(None if failed else self.report, finish=self.finish, error=self.error)
+
+    async def end(self) -> None:
+        """Settle as a disconnect unless the stream ended first, then close the upstream request (shielded)."""
+        if not self.exchange.settled:
+            self.error = self.error or "client disconnected"
+            self.settle()
+        await self.events.aclose()
+        await _closed(self.response)
+
+    async def _events(self) -> AsyncGenerator[bytes]:
+        """Pass the upstream's events on as each completes; keep the last report and finish reason for the record."""
+        exchange = self.exchange
+        pending = b""
+        try:
+            async for raw in self.response.chunks():
+                if self.opaque:
+                    yield raw
+                    continue
+                pending += self.decoder.feed(raw) if self.decoder is not None else raw
+                while (end := _event_end(pending)) is not None:
+                    event, pending = pending[:end], pending[end:]
+                    data = _event_data(event)
+                    if data is not None:
+                        parsed_event = _json_object(data)
+                        exchange.saw_event(parsed_event)
+                        before = self.report
+                        self.report, self.finish = _remember(parsed_event, self.report, self.finish)
+                        if exchange.sglang_added and parsed_event is not None:  # SGLang's counts and usage: two events
+                            self.report = gathered_sglang(before, parsed_event)
+                        if exchange.strip_usage and _usage_only(data):
+                            continue
+                        cleaned = cleaned_sglang_json(data, exchange.sglang_added) if exchange.sglang_added else data
+                        if cleaned != data:
+                            if cleaned is None:
+                                continue
+                            event = b"data: " + cleaned + b"\n\n"
+                    elif _is_done(event):
+                        self.settle()  # before the client reads the end: what it has seen is recorded by then
+                    yield event
+            if pending:
+                yield pending
+        except (UpstreamError, zlib.error) as cut:
+            self.error = f"upstream stream cut: {cut}" if isinstance(cut, UpstreamError) else "stream undecodable"
+            self.settle()  # before the client reads the error event, as before a [DONE]
+            message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
+            yield f"data: {json.dumps(message)}\n\n".encode()
+        except BaseException:  # the client went away (cancellation, a closed generator) or the server stops
+            self.error = "client disconnected"
+            raise
+        self.settle()
+
+
+class _RelayResponse(StreamingResponse):
+    """A relayed stream whose end runs whatever happens, also when the client leaves before its first event.
+
+    Then the events' generator never starts, so its ``finally`` would never run: no record, and the
+    replica's in-flight count never released.
+    """
+
+    def __init__(self, relay: _Relay, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(relay.events, status)
+        self.raw_headers = headers
+        self._relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass  # settled below, as a disconnect
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._relay.end()
 
 
 def _reason(refused: Exception) -> str:
@@ -426,10 +632,76 @@ def _new_id() -> str:
     return f"proxy-{uuid.uuid4().hex}"
 
 
-def _upstream_error(status: int, message: str) -> JSONResponse:
-    # The OpenAI error shape, which the clients of every stack parse.
-    kind = "upstream_timeout" if status == 504 else "upstream_unavailable"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+def openai_error(
+    status: int, message: str, kind: str, code: str | int | None = None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """An error in the OpenAI shape, which the clients of every stack parse (draftwatch's own shape they do not)."""
+    body = {"error": {"message": message, "type": kind, "code": status if code is None else code}}
+    return JSONResponse(body, status, headers=dict(headers or {}))
+
+
+# Per app: the paths draftwatch serves itself, which are never forwarded.
+_OWN_PATHS: WeakKeyDictionary[Any, re.Pattern[str]] = WeakKeyDictionary()
+
+
+def proxied(scope: Scope) -> bool:
+    """Whether a request in proxy mode is the engine's (forwarded) rather than one of draftwatch's own routes.
+
+    Draftwatch's are its routes' families (``/v1/workloads`` and all under it, ``/metrics``, ...),
+    whatever the method; everything else an engine may serve (embeddings, audio, rerank, tokenize,
+    its health) is forwarded.
+    """
+    app = scope.get("app")
+    if app is None:
+        return False
+    own = _OWN_PATHS.get(app)
+    if own is None:
+        own = _OWN_PATHS[app] = _own_paths(app.routes)
+    return own.fullmatch(scope["path"]) is None
+
+
+def _routes(routes: list[Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every route with its full path, through the routers FastAPI keeps included (not copied) in the app."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _routes(included.routes, prefix + getattr(route.include_context, "prefix", ""))
+        elif isinstance(getattr(route, "path", None), str):
+            yield prefix + route.path, route
+
+
+def _own_paths(routes: list[Any]) -> re.Pattern[str]:
+    prefixes = set()
+    for path, route in _routes(routes):
+        if getattr(route, "endpoint", None) is forward:
+            continue
+        segments = path.strip("/").split("/")
+        # /v1/NAME and all under it; a top-level /NAME (/metrics, /healthz) and all under it.
+        family = segments[:2] if segments[0] == "v1" and len(segments) > 1 else segments[:1]
+        if any("{" in segment for segment in family) or not family[0]:
+            prefixes.add(compile_path(path)[0].pattern.removeprefix("^").removesuffix("$"))  # that route alone
+            continue
+        prefixes.add(re.escape("/" + "/".join(family)))
+    return re.compile(f"(?:{'|'.join(sorted(prefixes))})(?:/.*)?")
+
+
+class ProxyMiddleware:
+    """Proxy mode's dispatch: any path but draftwatch's own, with any method, is the engine's and is forwarded.
+
+    Ahead of the routes, so that a method the documented routes do not take (HEAD, OPTIONS) and the
+    engine's other routes (embeddings, audio, rerank, tokenize, its health) reach it too; only the
+    generations are recorded.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not proxied(scope):
+            await self.app(scope, receive, send)
+            return
+        response = await forward(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 for _path in FORWARDED_PATHS:

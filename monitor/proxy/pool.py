@@ -24,6 +24,10 @@ class Member:
     upstream: Upstream
     pool: PoolName
     inflight: int = 0
+    # Whether its streams may be asked for usage: an engine that refused stream_options once is not asked again.
+    takes_stream_options: bool = True
+    # The stack its last recorded answer was read as (proxy.kind auto): what a failure's record names.
+    stack: str | None = None
 
     def acquire(self) -> int:
         """Count one more request in flight; the load it starts at, itself included."""

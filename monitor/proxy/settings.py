@@ -7,7 +7,7 @@ from typing import Any, Final, NamedTuple
 
 from decoder.record import WORKLOAD_PATTERN
 from monitor.settings.fields import setting
-from monitor.settings.parsers import parse_choice, parse_seconds, parse_str
+from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_str
 
 PROXY_KINDS: Final = ("auto", "vllm", "sglang", "llamacpp", "openai")
 BASELINE_POLICIES: Final = ("share", "member")
@@ -138,6 +138,14 @@ class ProxySettings:
         600.0,
         "longest wait for the upstream's response to start, or between two streamed chunks; past it the client "
         "gets 504 (default: 600)",
+    )
+    max_body_bytes: int = setting(
+        "proxy.max_body_bytes",
+        "DRAFTWATCH_PROXY_MAX_BODY_BYTES",
+        parse_int(1024),
+        100 * 1024 * 1024,
+        "largest request body a proxied route reads (413 past it): engines take long prompts and images that "
+        "api.max_body_bytes would refuse (default: 100 MiB)",
     )
     workload_header: str = setting(
         "proxy.workload_header",

@@ -148,8 +148,9 @@ def test_a_proxy_scope_token_guards_the_proxied_routes_apart_from_the_clients_au
             json=body,
             headers={"X-Draftwatch-Token": proxy_token, "Authorization": "Bearer upstream-key"},
         )
-    assert (missing.status_code, missing.json()["error"]) == (401, "missing_token")
-    assert "X-Draftwatch-Token" in missing.json()["message"]
+    # The proxied routes answer in the OpenAI error shape, which the engine's clients parse.
+    assert (missing.status_code, missing.json()["error"]["code"]) == (401, "missing_token")
+    assert "X-Draftwatch-Token" in missing.json()["error"]["message"]
     assert wrong.status_code == 403 and passed.status_code == 200
     (_, seen, _) = stub.seen[-1]
     assert seen["authorization"] == "Bearer upstream-key" and "x-draftwatch-token" not in seen
