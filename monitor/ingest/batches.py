@@ -98,7 +98,7 @@ class BatchSink:
         with self._lock:
             self.counts.written += outcome.stored
             self.counts.duplicates += outcome.duplicates
-            self.counts.database_available = True
+        self._available()
         self._durable(outcome.new, "written")
         return outcome
 
@@ -129,7 +129,8 @@ class BatchSink:
                 if group and not self._replay_group(group):
                     return False
                 spool.discard(segment)
-                log.info("replayed spool segment %s", segment.name)
+                # Per segment: an outage's end is the one line at INFO (_available), however long the spool.
+                log.debug("replayed spool segment %s", segment.name)
             return True
 
     def _replay_group(self, group: list[SpooledBatch]) -> bool:
@@ -145,7 +146,7 @@ class BatchSink:
         with self._lock:
             self.counts.replayed += sum(o.stored for o in outcomes)
             self.counts.duplicates += sum(o.duplicates for o in outcomes)
-            self.counts.database_available = True
+        self._available()
         for outcome in outcomes:
             self._durable(outcome.new, "replayed")
         return True
@@ -191,6 +192,14 @@ class BatchSink:
             self.counts.database_available = False
         if was_available:
             log.warning("database unreachable, spooling: %s", reason)
+
+    def _available(self) -> None:
+        """The database took a write: an outage, if there was one, is over (logged once, as its start was)."""
+        with self._lock:
+            was_available = self.counts.database_available
+            self.counts.database_available = True
+        if not was_available:
+            log.warning("database reachable again: writing, and replaying what was spooled")
 
     def _durable(self, batch: Sequence[RequestRecord], where: str) -> None:
         if self._on_durable is not None and batch:

@@ -15,7 +15,13 @@ fails a request: a response whose figures cannot be read is forwarded as is and 
 ``draftwatch_proxy_unrecorded_total``; recording goes through the recorder's queue (which spools
 when the database is away). An unreachable upstream gives 502 and a silent one 504, both in the
 OpenAI error shape and recorded as errors; a client that disconnects mid-stream closes the
-upstream request, recorded as an error ("client disconnected").
+upstream request, recorded as an error ("client disconnected"), as does one that leaves before the
+answer (the engine's request is cancelled); either way the replica's in-flight count is released.
+
+Every header passes, repeated ones included; compressed bodies pass with their ``Content-Encoding``
+and are read from a decoded copy (:mod:`monitor.proxy.encoding`). Any path of the engine that is not
+one of draftwatch's own route families is forwarded with any method (:class:`ProxyMiddleware`);
+only the generations (``RECORDED_PATHS``, POSTed) are recorded.
 """
 
 from __future__ import annotations
