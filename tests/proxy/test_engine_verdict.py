@@ -79,12 +79,11 @@ def servers() -> Iterator[tuple[LlamaServer, LlamaServer]]:
 
 def ask(client: httpx.Client, url: str, workload: str, prompt: str) -> dict[str, Any]:
     # The copy is a plain completion: the chat template's reply would open with a preamble to draft wrongly.
-    path, body = (
-        ("/v1/completions", {"prompt": prompt})
-        if workload == "copy"
-        else ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]})
-    )
-    body |= {"max_tokens": MAX_TOKENS, "temperature": 0}
+    body: dict[str, Any] = {"max_tokens": MAX_TOKENS, "temperature": 0}
+    if workload == "copy":
+        path, body["prompt"] = "/v1/completions", prompt
+    else:
+        path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
     response = client.post(f"{url}{path}", json=body, headers={"X-Workload": workload})
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
