@@ -8,7 +8,7 @@ After each drift run the scheduler compares every workload's net-loss verdict wi
   (verdict ``pays``): return it to speculation.
 
 The gap between "upper bound below 1" and "lower bound above 1" is the hysteresis: an inconclusive
-verdict changes nothing. ``proxy.route_min_dwell`` is the least time between two switches of one
+verdict changes nothing. ``proxy.route_min_dwell_s`` is the least time between two switches of one
 workload, so that a verdict that swings between runs cannot flap the route. Every switch is a row of
 ``routing_events`` (the proxy reads it, the dashboard marks it, the health check raises
 ``routing_changed``) and a line in the log.

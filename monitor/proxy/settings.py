@@ -102,15 +102,15 @@ class ProxySettings:
         "bound is above 1 again)",
     )
     route_min_dwell_s: float = setting(
-        "proxy.route_min_dwell",
-        "DRAFTWATCH_PROXY_ROUTE_MIN_DWELL",
+        "proxy.route_min_dwell_s",
+        "DRAFTWATCH_PROXY_ROUTE_MIN_DWELL_S",
         parse_seconds,
         1800.0,
         "shortest time a workload stays routed (or back) before the next switch, so that routing cannot flap",
     )
     route_refresh_s: float = setting(
-        "proxy.route_refresh",
-        "DRAFTWATCH_PROXY_ROUTE_REFRESH",
+        "proxy.route_refresh_s",
+        "DRAFTWATCH_PROXY_ROUTE_REFRESH_S",
         parse_seconds,
         10.0,
         "how often the proxy reads the routing decisions the scheduler made",
