@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from monitor.drift.queries import StoredResult
-from monitor.drift.verdict import HOW_TO_MEASURE, verdict_of
+from monitor.drift.verdict import HOW_TO_MEASURE, busiest, verdict_of
 from monitor.store.dashboard_queries import CurrentSetting, SpeedupInputs
 from monitor.store.types import WorkloadSummary
 
@@ -154,11 +154,9 @@ def _net_loss(findings: Sequence[StoredResult]) -> tuple[float, str] | None:
 
 def _verdict(findings: Sequence[StoredResult]) -> dict[str, str]:
     """The verdict of the workload's busiest pair; not measured (and how to measure it) without a net-loss result."""
-    verdicts = [verdict_of(f.result) for f in findings if f.result.test == "net_loss"]
-    if not verdicts:
-        return {}
-    v = max(verdicts, key=lambda v: v.n_speculative)
-    return {"verdict": v.verdict, "verdict_reason": v.reason}
+    # The findings are one workload's: at most one verdict is left.
+    chosen = busiest(verdict_of(f.result) for f in findings if f.result.test == "net_loss")
+    return {"verdict": v.verdict, "verdict_reason": v.reason} if (v := next(iter(chosen.values()), None)) else {}
 
 
 def table(rows: Sequence[OverviewRow]) -> list[dict[str, Any]]:

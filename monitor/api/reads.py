@@ -18,7 +18,7 @@ from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import Problem, described, off_calendar, validation_error
 from monitor.api.state import ApiState, api_state
-from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, latest_verdicts
+from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, busiest, latest_verdicts
 from monitor.store import queries, scrape
 from monitor.store.migrate import current_revision
 from monitor.store.rollups import minute_after, minute_of
@@ -136,9 +136,9 @@ async def workloads(
 
 
 def _verdict_fields(workload: str, verdicts: list[Verdict], routes: dict[str, RoutingEvent]) -> dict[str, Any]:
-    """Is speculation paying here: the latest drift run's verdict per pair (the busiest first), and the routing."""
-    mine = sorted((v for v in verdicts if v.workload == workload), key=lambda v: -v.n_speculative)
-    main = mine[0] if mine else Verdict(workload, None, "not_measured", HOW_TO_MEASURE)
+    """Is speculation paying here: the newest drift run's verdict (the busiest pair's, every pair's), the routing."""
+    mine = [v for v in verdicts if v.workload == workload]
+    main = busiest(mine).get(workload) or Verdict(workload, None, "not_measured", HOW_TO_MEASURE)
     route = routes.get(workload)
     return {
         "verdict": main.to_json(),

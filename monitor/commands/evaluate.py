@@ -73,6 +73,7 @@ from decoder.record import RecordError, RequestRecord, pooled_decode_ms_per_toke
 from decoder.workloads import builtin_workloads
 from monitor.commands.common import add_settings_arguments, run_with_engine, settings_from_args
 from monitor.config import ConfigError
+from monitor.drift.verdict import interval_verdict
 
 if TYPE_CHECKING:  # the HTTP client loads when a server is asked, not when --help is read
     import httpx
@@ -200,7 +201,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     return _store(args, reports, *target) if args.store else 0
 
 
-def with_verdicts(reports: list[dict[str, Any]], verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
+def with_verdicts(reports: list[dict[str, Any]], verdicts: Sequence[ServerVerdict]) -> list[dict[str, Any]]:
     """The reports' dicts with each server candidate's ``speedup_interval`` and ``verdict`` (``None``: no interval)."""
     found = {(v.workload, v.drafter): v for v in verdicts}
     for report in reports:
@@ -282,27 +283,8 @@ def measured_rows(rows: Sequence[SampleRow], *, learning: bool) -> dict[str, lis
     return {w: list(split(r)[1] if learning else r) for w, r in by_workload_of(rows).items()}
 
 
-def evaluate_servers(
-    servers: Sequence[str],
-    measured: Mapping[str, Sequence[SampleRow]],
-    *,
-    plain_server: str | None = None,
-    max_new_tokens: int = 64,
-    seed: int = 0,
-    progress: Progress | None = None,
-    client: httpx.Client | None = None,
-) -> list[WorkloadReport]:
-    """Each server's figures per workload on its ``measured`` rows, prompt by prompt in turn (plain first).
-
-    Raises :class:`ServerError` naming the server that failed and what to do.
-    """
-    reports, _ = measure_servers(servers, measured, plain_server=plain_server, max_new_tokens=max_new_tokens,
-                                 seed=seed, progress=progress, client=client)  # fmt: skip
-    return reports
-
-
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class ServerVerdict:
     """A server candidate's speedup over the plain server, with its bootstrap interval (95 %, over prompts)."""
 
     workload: str
@@ -315,8 +297,7 @@ class Verdict:
         """``pays`` (the interval above 1), ``net_loss`` (below 1), ``inconclusive``; ``None`` without an interval."""
         if self.interval is None:
             return None
-        low, high = self.interval
-        return "pays" if low > 1.0 else "net_loss" if high < 1.0 else "inconclusive"
+        return interval_verdict(*self.interval)
 
     def line(self) -> str:
         if self.interval is None:
@@ -336,8 +317,12 @@ def measure_servers(
     seed: int = 0,
     progress: Progress | None = None,
     client: httpx.Client | None = None,
-) -> tuple[list[WorkloadReport], list[Verdict]]:
-    """:func:`evaluate_servers`' reports, and each candidate's verdict from its speedup interval."""
+) -> tuple[list[WorkloadReport], list[ServerVerdict]]:
+    """Each server's figures per workload on its ``measured`` rows, prompt by prompt in turn (plain first), and each
+    candidate's verdict from its speedup interval.
+
+    Raises :class:`ServerError` naming the server that failed and what to do.
+    """
     if not servers:
         return [], []
     import httpx
@@ -369,7 +354,7 @@ def measure_servers(
                     )  # fmt: skip
                 results.append(result)
                 interval = speedup_interval(plain, records, seed=seed) if plain else None
-                verdicts.append(Verdict(workload, result.drafter, result.measured_speedup, interval))
+                verdicts.append(ServerVerdict(workload, result.drafter, result.measured_speedup, interval))
             # Where the embedded candidates learned on the other half, combined() keeps their report's counts.
             report = WorkloadReport(workload, 0, len(rows), None, results, recommendation=None, measured_best=None)
             report.plain_server_ms_per_token = plain_ms

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
@@ -63,6 +64,24 @@ class Verdict:
         }
 
 
+def interval_verdict(low: float, high: float) -> VerdictName:
+    """The verdict a speedup interval gives alone: above 1 ``pays``, below 1 ``net_loss``, else ``inconclusive``.
+
+    >>> interval_verdict(1.1, 1.4), interval_verdict(0.4, 0.9), interval_verdict(0.9, 1.2)
+    ('pays', 'net_loss', 'inconclusive')
+    """
+    return "pays" if low > 1.0 else "net_loss" if high < 1.0 else "inconclusive"
+
+
+def busiest(verdicts: Iterable[Verdict]) -> dict[str, Verdict]:
+    """Per workload, the verdict of its busiest pair (most speculative requests): the one it is shown and routed by."""
+    chosen: dict[str, Verdict] = {}
+    for v in verdicts:
+        if v.workload not in chosen or v.n_speculative > chosen[v.workload].n_speculative:
+            chosen[v.workload] = v
+    return chosen
+
+
 def verdict_of(result: DriftResult) -> Verdict:
     """The verdict of one stored ``net_loss`` result (see the module docstring)."""
     base = Verdict(result.workload or "", result.pair, "inconclusive", "", n_speculative=result.n_cur,
@@ -79,11 +98,12 @@ def verdict_of(result: DriftResult) -> Verdict:
     low, high = result.ci
     base = replace(base, speedup=result.effect, ci=(low, high), measured=measured)
     source = "measured on its own baseline" if measured else "estimated from the target's plain traffic"
+    # A net loss needs the test's decision (for the measured form q below the level too), not the interval alone.
     if result.decision == "drift":
         return replace(base, verdict="net_loss", reason=f"speculation is slower ({source}): {_interval(result)}")
-    if low > 1.0:
+    if interval_verdict(low, high) == "pays":
         return replace(base, verdict="pays", reason=f"speculation is faster ({source}): {_interval(result)}")
-    return replace(base, reason=f"the interval holds 1 ({source}): {_interval(result)}")
+    return replace(base, reason=f"no verdict at the test's level ({source}): {_interval(result)}")
 
 
 def latest_verdicts(engine: Engine) -> list[Verdict]:

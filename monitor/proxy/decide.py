@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
-from monitor.drift.verdict import Verdict
+from monitor.drift.verdict import Verdict, busiest
 from monitor.proxy.settings import ProxySettings
 from monitor.store.routing import RoutingEvent, latest_routing, record_switch
 
@@ -36,12 +36,8 @@ def decide_routes(
     if settings.on_net_loss != "route" or not settings.baseline_upstream:
         return []
     current = latest_routing(engine)
-    busiest: dict[str, Verdict] = {}
-    for v in verdicts:
-        if v.workload and (v.workload not in busiest or v.n_speculative > busiest[v.workload].n_speculative):
-            busiest[v.workload] = v
     switches = []
-    for workload, v in sorted(busiest.items()):
+    for workload, v in sorted(busiest(v for v in verdicts if v.workload).items()):
         last = current.get(workload)
         routed = bool(last and last.routed)
         if last is not None and now - last.ts < timedelta(seconds=settings.route_min_dwell_s):

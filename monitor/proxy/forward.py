@@ -306,7 +306,7 @@ class _Exchange:
         return (self.settings.kind == "auto" and self.route.member.stack) or self.settings.kind
 
     def _failure(self, fields: dict[str, Any], error: str) -> RequestRecord:
-        spec_mode: Mode = "speculative" if self.settings.speculative == "true" else "plain"
+        spec_mode: Mode = "speculative" if self.settings.deployment_speculative else "plain"
         return RequestRecord(
             request_id=_new_id(),
             ts_start=fields["ts_start"],

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from monitor.commands.evaluate import Verdict, speedup_interval
+from monitor.commands.evaluate import ServerVerdict, speedup_interval
 from monitor.commands.main import main
 from tests.proxy.upstream import fixture
 
@@ -180,8 +180,10 @@ def test_a_plain_openai_server_as_a_candidate_is_refused_with_what_each_engine_n
 
 
 def test_the_verdict_follows_the_interval() -> None:
-    assert Verdict("w", "d", 1.5, (1.2, 1.8)).word == "pays"
-    assert Verdict("w", "d", 0.7, (0.6, 0.9)).word == "net_loss"
-    assert Verdict("w", "d", 1.0, (0.9, 1.1)).word == "inconclusive"
-    assert Verdict("w", "d", None, None).word is None and "no verdict" in Verdict("w", "d", None, None).line()
+    assert ServerVerdict("w", "d", 1.5, (1.2, 1.8)).word == "pays"
+    assert ServerVerdict("w", "d", 0.7, (0.6, 0.9)).word == "net_loss"
+    assert ServerVerdict("w", "d", 1.0, (0.9, 1.1)).word == "inconclusive"
+    assert (
+        ServerVerdict("w", "d", None, None).word is None and "no verdict" in ServerVerdict("w", "d", None, None).line()
+    )
     assert speedup_interval([], []) is None
