@@ -24,8 +24,8 @@ import pytest
 from decoder.extras import EXTRAS
 from monitor.demo.receiver import Delivery, WebhookReceiver
 from tests.api.conftest import ADMIN, INGEST, TOKENS, auth
-from tests.api.test_api_decode import free_port
 from tests.drift.records import window_stream
+from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ABSENT = {*(m for modules in EXTRAS.values() for m in modules), "safetensors", "ninja", "torchgen"}

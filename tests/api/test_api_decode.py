@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -19,6 +15,7 @@ from monitor.api.app import create_app
 from tests.api.conftest import INGEST, READ, auth, make_settings, stored
 from tests.decoder.test_controller import pass_costs
 from tests.decoder.tiny import tiny_model
+from tests.serving import serving
 
 H = auth(INGEST)
 PROMPT = "a b c d a b c d a b c"
@@ -31,29 +28,12 @@ def tiny_decoder() -> SpeculativeDecoder:
     return SpeculativeDecoder(target, NgramDrafter(min_n=1, max_n=3), gamma=3)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def live_server(tmp_path: Path, sqlite_url: str) -> Iterator[str]:
     """The app on a real uvicorn server in this process, for clients that speak real HTTP (OpenAI's)."""
     app = create_app(make_settings(tmp_path, sqlite_url), decoder=tiny_decoder())
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving(app, log_level="warning") as url:
+        yield url
 
 
 def paying_decoder() -> SpeculativeDecoder:

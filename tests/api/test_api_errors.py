@@ -4,40 +4,17 @@ keep-alive connection still serves the next request."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from starlette.types import ASGIApp
 
 from monitor.api.app import create_app
 from tests.api.conftest import READ, auth, make_settings
-from tests.api.test_api_decode import free_port
-
-
-@contextmanager
-def serving(app: ASGIApp) -> Iterator[str]:
-    """``app`` on uvicorn in this process; its loggers propagate to pytest's (no logging config of its own)."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="info"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+from tests.serving import serving
 
 
 def test_a_500_keeps_the_connection_and_is_logged_once(

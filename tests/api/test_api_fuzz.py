@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import status_code_conformance
 
 from tests.api.conftest import ADMIN, auth
-from tests.api.test_api_decode import free_port
 from tests.api.test_api_serve_process import start
+from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = schemathesis.openapi.from_path(ROOT / "docs" / "openapi.json")

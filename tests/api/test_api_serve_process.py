@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow, RollupMinuteRow
 from tests.api.conftest import ADMIN, INGEST, TOKENS, auth, bodies, records
-from tests.api.test_api_decode import free_port
+from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

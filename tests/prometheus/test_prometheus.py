@@ -48,9 +48,9 @@ from monitor.store.routing import RoutingEvent, record_switch
 from monitor.store.scrape import ScrapeIntervalRow
 from monitor.store.types import Fence
 from tests.api.conftest import INGEST, READ, TOKENS, auth, bodies
-from tests.api.test_api_decode import free_port
 from tests.api.test_api_serve_process import start
 from tests.drift.records import window_stream
+from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs/grafana/draftwatch.json"

@@ -11,15 +11,12 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import threading
-import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import select
 from starlette.applications import Starlette
@@ -31,8 +28,8 @@ from monitor.api.app import create_app
 from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow
 from tests.api.conftest import make_settings
-from tests.api.test_api_decode import free_port
 from tests.proxy.upstream import fixture
+from tests.serving import serving
 
 CHAT = fixture("vllm", "chat-summary")["response"]
 
@@ -149,29 +146,10 @@ def stream_events(*, usage: bool, timings: bool = False, number: int = 1) -> lis
 
 
 @contextmanager
-def serving(app: Any, **options: Any) -> Iterator[str]:
-    """``app`` on uvicorn on a free loopback port; yields its base URL."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="warning", **options)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-@contextmanager
 def sidecar(tmp_path: Path, db_url: str, upstream_url: str, **env: str) -> Iterator[tuple[str, FastAPI]]:
     """The sidecar in proxy mode on real HTTP, with draftwatch serve's uvicorn options (no Server, no Date)."""
     app = create_app(make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream_url, **env))
-    with serving(app, server_header=False, date_header=False) as url:
+    with serving(app, server_header=False, date_header=False, log_level="warning") as url:
         yield url, app
 
 

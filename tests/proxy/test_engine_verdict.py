@@ -37,8 +37,8 @@ from monitor.proxy.decide import decide_routes
 from monitor.store.engine import create_engine
 from monitor.store.routing import latest_routing
 from tests.api.conftest import make_settings
-from tests.api.test_api_errors import serving
 from tests.proxy.test_proxy import rows
+from tests.serving import serving
 from tests.stacks.llama_server import BASE_ARGS, LlamaServer, llama_server, require_binary
 
 pytestmark = pytest.mark.models

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
 from monitor.api.app import create_app
-from monitor.store.engine import create_engine
-from monitor.store.models import RequestRow
 from tests.api.conftest import make_settings, stored
-from tests.api.test_api_decode import free_port
+from tests.proxy.engine import rows
 from tests.proxy.upstream import Upstream, proxy_sidecar
-
-
-def rows(db_url: str) -> list[dict[str, Any]]:
-    engine = create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(select(RequestRow.__table__))]
-    finally:
-        engine.dispose()
+from tests.serving import free_port
 
 
 def flush(client: TestClient) -> None:

@@ -37,9 +37,9 @@ from monitor.ingest.spool import Spool
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from tests.api.conftest import make_settings
-from tests.api.test_api_errors import serving
 from tests.monitor.private_pg import PrivatePostgres
 from tests.proxy.upstream import fixture
+from tests.serving import serving
 
 P99_BOUND_S = 1.0
 PROBE_TIMEOUT_S = 5.0  # a probe that waited on the frozen database would wait for ever

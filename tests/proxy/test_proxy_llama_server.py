@@ -19,8 +19,8 @@ import pytest
 from decoder.fetch import fetch_preset
 from monitor.api.app import create_app
 from tests.api.conftest import make_settings, stored
-from tests.api.test_api_errors import serving
 from tests.proxy.test_proxy import rows
+from tests.serving import serving
 from tests.stacks.llama_server import BASE_ARGS, LlamaServer, draft_args, llama_server, require_binary
 
 pytestmark = pytest.mark.models

@@ -21,9 +21,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.api.test_api_errors import serving
 from tests.proxy.test_proxy import flush, rows
 from tests.proxy.upstream import fixture, proxy_sidecar
+from tests.serving import serving
 
 META = fixture("sglang", "chat-meta-info")["response"]["choices"][0]["meta_info"]
 DETAILS = fixture("sglang", "completions-spec-tokens-details")["response"]["sglext"]["spec_tokens_details"]

@@ -21,8 +21,8 @@ import httpx
 
 from monitor.api.app import create_app
 from tests.api.conftest import make_settings
-from tests.api.test_api_errors import serving
 from tests.proxy.upstream import fixture
+from tests.serving import serving
 
 DROP = "drop"  # the user of a request the stand-in drops
 WARM = 64  # proxy's KEEPALIVE: every idle connection it keeps

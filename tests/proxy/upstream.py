@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from monitor.api.app import create_app
 from tests.api.conftest import make_settings
-from tests.api.test_api_errors import serving as serving_app
+from tests.serving import serving as serving_app
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 
