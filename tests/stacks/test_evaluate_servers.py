@@ -21,7 +21,7 @@ import pytest
 from decoder.controller import wilson_interval
 from decoder.evaluation import SampleRow
 from decoder.fetch import fetch_preset
-from monitor.commands.evaluate import evaluate_servers
+from monitor.commands.evaluate import measure_servers
 from monitor.commands.main import main
 from tests.stacks.llama_server import (
     BASE_ARGS,
@@ -85,7 +85,9 @@ def test_a_server_candidates_figures_are_the_servers_own_timings_summed(
     captured = Captured()
     measured = {"copy": ROWS[:2], "chat": ROWS[2:]}
     with httpx.Client(timeout=300, event_hooks={"response": [captured.hook]}) as client:
-        reports = evaluate_servers([candidate.url], measured, plain_server=plain.url, max_new_tokens=24, client=client)
+        reports, _ = measure_servers(
+            [candidate.url], measured, plain_server=plain.url, max_new_tokens=24, client=client
+        )
     assert [r.workload for r in reports] == ["copy", "chat"]
     # Prompt by prompt: the plain server, then the candidate; a chat through the chat endpoint, with its sampling.
     bases = [base for base, *_ in captured.exchanges]
