@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
+from decoder.record import RequestRecord
 from monitor.ingest.recorder import Recorder
 from monitor.ingest.settings import RecorderSettings
 from monitor.ingest.spool import Spool
@@ -117,22 +118,33 @@ def test_record_nowait_returns_with_the_queue_full_the_writer_hung_and_the_spool
     assert stored(engine) == 1 + accepted.count(True)
 
 
+def timed_out_settings(tmp_path: Path) -> RecorderSettings:
+    """Small batches, and a write counted as hung after 0.2 s."""
+    return RecorderSettings(
+        spool_dir=tmp_path / "spool", queue_size=20, batch_size=5, flush_interval_s=0.01, write_timeout_s=0.2
+    )
+
+
+def hang_the_first_write(recorder: Recorder, database: Gate, first: RequestRecord) -> float:
+    """Freeze the database under the first write and wait until the recorder counts it hung; returns a deadline."""
+    database.close()
+    recorder.record(first)
+    assert database.entered.wait(DEADLOCK_S)
+    deadline = time.monotonic() + DEADLOCK_S
+    while not recorder.stats().database_hung:
+        assert time.monotonic() < deadline, "the hung write was never noticed"
+        time.sleep(0.01)
+    return deadline
+
+
 def test_a_write_that_hangs_past_write_timeout_sends_batches_to_the_spool_until_it_returns(
     hung_engine: tuple[Engine, Gate], tmp_path: Path
 ) -> None:
     engine, database = hung_engine
-    settings = RecorderSettings(
-        spool_dir=tmp_path / "spool", queue_size=20, batch_size=5, flush_interval_s=0.01, write_timeout_s=0.2
-    )
+    settings = timed_out_settings(tmp_path)
     records = stream(200)
     with Recorder(engine, settings) as recorder:
-        database.close()
-        recorder.record(records[0])
-        assert database.entered.wait(DEADLOCK_S)
-        deadline = time.monotonic() + DEADLOCK_S
-        while not recorder.stats().database_hung:
-            assert time.monotonic() < deadline, "the hung write was never noticed"
-            time.sleep(0.01)
+        deadline = hang_the_first_write(recorder, database, records[0])
         assert not recorder.stats().database_available
         # Far more than the queue holds, all taken while the first write still hangs: the writer drains
         # the queue to the spool (each record waits for room here, so none goes to the hand-off).
@@ -157,18 +169,10 @@ def test_a_replay_that_runs_long_but_commits_is_not_taken_for_a_hung_database(
     hung_engine: tuple[Engine, Gate], tmp_path: Path
 ) -> None:
     engine, database = hung_engine
-    settings = RecorderSettings(
-        spool_dir=tmp_path / "spool", queue_size=20, batch_size=5, flush_interval_s=0.01, write_timeout_s=0.2
-    )
+    settings = timed_out_settings(tmp_path)
     records = stream(100)
     with Recorder(engine, settings) as recorder:
-        database.close()
-        recorder.record(records[0])
-        assert database.entered.wait(DEADLOCK_S)
-        deadline = time.monotonic() + DEADLOCK_S
-        while not recorder.stats().database_hung:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        deadline = hang_the_first_write(recorder, database, records[0])
         for rec in records[1:]:
             recorder.record(rec)
         while recorder.stats().spooled < len(records) - 1:  # 5 to a line: a replay of about 20 groups
