@@ -73,7 +73,6 @@ from decoder.record import RecordError, RequestRecord, pooled_decode_ms_per_toke
 from decoder.workloads import builtin_workloads
 from monitor.commands.common import add_settings_arguments, run_with_engine, settings_from_args
 from monitor.config import ConfigError
-from monitor.drift.verdict import interval_verdict
 
 if TYPE_CHECKING:  # the HTTP client loads when a server is asked, not when --help is read
     import httpx
@@ -297,6 +296,9 @@ class ServerVerdict:
         """``pays`` (the interval above 1), ``net_loss`` (below 1), ``inconclusive``; ``None`` without an interval."""
         if self.interval is None:
             return None
+        # The live verdict's rule; loaded here, since the drift room brings the database layer (not for --help).
+        from monitor.drift.verdict import interval_verdict
+
         return interval_verdict(*self.interval)
 
     def line(self) -> str:
