@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.engine import Connection, Engine
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 # Any fixed 64-bit number distinct from the migration lock's ("DWALERTS" in ASCII).
 EVALUATION_LOCK_KEY: Final = 0x4457414C45525453
-LABEL_KEYS: Final = ("workload", "pair", "metric", "job", "host")
 _STATE_FIELDS: Final = tuple(AlertState.__dataclass_fields__)
 ALERTS: Final = AlertRow.__table__
 
@@ -59,6 +58,45 @@ class Evaluation:
     transitions: dict[int, str] = field(default_factory=dict)
     notified: list[tuple[int, str]] = field(default_factory=list)
     outbox_rows: int = 0
+
+
+@dataclass(slots=True)
+class _Found:
+    """What this evaluation found for one alert: the rule that matched, its labels, each signal and its verdict."""
+
+    rule: Rule
+    labels: dict[str, str]
+    verdicts: list[bool | None] = field(default_factory=list)
+    signals: list[Signal] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """What every alert of one evaluation shares: the transaction, the config, the silences, the clock, the report."""
+
+    conn: Connection
+    config: AlertConfig
+    silences: Sequence[Silence]
+    now: datetime
+    report: Evaluation
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One alert under evaluation: its identity, its stored row (None: new) and what was found (None: nothing)."""
+
+    fp: str
+    rule: Rule
+    row: Any
+    found: _Found | None
+
+
+class _Shown(NamedTuple):
+    """What an alert shows receivers and the API: labels, annotations, value."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    value: float | None
 
 
 def signals_from_results(results: Iterable[Any]) -> list[Signal]:
@@ -111,14 +149,14 @@ def evaluate_signals(
 ) -> Evaluation:
     """Apply the ``source`` rules to ``signals``, reconcile notifications of every firing alert, write the outbox."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
-    verdicts: dict[str, tuple[Rule, dict[str, str], list[bool | None], list[Signal]]] = {}
+    verdicts: dict[str, _Found] = {}
     for signal in signals:
         for candidate in config.alerts.rules:
             if candidate.applies(source, signal.test, signal.labels.get("metric")):
                 fp = fingerprint(candidate.name, signal.labels)
-                entry = verdicts.setdefault(fp, (candidate, signal.labels, [], []))
-                entry[2].append(candidate.verdict(signal.decision, signal.effect))
-                entry[3].append(signal)
+                entry = verdicts.setdefault(fp, _Found(candidate, signal.labels))
+                entry.verdicts.append(candidate.verdict(signal.decision, signal.effect))
+                entry.signals.append(signal)
     rules = {r.name: r for r in config.alerts.rules}
     report = Evaluation()
     with engine.begin() as conn:
@@ -129,16 +167,15 @@ def evaluate_signals(
             extra = set(verdicts) - set(rows)
             query = select(ALERTS).where(ALERTS.c.fingerprint.in_(sorted(extra)))
             rows |= {r.fingerprint: r for r in conn.execute(query)} if extra else {}
-        silences = active_silences(conn, now)
+        run = _Pass(conn, config, active_silences(conn, now), now, report)
         notices: list[AlertView] = []
         states: list[AlertView] = []
         for fp in sorted(set(verdicts) | {f for f, r in rows.items() if r.state == "firing"}):
             row = rows.get(fp)
-            rule = rules.get(row.rule if row is not None else verdicts[fp][0].name)
+            rule = rules.get(row.rule if row is not None else verdicts[fp].rule.name)
             if rule is None or not rule.enabled:
                 continue  # a rule removed from the config: its alerts stay as they are
-            found = verdicts.get(fp)
-            notice, state = _evaluate_one(conn, config, rule, fp, row, found, silences, now, report)
+            notice, state = _evaluate_one(run, _Target(fp, rule, row, verdicts.get(fp)))
             notices += [notice] if notice is not None else []
             states += [state] if state is not None else []
         args = (config.receivers, config.alerts.group_by, config.external_url, now)
@@ -150,50 +187,42 @@ def evaluate_signals(
     return report
 
 
-def _evaluate_one(
-    conn: Connection,
-    config: AlertConfig,
-    rule: Rule,
-    fp: str,
-    row: Any,
-    found: tuple[Rule, dict[str, str], list[bool | None], list[Signal]] | None,
-    silences: Sequence[Silence],
-    now: datetime,
-    report: Evaluation,
-) -> tuple[AlertView | None, AlertView | None]:
+def _evaluate_one(run: _Pass, target: _Target) -> tuple[AlertView | None, AlertView | None]:
     """Step one alert, save it, and return the notice for webhooks (None: nothing to tell) and its state
     for receivers that mirror state (None unless it fires, or resolved in this evaluation)."""
-    cfg = config.alerts.state_config(rule)
+    rule, row, found = target.rule, target.row, target.found
+    cfg = run.config.alerts.state_config(rule)
     alert = _state_of(row)
     transition = None
     if found is not None:
-        verdicts = found[2]
+        verdicts = found.verdicts
         active = True if any(verdicts) else (False if any(v is False for v in verdicts) else None)
-        transition = step(alert, active, cfg, now)
+        transition = step(alert, active, cfg, run.now)
     if row is None and alert.state == "inactive":
         return None, None  # never active: no row for it
     if row is not None:
         labels = {**row.labels, "severity": rule.severity}
     else:
-        labels = {"alertname": rule.name, "severity": rule.severity, **(found[1] if found else {})}
-    notify = decide(alert, transition, cfg, now, is_silenced(silences, labels))
-    if found is not None and (row is None or any(found[2])):
+        labels = {"alertname": rule.name, "severity": rule.severity, **(found.labels if found else {})}
+    notify = decide(alert, transition, cfg, run.now, is_silenced(run.silences, labels))
+    if found is not None and (row is None or any(found.verdicts)):
         # Annotations describe the evidence that made the alert active; a clearing run keeps them.
-        annotations, value = _annotations(rule, found[3])
+        shown = _Shown(labels, *_annotations(rule, found.signals))
     else:
-        annotations, value = (row.annotations, row.value) if row is not None else ({}, None)
-    alert_id = _save(conn, row, fp, rule, labels, annotations, value, alert, now, found is not None)
+        shown = _Shown(labels, row.annotations, row.value) if row is not None else _Shown(labels, {}, None)
+    alert_id = _save(run, target, alert, shown)
     if transition is not None:
-        report.transitions[alert_id] = transition
+        run.report.transitions[alert_id] = transition
     if notify is not None:
-        report.notified.append((alert_id, notify))
-    start = alert.fired_at or alert.pending_since or now
+        run.report.notified.append((alert_id, notify))
+    start = alert.fired_at or alert.pending_since or run.now
 
     def view(status: str | None) -> AlertView | None:
         if status is None:
             return None
         end = alert.resolved_at if status == "resolved" else None
-        return AlertView(alert_id, fp, rule.name, rule.severity, status, labels, annotations, start, end, value)
+        labels, annotations, value = shown
+        return AlertView(alert_id, target.fp, rule.name, rule.severity, status, labels, annotations, start, end, value)
 
     state = "firing" if alert.state == "firing" else "resolved" if transition == "resolved" else None
     return view(notify), view(state)
@@ -218,25 +247,15 @@ def _annotations(rule: Rule, signals: Sequence[Signal]) -> tuple[dict[str, str],
     return {"summary": summary, "description": "; ".join(parts)}, value
 
 
-def _save(
-    conn: Connection,
-    row: Any,
-    fp: str,
-    rule: Rule,
-    labels: dict[str, str],
-    annotations: dict[str, str],
-    value: float | None,
-    alert: AlertState,
-    now: datetime,
-    evaluated: bool,
-) -> int:
+def _save(run: _Pass, target: _Target, alert: AlertState, shown: _Shown) -> int:
+    now, rule, row = run.now, target.rule, target.row
     values: dict[str, Any] = {name: getattr(alert, name) for name in _STATE_FIELDS}
-    values |= {"severity": rule.severity, "labels": labels, "annotations": annotations, "value": value}
-    values |= {"updated_at": now} | ({"last_eval_at": now} if evaluated else {})
+    values |= {"severity": rule.severity, **shown._asdict()}
+    values |= {"updated_at": now} | ({"last_eval_at": now} if target.found is not None else {})
     if row is None:
-        values |= {"fingerprint": fp, "rule": rule.name, "created_at": now, "last_eval_at": now}
-        return int(conn.execute(insert(AlertRow).values(**values).returning(AlertRow.id)).scalar_one())
-    conn.execute(update(AlertRow).where(AlertRow.id == row.id).values(**values))
+        values |= {"fingerprint": target.fp, "rule": rule.name, "created_at": now, "last_eval_at": now}
+        return int(run.conn.execute(insert(AlertRow).values(**values).returning(AlertRow.id)).scalar_one())
+    run.conn.execute(update(AlertRow).where(AlertRow.id == row.id).values(**values))
     return int(row.id)
 
 
