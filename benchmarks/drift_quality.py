@@ -191,7 +191,18 @@ def change_delay(
             if found is None:
                 tests = workload_tests(ref, cur)
                 nulls = [
-                    DriftResult("null", "m", n, n, 0.0, float(p), 0.0, None, "no_drift") for p in rng.random(n_null)
+                    DriftResult(
+                        test="null",
+                        metric="m",
+                        n_ref=n,
+                        n_cur=n,
+                        statistic=0.0,
+                        p=float(p),
+                        effect=0.0,
+                        ci=None,
+                        decision="no_drift",
+                    )
+                    for p in rng.random(n_null)
                 ]
                 decided = apply_bh(tests + nulls, LEVEL)[: len(tests)]
                 if any(r.decision == "drift" and r.test in family for r in decided):

@@ -52,15 +52,15 @@ class AcceptanceDrift(WindowedTest):
             statistic, p = float(u.statistic), float(u.pvalue)
         effect, ci = mean_difference(ref, cur, self.n_boot, self.ci_level)
         return DriftResult(
-            self.test,
-            self.metric,
-            len(ref),
-            len(cur),
-            statistic,
-            p,
-            effect,
-            ci,
-            "no_drift",
+            test=self.test,
+            metric=self.metric,
+            n_ref=len(ref),
+            n_cur=len(cur),
+            statistic=statistic,
+            p=p,
+            effect=effect,
+            ci=ci,
+            decision="no_drift",
             passes_floor=abs(effect) >= self.floor,
             detail={"mean_ref": float(ref.mean()), "mean_cur": float(cur.mean())},
         )

@@ -58,15 +58,15 @@ class LatencyRegression(WindowedTest):
         p95, ci95 = quantile_ratio(ref, cur, 0.95, self.n_boot, self.ci_level, rng)
         p50, ci50 = quantile_ratio(ref, cur, 0.50, self.n_boot, self.ci_level, rng)
         return DriftResult(
-            self.test,
-            self.metric,
-            len(ref),
-            len(cur),
-            float(u.statistic),
-            float(u.pvalue),
-            p95,
-            ci95,
-            "no_drift",
+            test=self.test,
+            metric=self.metric,
+            n_ref=len(ref),
+            n_cur=len(cur),
+            statistic=float(u.statistic),
+            p=float(u.pvalue),
+            effect=p95,
+            ci=ci95,
+            decision="no_drift",
             passes_floor=p95 >= 1.0 + self.floor,
             detail={
                 "p50_ratio": p50,

@@ -249,15 +249,15 @@ class NetLoss:
         used_spec, used_plain = strata.used()
         plain_mean, spec_mean = strata.means()
         return DriftResult(
-            self.test,
-            self.metric,
-            used_plain,
-            used_spec,
-            z,
-            p,
-            plain_mean / spec_mean,
-            ci,
-            decision,
+            test=self.test,
+            metric=self.metric,
+            n_ref=used_plain,
+            n_cur=used_spec,
+            statistic=z,
+            p=p,
+            effect=plain_mean / spec_mean,
+            ci=ci,
+            decision=decision,
             passes_floor=ci[1] < 1.0,
             note=note,
             detail={

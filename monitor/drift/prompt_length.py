@@ -55,15 +55,15 @@ class PromptLengthShift(WindowedTest):
         cur_boot = bootstrap_bin_shares(bin_index(cur, edges), n_bins, self.n_boot, "cur")
         draws = np.asarray(psi(ref_boot, cur_boot), dtype=float)
         return DriftResult(
-            self.test,
-            self.metric,
-            len(ref),
-            len(cur),
-            float(ks.statistic),
-            float(ks.pvalue),
-            effect,
-            distance_interval(effect, draws, self.ci_level),
-            "no_drift",
+            test=self.test,
+            metric=self.metric,
+            n_ref=len(ref),
+            n_cur=len(cur),
+            statistic=float(ks.statistic),
+            p=float(ks.pvalue),
+            effect=effect,
+            ci=distance_interval(effect, draws, self.ci_level),
+            decision="no_drift",
             passes_floor=effect >= self.floor,
             detail={"median_ref": float(np.median(ref)), "median_cur": float(np.median(cur))},
         )

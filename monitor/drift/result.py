@@ -5,9 +5,10 @@ whatever its p-value would have been. Otherwise it is ``drift`` only when the BH
 below the level **and** the effect passes the test's floor (``passes_floor``); else ``no_drift``.
 Results without a p-value (online detectors, speedup estimates) keep the decision their test gave.
 
->>> r = DriftResult("acceptance", "acceptance_rate", 200, 200, 3.1, 0.002, -0.12, (-0.16, -0.08), "no_drift",
-...                 passes_floor=True)
->>> s = DriftResult("latency", "ms_per_token", 200, 200, 0.4, 0.30, 1.01, (0.95, 1.08), "no_drift")
+>>> r = DriftResult(test="acceptance", metric="acceptance_rate", n_ref=200, n_cur=200, statistic=3.1, p=0.002,
+...                 effect=-0.12, ci=(-0.16, -0.08), decision="no_drift", passes_floor=True)
+>>> s = DriftResult(test="latency", metric="ms_per_token", n_ref=200, n_cur=200, statistic=0.4, p=0.30,
+...                 effect=1.01, ci=(0.95, 1.08), decision="no_drift")
 >>> [(x.test, round(x.q or 0, 3), x.decision) for x in apply_bh([r, s], level=0.01)]
 [('acceptance', 0.004, 'drift'), ('latency', 0.3, 'no_drift')]
 """
@@ -29,9 +30,12 @@ Decision = Literal["drift", "no_drift", "insufficient_data"]
 DECISIONS: Final = ("drift", "no_drift", "insufficient_data")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DriftResult:
-    """Statistic, p, q, effect with its confidence interval, sample sizes and the decision of one test."""
+    """Statistic, p, q, effect with its confidence interval, sample sizes and the decision of one test.
+
+    Keyword-only: nine fields in a row of numbers are too easy to pass in the wrong order.
+    """
 
     test: str
     metric: str
@@ -83,7 +87,16 @@ class DriftResult:
 def insufficient(test: str, metric: str, n_ref: int, n_cur: int, minimum: int) -> DriftResult:
     """The result of a test that did not run: too few requests in a window."""
     return DriftResult(
-        test, metric, n_ref, n_cur, None, None, None, None, "insufficient_data", note=f"fewer than {minimum} requests"
+        test=test,
+        metric=metric,
+        n_ref=n_ref,
+        n_cur=n_cur,
+        statistic=None,
+        p=None,
+        effect=None,
+        ci=None,
+        decision="insufficient_data",
+        note=f"fewer than {minimum} requests",
     )
 
 

@@ -73,15 +73,15 @@ class TrafficMixDrift(WindowedTest):
         cur_draws = rng.multinomial(n_cur, share_cur, self.n_boot) / n_cur
         draws = 0.5 * np.abs(ref_draws - cur_draws).sum(axis=1)
         return DriftResult(
-            self.test,
-            self.metric,
-            n_ref,
-            n_cur,
-            statistic,
-            p,
-            effect,
-            distance_interval(effect, draws, self.ci_level),
-            "no_drift",
+            test=self.test,
+            metric=self.metric,
+            n_ref=n_ref,
+            n_cur=n_cur,
+            statistic=statistic,
+            p=p,
+            effect=effect,
+            ci=distance_interval(effect, draws, self.ci_level),
+            decision="no_drift",
             passes_floor=effect >= self.floor,
             detail={
                 "share_ref": {w: round(ref.get(w, 0) / n_ref, 4) for w in names},

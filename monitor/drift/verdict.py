@@ -9,7 +9,8 @@
 * ``not_measured``: no plain requests at all; the speedup cannot be measured until a baseline exists.
 
 >>> from monitor.drift.result import DriftResult
->>> r = DriftResult("net_loss", "speedup", 40, 120, -3.0, 0.001, 0.45, (0.38, 0.53), "drift", workload="qa")
+>>> r = DriftResult(test="net_loss", metric="speedup", n_ref=40, n_cur=120, statistic=-3.0, p=0.001, effect=0.45,
+...                 ci=(0.38, 0.53), decision="drift", workload="qa")
 >>> v = verdict_of(r); v.verdict, v.speedup, v.measured
 ('net_loss', 0.45, True)
 >>> verdict_of(r.replace(effect=1.3, ci=(1.1, 1.5), decision="no_drift")).verdict

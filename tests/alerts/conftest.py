@@ -40,8 +40,19 @@ def make_settings(tmp_path: Path, db_url: str, webhooks: list[dict[str, Any]] | 
 
 def result(decision: str, effect: float | None, workload: str = "code", test: str = "acceptance") -> DriftResult:
     metric = {"acceptance": "acceptance_rate", "latency": "ms_per_token", "net_loss": "speedup"}[test]
-    return DriftResult(test, metric, 200, 200, 3.0, 1e-4, effect, None, decision, workload=workload,  # type: ignore
-                       pair="qwen-1.5b/model/qwen-0.5b")  # fmt: skip
+    return DriftResult(
+        test=test,
+        metric=metric,
+        n_ref=200,
+        n_cur=200,
+        statistic=3.0,
+        p=1e-4,
+        effect=effect,
+        ci=None,
+        decision=decision,  # type: ignore[arg-type]
+        workload=workload,
+        pair="qwen-1.5b/model/qwen-0.5b",
+    )
 
 
 def minutes(n: float) -> datetime:

@@ -114,7 +114,18 @@ def test_quick_demo_exits_zero_with_the_alert(tmp_path: Path) -> None:
 
 def test_a_finding_without_a_p_value_prints() -> None:
     # The net-loss estimate decides without a p-value; the summary printed '{None:.2g}' and crashed.
-    estimate = DriftResult("net_loss", "speedup", 40, 30, None, None, 0.87, (0.8, 0.95), "drift", note="estimate")
+    estimate = DriftResult(
+        test="net_loss",
+        metric="speedup",
+        n_ref=40,
+        n_cur=30,
+        statistic=None,
+        p=None,
+        effect=0.87,
+        ci=(0.8, 0.95),
+        decision="drift",
+        note="estimate",
+    )
     assert finding_line(estimate) == (
         "  net_loss/speedup: effect +0.870 (95% CI [+0.800, +0.950]), p=n/a, q=n/a, n_ref=40, n_cur=30 — estimate"
     )

@@ -101,7 +101,21 @@ def test_benjamini_hochberg_matches_the_definition() -> None:
     m = len(p)
     expected = [min(min(p[j] * m / (j + 1) for j in range(i, m)), 1.0) for i in range(m)]
     assert np.allclose(q, expected)
-    results = [DriftResult("t", "m", 100, 100, 1.0, pv, 1.0, (0.0, 2.0), "no_drift", passes_floor=True) for pv in p]
+    results = [
+        DriftResult(
+            test="t",
+            metric="m",
+            n_ref=100,
+            n_cur=100,
+            statistic=1.0,
+            p=pv,
+            effect=1.0,
+            ci=(0.0, 2.0),
+            decision="no_drift",
+            passes_floor=True,
+        )
+        for pv in p
+    ]
     decided = apply_bh(results, 0.05)
     # Unadjusted, five p-values are below 0.05; after BH only the first two are discoveries.
     assert [r.decision for r in decided].count("drift") == 2
