@@ -63,7 +63,8 @@ def sidecar(db_url: str, data_dir: Path, plain: str, speculative: str, min_reque
         # A speculative server's request that drafted nothing still decoded speculatively: it counts on that side.
         "DRAFTWATCH_PROXY_SPECULATIVE": "true",
         # Every other request of a workload to the baseline: equal sides, alternating in time.
-        "DRAFTWATCH_HOLDOUT_SHARE": "0.5", "DRAFTWATCH_HOLDOUT_MAX_SHARE": "0.5", "DRAFTWATCH_HOLDOUT_TARGET": "0",
+        "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0.5", "DRAFTWATCH_DECODER_HOLDOUT_MAX_SHARE": "0.5",
+        "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "0",
         "DRAFTWATCH_DRIFT_MIN_REQUESTS": str(min_requests),
         # One window holds the whole run.
         "DRAFTWATCH_DRIFT_CURRENT_WINDOW": "3h", "DRAFTWATCH_DRIFT_MAX_CURRENT_WINDOW": "3h",

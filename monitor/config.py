@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from monitor.settings.parsers import ConfigError, parse_path
 from monitor.store.settings import DatabaseSettings
 
 __all__ = ["ConfigError", "Settings", "all_specs", "default_config_file"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_FILE: Final = "draftwatch.toml"
 # The embedded decoder's own variables (decoder/fetch.py, decoder/loading.py, decoder/cpu/): read
@@ -160,6 +163,10 @@ def _lookup(environ: Mapping[str, str], config_file: Path | None) -> Lookup:
     def lookup(spec: Spec) -> tuple[str, Any] | None:
         if spec.env in environ:
             return spec.env, environ[spec.env]
+        for old in spec.renamed_from:
+            if old in environ:
+                log.warning("%s is deprecated and will stop working: rename it to %s", old, spec.env)
+                return old, environ[old]
         if spec.name in file_values:
             return f"{config_file}: {spec.name}", file_values[spec.name]
         return None
@@ -179,7 +186,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     >>> unknown_variables({"DRAFTWATCH_PROXY_UPSTEAM": "http://x", "DRAFTWATCH_API_PORT": "1"})
     ['DRAFTWATCH_PROXY_UPSTEAM is not a draftwatch setting and is ignored: did you mean DRAFTWATCH_PROXY_UPSTREAM?']
     """
-    known = {spec.env for _, spec in all_specs()} | {CONFIG_FILE_ENV, *DECODER_VARIABLES}
+    known = {env for _, spec in all_specs() for env in (spec.env, *spec.renamed_from)}
+    known |= {CONFIG_FILE_ENV, *DECODER_VARIABLES}
     warnings = []
     for name in sorted(environ):
         if name.startswith("DRAFTWATCH_") and name not in known:

@@ -7,7 +7,7 @@ share one alert (its fingerprint); it is active when any of them is, clear when 
 and unknown (the state machine holds) when every signal is ``insufficient_data``.
 
 Rules come from ``alerts.rules`` (TOML ``[[alerts.rules]]`` tables or a JSON list in
-``DRAFTWATCH_ALERT_RULES``): a table whose ``name`` is a default rule overrides its fields
+``DRAFTWATCH_ALERTS_RULES``): a table whose ``name`` is a default rule overrides its fields
 (``enabled = false`` switches it off); any other name adds a rule.
 
 >>> rules = parse_rules([{"name": "net_loss", "severity": "warning"}, {"name": "latency_regression", "enabled": False}])

@@ -45,11 +45,9 @@ class ApiSettings:
         "DRAFTWATCH_API_HOST",
         parse_str,
         "127.0.0.1",
-        "address `draftwatch serve` binds; anything but loopback needs api.tokens (default: 127.0.0.1)",
+        "address `draftwatch serve` binds; anything but loopback needs api.tokens",
     )
-    port: int = setting(
-        "api.port", "DRAFTWATCH_API_PORT", parse_int(0, 65535), 8321, "TCP port of `draftwatch serve` (default: 8321)"
-    )
+    port: int = setting("api.port", "DRAFTWATCH_API_PORT", parse_int(0, 65535), 8321, "TCP port of `draftwatch serve`")
     tokens: tuple[ApiToken, ...] = setting(
         "api.tokens",
         "DRAFTWATCH_API_TOKENS",
@@ -65,7 +63,7 @@ class ApiSettings:
         "DRAFTWATCH_API_MAX_BATCH_SIZE",
         parse_int(1),
         10_000,
-        "most records in one POST /v1/events (default: 10000)",
+        "most records in one POST /v1/events",
     )
     max_body_bytes: int = setting(
         "api.max_body_bytes",
@@ -79,14 +77,14 @@ class ApiSettings:
         "DRAFTWATCH_API_REQUEST_TIMEOUT_S",
         parse_seconds,
         60.0,
-        "longest time from a request's arrival to its response's start; 0 disables (default: 60)",
+        "longest time from a request's arrival to its response's start; 0 disables",
     )
     decode_queue_size: int = setting(
         "api.decode_queue_size",
         "DRAFTWATCH_API_DECODE_QUEUE_SIZE",
         parse_int(1),
         16,
-        "generation requests waiting for the decoder; beyond that the API answers 503 (default: 16)",
+        "generation requests waiting for the decoder; beyond that the API answers 503",
     )
 
     @property
@@ -101,25 +99,28 @@ class DecoderSettings:
 
     holdout_share: float = setting(
         "decoder.holdout_share",
-        "DRAFTWATCH_HOLDOUT_SHARE",
+        "DRAFTWATCH_DECODER_HOLDOUT_SHARE",
         parse_share,
         0.05,
         "share of a workload's requests decoded without speculation (mode holdout) to measure the speedup, once it "
-        "has decoder.holdout_target of them in the last drift.current_window (default: 0.05)",
+        "has decoder.holdout_target of them in the last drift.current_window",
+        renamed_from=("DRAFTWATCH_HOLDOUT_SHARE",),
     )
     holdout_target: int = setting(
         "decoder.holdout_target",
-        "DRAFTWATCH_HOLDOUT_TARGET",
+        "DRAFTWATCH_DECODER_HOLDOUT_TARGET",
         parse_int(0),
         30,
         "holdout requests per workload and drift.current_window that the measured net-loss test needs; below it a "
-        "workload's requests are held out at decoder.holdout_max_share (default: 30, as drift.min_requests; 0: off)",
+        "workload's requests are held out at decoder.holdout_max_share (as drift.min_requests; 0: off)",
+        renamed_from=("DRAFTWATCH_HOLDOUT_TARGET",),
     )
     holdout_max_share: float = setting(
         "decoder.holdout_max_share",
-        "DRAFTWATCH_HOLDOUT_MAX_SHARE",
+        "DRAFTWATCH_DECODER_HOLDOUT_MAX_SHARE",
         parse_share,
         0.2,
         "share held out while a workload is below decoder.holdout_target: the most a small workload pays for "
-        "measuring its speedup (default: 0.2)",
+        "measuring its speedup",
+        renamed_from=("DRAFTWATCH_HOLDOUT_MAX_SHARE",),
     )

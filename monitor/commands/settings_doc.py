@@ -53,7 +53,9 @@ def settings_table() -> str:
             value = getattr(value, attribute)
         meaning = spec.help.replace("|", "\\|")
         default = format_default(value).replace("|", "\\|")
-        lines.append(f"| `{spec.name}` | `{spec.env}` | `{default}` | {meaning} |")
+        # A renamed variable is still read (with a warning), so the table says which old name it answers to.
+        was = "".join(f" (was `{old}`)" for old in spec.renamed_from)
+        lines.append(f"| `{spec.name}` | `{spec.env}`{was} | `{default}` | {meaning} |")
     return "\n".join(lines)
 
 

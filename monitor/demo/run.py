@@ -43,7 +43,7 @@ def demo_environment(scenario: Scenario, workdir: Path, api_port: int, webhook_u
         "DRAFTWATCH_DATA_DIR": str(workdir),
         "DRAFTWATCH_DATABASE_URL": f"sqlite:///{workdir / 'draftwatch.db'}",
         "DRAFTWATCH_API_PORT": str(api_port),
-        "DRAFTWATCH_HOLDOUT_SHARE": "0.2",
+        "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0.2",
         "DRAFTWATCH_SCHEDULER_DRIFT_INTERVAL": scenario.drift_interval,
         "DRAFTWATCH_SCHEDULER_DELIVERY_INTERVAL": "2s",
         "DRAFTWATCH_SCHEDULER_LEASE_TTL_S": "10",

@@ -1,5 +1,8 @@
 """A setting is declared once, as a field of its room's section: name, environment variable, parser, default, help.
 
+The variable follows from the name by one rule (:func:`env_name`), so a reader who knows either
+knows the other; a spec that breaks the rule is refused where it is declared.
+
 A section is a frozen, keyword-only dataclass; each field made with :func:`setting` carries its
 :class:`Spec` in the field's metadata, so the section is at once the typed value the room reads
 and the row the README table and the resolver walk. Fields without a spec are the room's own
@@ -9,13 +12,13 @@ constants, not settings.
 >>> from monitor.settings.parsers import parse_int
 >>> @dataclass(frozen=True, kw_only=True)
 ... class Batch:
-...     size: int = setting("batch.size", "BATCH_SIZE", parse_int(1), 100, "records per batch")
->>> resolve(Batch, lambda spec: ("BATCH_SIZE", "7") if spec.env == "BATCH_SIZE" else None, Path("/d"))
+...     size: int = setting("batch.size", "DRAFTWATCH_BATCH_SIZE", parse_int(1), 100, "records per batch")
+>>> resolve(Batch, lambda spec: (spec.env, "7") if spec.env == "DRAFTWATCH_BATCH_SIZE" else None, Path("/d"))
 Batch(size=7)
->>> resolve(Batch, lambda spec: ("BATCH_SIZE", "0"), Path("/d"))
+>>> resolve(Batch, lambda spec: (spec.env, "0"), Path("/d"))
 Traceback (most recent call last):
 ...
-monitor.settings.parsers.ConfigError: BATCH_SIZE='0': expected an integer >= 1
+monitor.settings.parsers.ConfigError: DRAFTWATCH_BATCH_SIZE='0': expected an integer >= 1
 """
 
 from __future__ import annotations
@@ -29,9 +32,19 @@ from typing import Any, Final, TypeVar
 from monitor.settings.parsers import ConfigError, Parser
 
 _SPEC: Final = "draftwatch.setting"
+ENV_PREFIX: Final = "DRAFTWATCH_"
 T = TypeVar("T")
 # Where a raw value was found for a spec (a label such as the variable's name, and the value), or None.
 Lookup = Callable[["Spec"], tuple[str, Any] | None]
+
+
+def env_name(name: str) -> str:
+    """The environment variable of the setting ``name``: the prefix, then the name upper-cased, dots as ``_``.
+
+    >>> env_name("recorder.batch_size"), env_name("data_dir")
+    ('DRAFTWATCH_RECORDER_BATCH_SIZE', 'DRAFTWATCH_DATA_DIR')
+    """
+    return ENV_PREFIX + name.upper().replace(".", "_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +59,16 @@ class Spec:
     secret: bool = False
     # A default inside the data directory (the database file, the spool), computed at resolution.
     derive: Callable[[Path], Any] | None = None
+    # Variables it was read from before it followed the rule: users may still set them, so they are
+    # read (after the variable) with a warning that names the variable to set instead.
+    renamed_from: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.env != env_name(self.name):
+            raise ValueError(
+                f"setting {self.name!r}: variable {self.env!r} breaks the naming rule; name it {env_name(self.name)!r} "
+                "(an old name users may have set goes in renamed_from=)"
+            )
 
 
 def setting(
@@ -57,6 +80,7 @@ def setting(
     *,
     secret: bool = False,
     derive: Callable[[Path], Any] | None = None,
+    renamed_from: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field declaring one setting; ``default`` is the value when neither source sets it.
 
@@ -65,7 +89,7 @@ def setting(
     """
     if (derive is None) == (default is dataclasses.MISSING):
         raise ValueError(f"setting {name!r}: give a default or derive=, not both or neither")
-    metadata = {_SPEC: Spec(name, env, parse, help, secret, derive)}
+    metadata = {_SPEC: Spec(name, env, parse, help, secret, derive, renamed_from)}
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -32,5 +32,5 @@ class DatabaseSettings:
         "DRAFTWATCH_DATABASE_UPGRADE_ON_START",
         parse_bool,
         True,
-        "run the schema migrations when a service starts (default: true)",
+        "run the schema migrations when a service starts",
     )

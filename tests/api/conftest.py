@@ -34,7 +34,7 @@ def auth(token: str) -> dict[str, str]:
 
 def make_settings(tmp_path: Path, db_url: str, **env: str) -> Settings:
     environ = {"HOME": str(tmp_path), "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"), "DRAFTWATCH_API_TOKENS": TOKENS}
-    environ |= {"DRAFTWATCH_DATABASE_URL": db_url, "DRAFTWATCH_HOLDOUT_SHARE": "0", **env}
+    environ |= {"DRAFTWATCH_DATABASE_URL": db_url, "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0", **env}
     return Settings.from_env(environ, None)
 
 

@@ -75,7 +75,7 @@ def test_generate_returns_text_and_record(tmp_path: Path, db_url: str) -> None:
 
 
 def test_holdout_share_and_the_metrics(tmp_path: Path, sqlite_url: str) -> None:
-    settings = make_settings(tmp_path, sqlite_url, DRAFTWATCH_HOLDOUT_SHARE="1")
+    settings = make_settings(tmp_path, sqlite_url, DRAFTWATCH_DECODER_HOLDOUT_SHARE="1")
     with TestClient(create_app(settings, decoder=tiny_decoder())) as client:
         body = client.post("/v1/generate", json={"prompt": PROMPT, "max_new_tokens": 4}, headers=H).json()
         assert body["record"]["mode"] == "holdout" and body["record"]["num_draft_tokens"] == 0

@@ -16,7 +16,8 @@ from tests.api.test_api_decode import PROMPT, tiny_decoder
 
 def test_controller_state_is_saved_and_resumed(tmp_path: Path, sqlite_url: str) -> None:
     # No holdout at all (share and target 0): each request is the controller's own choice.
-    settings = make_settings(tmp_path, sqlite_url, DRAFTWATCH_HOLDOUT_SHARE="0", DRAFTWATCH_HOLDOUT_TARGET="0")
+    no_holdout = {"DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0", "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "0"}
+    settings = make_settings(tmp_path, sqlite_url, **no_holdout)
     first = tiny_decoder()
     with TestClient(create_app(settings, decoder=first)) as client:
         for workload in ("code", "code", "chat"):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
-from monitor.config import SECTIONS, ConfigError, Settings, all_specs, default_config_file
+from monitor.config import SECTIONS, ConfigError, Settings, all_specs, default_config_file, unknown_variables
+from monitor.settings.fields import Spec
+from monitor.settings.parsers import parse_int
 
 HOME = {"HOME": "/home/ada"}
 
@@ -71,13 +74,35 @@ def test_bad_file_values_and_unknown_keys_are_quoted(tmp_path: Path) -> None:
 
 def test_each_setting_is_declared_once_in_its_own_section() -> None:
     rows = list(all_specs())
-    assert len({spec.name for _, spec in rows}) == len({spec.env for _, spec in rows}) == len(rows) == 80
+    assert len({spec.name for _, spec in rows}) == len({spec.env for _, spec in rows}) == len(rows) == 84
     assert all(spec.env.startswith("DRAFTWATCH_") and spec.help for _, spec in rows)
     # A dotted name's table is the section that declares it (two lists of tables are top-level keys).
     for path, spec in rows[1:]:
         section, _, key = spec.name.rpartition(".")
         assert (section, key) == (path[0], path[1]) or spec.name in ("webhooks", "scrape"), spec.name
     assert set(SECTIONS) == {name for name, *_ in (path for path, _ in rows[1:])}
+
+
+def test_every_variable_is_its_setting_name_upper_cased_with_dots_as_underscores() -> None:
+    for _, spec in all_specs():
+        assert spec.env == "DRAFTWATCH_" + spec.name.upper().replace(".", "_"), spec.name
+    with pytest.raises(ValueError, match="'DRAFTWATCH_HOLD_SHARE' breaks the naming rule; name it 'DRAFTWATCH_X_SHARE"):
+        Spec("x.share", "DRAFTWATCH_HOLD_SHARE", parse_int(0), "a share")
+
+
+def test_a_renamed_variable_is_still_read_with_a_warning_naming_the_new_one(caplog: pytest.LogCaptureFixture) -> None:
+    rules = '[{"name": "acceptance_drop", "severity": "critical"}]'
+    old = {"DRAFTWATCH_HOLDOUT_TARGET": "7", "DRAFTWATCH_ALERT_RULES": rules}
+    with caplog.at_level(logging.WARNING, logger="monitor.config"):
+        s = Settings.from_env({**HOME, **old}, None)
+    assert s.decoder.holdout_target == 7
+    assert {r.name: r.severity for r in s.alerts.rules}["acceptance_drop"] == "critical"
+    new = "DRAFTWATCH_DECODER_HOLDOUT_TARGET"
+    assert f"DRAFTWATCH_HOLDOUT_TARGET is deprecated and will stop working: rename it to {new}" in caplog.messages
+    assert any("DRAFTWATCH_ALERT_RULES" in m and "DRAFTWATCH_ALERTS_RULES" in m for m in caplog.messages)
+    assert unknown_variables(old) == []  # a renamed variable is not a typo
+    both = {**HOME, "DRAFTWATCH_HOLDOUT_TARGET": "7", "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "9"}
+    assert Settings.from_env(both, None).decoder.holdout_target == 9  # the new name wins
 
 
 def test_the_prompt_sample_is_off_by_default_and_kept_apart_in_the_data_directory() -> None:
