@@ -41,7 +41,7 @@ import psycopg
 from benchmarks.http_ingest import free_port, wait_ready
 from benchmarks.results import write_section
 from monitor.ingest.synthetic import synthetic_record
-from tests.monitor.private_pg import PrivatePostgres
+from tests.private_pg import PrivatePostgres
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "Soak (benchmarks/soak.py)"

@@ -25,7 +25,7 @@ from monitor.ingest.spool import Spool
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RequestRow
-from tests.monitor.records import stream
+from tests.records import stream
 
 DEADLOCK_S = 20.0  # far beyond any call that does not wait on the hang
 

@@ -37,7 +37,7 @@ from monitor.ingest.spool import Spool
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from tests.api.conftest import make_settings
-from tests.monitor.private_pg import PrivatePostgres
+from tests.private_pg import PrivatePostgres
 from tests.proxy.upstream import fixture
 from tests.serving import serving
 

@@ -15,7 +15,7 @@ from decoder.record import RequestRecord
 from monitor.store import lengths, migrate, queries
 from monitor.store.rows import from_row
 from monitor.store.writer import REQUESTS, write_batch
-from tests.monitor.records import T0, api_record
+from tests.records import T0, api_record
 
 END = T0 + timedelta(hours=1)
 PROMPTS = (10, 255, 256, 1023, 1024, 5000)

@@ -19,8 +19,8 @@ from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RequestRow, RollupMinuteRow
 from tests.faults import refuse_value
-from tests.monitor.records import api_record, stream
 from tests.pg import PG_URL, drop_pg_database
+from tests.records import api_record, stream
 
 
 def stored_count(engine: Engine) -> tuple[int, int]:

@@ -20,15 +20,15 @@ from monitor.ingest.settings import RecorderSettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RequestRow, RollupMinuteRow
-from tests.monitor.private_pg import PrivatePostgres
-from tests.monitor.records import stream
+from tests.private_pg import PrivatePostgres
+from tests.records import stream
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def child(url: str, spool: Path, progress: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.monitor.recorder_child", url, str(spool), "--progress", str(progress), *args],
+        [sys.executable, "-m", "tests.ingest.recorder_child", url, str(spool), "--progress", str(progress), *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""A recording process for the failure tests: ``python -m tests.monitor.recorder_child URL SPOOL ...``.
+"""A recording process for the failure tests: ``python -m tests.ingest.recorder_child URL SPOOL ...``.
 
 It records ``--count`` synthetic records (ids ``<prefix>-<n>`` from ``--first``), appends every id
 the recorder reports durable (written, replayed or spooled) to ``--progress``, and prints its

@@ -16,7 +16,7 @@ from monitor.ingest.recorder import Recorder
 from monitor.ingest.settings import RecorderSettings
 from monitor.store.models import DeploymentEventRow, RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.store.rows import from_row
-from tests.monitor.records import T0, api_record, stream
+from tests.records import T0, api_record, stream
 
 
 def count(engine: Engine, table: type) -> int:

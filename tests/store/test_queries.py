@@ -15,7 +15,7 @@ from decoder.record import RequestRecord
 from monitor.ingest.recorder import Recorder
 from monitor.ingest.settings import RecorderSettings
 from monitor.store import queries
-from tests.monitor.records import T0, stream
+from tests.records import T0, stream
 
 END = T0 + timedelta(days=1)
 
@@ -113,7 +113,7 @@ def test_measured_speedup_is_the_decode_phase_of_its_construction(engine: Engine
     where plain ones are long (200): latency / output tokens would say 49.5 ms against 19 ms, a
     speedup of 0.38 that is all prompt reading.
     """
-    from tests.monitor.records import api_record
+    from tests.records import api_record
 
     counts = ("num_speculative_tokens", "num_spec_steps", "num_draft_tokens", "num_accepted_tokens")
     plain_counts: dict[str, object] = {name: 0 for name in counts}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from monitor.ingest.spool import Spool, decode_line, encode_line
-from tests.monitor.records import api_record, stream
+from tests.records import api_record, stream
 
 
 def test_lines_round_trip_and_detect_damage() -> None:
