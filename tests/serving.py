@@ -20,9 +20,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(app: ASGIApp, **options: Any) -> Iterator[str]:
-    """``app`` on uvicorn (``options``: uvicorn.Config's); its loggers propagate to pytest's. Yields its base URL."""
-    port = free_port()
+def serving(app: ASGIApp, port: int | None = None, **options: Any) -> Iterator[str]:
+    """``app`` on uvicorn (``options``: uvicorn.Config's), on ``port`` (a free one by default), its loggers
+    propagating to pytest's. Yields its base URL."""
+    port = port or free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, **{"log_level": "info", **options})
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -200,7 +200,10 @@ async def healthz(request: Request) -> Health:
     # Proxy mode: the database's health is a figure of its own, never a reason to restart the proxy.
     stats = state.recorder.stats()
     database = {"ok": stats.database_available, "hung": stats.database_hung, "spool_pending": stats.spool_pending}
-    return Health(status="ok", checks={"database": database})
+    members = list(state.router.members())
+    # The replicas passive health has taken out of their pools (proxy.eject_after), by host:port.
+    out = [m.upstream.netloc for m in members if not m.up]
+    return Health(status="ok", checks={"database": database, "upstreams": {"members": len(members), "out": out}})
 
 
 @router.get(
@@ -221,14 +224,14 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 async def proxy_readiness(state: ApiState) -> dict[str, dict[str, Any]]:
-    """Proxy mode: ready while the speculative pool takes connections, whatever the database does.
+    """Proxy mode: ready while a speculative pool's replica takes connections, whatever the database does.
 
     A proxy that forwards must stay behind its load balancer while the monitor's database is away
     or hangs (records spool meanwhile; ``/healthz`` and ``/metrics`` say how the database is), so
     the database is not asked here, and nothing here waits on it.
     """
     assert state.router is not None
-    members = state.router.speculative.members
+    members = [m for d in state.router.deployments for m in d.speculative.members]
     answers = await asyncio.gather(*(m.upstream.reachable(UPSTREAM_PROBE_S) for m in members))
     return {"upstream": {"ok": any(answers), "reachable": sum(answers), "members": len(members)}}
 

@@ -93,6 +93,8 @@ def mode_of(settings: Settings, decoder: SpeculativeDecoder | None) -> str:
     if not proxy.upstream:
         return "ingest only: POST /v1/events and the adapters" + (", scrape mode" if settings.scrape.targets else "")
     pool = f"proxy mode: {len(proxy.upstream)} speculative upstream(s)"
+    if proxy.routes:
+        pool += f", {len(proxy.routes)} model route(s)"
     if not proxy.baseline_upstream:
         return pool + ", no plain baseline (speedup not measured; add --baseline-upstream)"
     return (f"{pool}, {len(proxy.baseline_upstream)} plain baseline(s) by {proxy.baseline_policy}, "
@@ -124,6 +126,10 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.proxy.baseline_upstream and not settings.proxy.upstream:
         print("draftwatch serve: --baseline-upstream needs --upstream (the speculative stack it is compared with)",
               file=sys.stderr)  # fmt: skip
+        return 2
+    if settings.proxy.routes and not settings.proxy.upstream:
+        print("draftwatch serve: proxy.routes needs --upstream (proxy.upstream), the pool of the models no route "
+              "matches", file=sys.stderr)  # fmt: skip
         return 2
     if settings.proxy.upstream and args.target is not None:
         print("draftwatch serve: --upstream (proxy mode) and --target (the embedded decoder) exclude each other",

@@ -15,12 +15,21 @@ A workload the scheduler has routed to plain (``proxy.on_net_loss = route``) goe
 recorded as ``holdout`` with reason ``route``, except a probe share that the same holdout policy
 draws: those keep reaching the speculative pool, so the speedup is still measured and the workload
 can return. Either way both populations are random splits of the workload's own traffic.
+
+Several models (``[[proxy.routes]]``): each route is a :class:`Deployment` of its own, the pools of
+the models its ``model`` glob matches, read as its ``kind`` says, with its own baseline if it has
+one; a request's ``model`` picks the first route that matches, and the default deployment
+(``proxy.upstream``, ``proxy.baseline_upstream``) takes the rest. Inside the deployment chosen,
+everything above applies as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import fnmatch
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
@@ -28,10 +37,30 @@ from sqlalchemy.engine import Engine
 from decoder.holdout import Holdout, HoldoutPolicy, HoldoutReason
 from monitor.config import Settings
 from monitor.log_safe import traceback_text
-from monitor.proxy.pool import Member, Pool
+from monitor.proxy.pool import Ejection, Member, Pool
+from monitor.proxy.settings import ProxySettings
 from monitor.store.routing import latest_routing
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Deployment:
+    """The pools serving the models ``model`` matches: speculative, and its plain baseline (may be empty).
+
+    ``settings`` are the proxy's settings as this deployment's answers are read: ``proxy.*`` with
+    the route's ``kind``.
+    """
+
+    model: str
+    speculative: Pool
+    baseline: Pool
+    settings: ProxySettings
+
+    @property
+    def name(self) -> str:
+        """What the logs call it: its first replica's host:port."""
+        return self.speculative.members[0].upstream.netloc
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +68,7 @@ class Route:
     """Where one request goes; ``holdout_reason`` set when it is a baseline (plain) request."""
 
     member: Member
+    deployment: Deployment
     holdout_reason: HoldoutReason | None = None
 
     @property
@@ -47,56 +77,103 @@ class Route:
 
 
 class Router:
-    """Picks the replica of each proxied request (see the module docstring)."""
+    """Picks the deployment and the replica of each proxied request (see the module docstring)."""
 
     def __init__(
-        self, speculative: Pool, baseline: Pool, policy: HoldoutPolicy, *, baseline_policy: str = "share", seed: int = 0
+        self,
+        default: Deployment,
+        policy: HoldoutPolicy,
+        *,
+        baseline_policy: str = "share",
+        seed: int = 0,
+        routes: Sequence[Deployment] = (),
     ) -> None:
-        if not speculative:
-            raise ValueError("the speculative pool needs at least one upstream (proxy.upstream)")
+        for deployment in (*routes, default):
+            if not deployment.speculative:
+                raise ValueError(f"the deployment of model {deployment.model!r} needs at least one upstream")
         if baseline_policy not in ("share", "member"):
             raise ValueError(f"baseline_policy must be share or member, got {baseline_policy!r}")
-        self.speculative = speculative
-        self.baseline = baseline
+        self.default = default
+        self.routes = tuple(routes)
         self.baseline_policy = baseline_policy
         self._holdout = Holdout(policy, seed=seed)
         self._probe = Holdout(policy, seed=seed + 1)
         # Workloads the scheduler routed to plain; replaced whole by the refresh task.
         self.routed: frozenset[str] = frozenset()
 
-    def choose(self, workload: str) -> Route:
-        spec, base = self.speculative, self.baseline
+    @property
+    def deployments(self) -> tuple[Deployment, ...]:
+        """The routes' deployments in order, then the default."""
+        return (*self.routes, self.default)
+
+    def deployment(self, model: object) -> Deployment:
+        """The first route whose glob matches ``model`` (a request's body field, any type), else the default."""
+        if isinstance(model, str):
+            for deployment in self.routes:
+                if fnmatch.fnmatchcase(model, deployment.model):
+                    return deployment
+        return self.default
+
+    def choose(self, workload: str, model: object = None) -> Route:
+        """The replica of a generation: its model's deployment, then the baseline policy inside it."""
+        d = self.deployment(model)
+        spec, base = d.speculative, d.baseline
         if not base:
-            return Route(spec.pick())
+            return Route(spec.pick(), d)
         if workload in self.routed:
             if self._probe.draw(workload) is not None:
-                return Route(spec.pick())
-            return Route(base.pick(), "route")
+                return Route(spec.pick(), d)
+            return Route(base.pick(), d, "route")
         if self.baseline_policy == "member":
             member = spec.pick([*spec.members, *base.members])
-            return Route(member, "member" if member.pool == "baseline" else None)
+            return Route(member, d, "member" if member.pool == "baseline" else None)
         reason = self._holdout.draw(workload)
-        return Route(base.pick(), reason) if reason is not None else Route(spec.pick())
+        return Route(base.pick(), d, reason) if reason is not None else Route(spec.pick(), d)
 
-    def for_models(self) -> Route:
-        """Where what is not a generation goes (``/v1/models``): the speculative pool."""
-        return Route(self.speculative.pick())
+    def passing(self, model: object = None) -> Route:
+        """Where what is not a generation goes (``/v1/models``, embeddings, ...): its model's speculative pool."""
+        d = self.deployment(model)
+        return Route(d.speculative.pick(), d)
+
+    def members(self) -> Iterable[Member]:
+        for d in self.deployments:
+            yield from d.speculative.members
+            yield from d.baseline.members
+
+    def upstreams_up(self) -> list[tuple[tuple[tuple[str, str], ...], float]]:
+        """Each replica's labels (``upstream`` host:port, ``pool``) and 1 while it answers, 0 from its eject on."""
+        return [((("upstream", m.upstream.netloc), ("pool", m.pool)), float(m.up)) for m in self.members()]
 
     async def aclose(self) -> None:
-        await self.speculative.aclose()
-        await self.baseline.aclose()
+        for d in self.deployments:
+            await d.speculative.aclose()
+            await d.baseline.aclose()
 
 
 def build_router(settings: Settings, seed: int = 0) -> Router:
-    """The pools of ``proxy.upstream`` and ``proxy.baseline_upstream``, routed as the settings say."""
+    """The deployments of ``proxy.routes`` and the default one (``proxy.upstream``), routed as the settings say."""
     proxy = settings.proxy
+    ejection = Ejection(proxy.eject_after, proxy.eject_cooldown_s)
+
+    def deployment(model: str, upstream: Sequence[str], baseline: Sequence[str], kind: str) -> Deployment:
+        return Deployment(
+            model,
+            Pool.of("speculative", upstream, proxy.timeout_s, ejection),
+            Pool.of("baseline", baseline, proxy.timeout_s, ejection),
+            proxy if kind == proxy.kind else dataclasses.replace(proxy, kind=kind),
+        )
+
+    routes = [deployment(r.model, r.upstream, r.baseline_upstream, r.kind or proxy.kind) for r in proxy.routes]
     router = Router(
-        Pool.of("speculative", proxy.upstream, proxy.timeout_s),
-        Pool.of("baseline", proxy.baseline_upstream, proxy.timeout_s),
+        deployment("*", proxy.upstream, proxy.baseline_upstream, proxy.kind),
         settings.holdout_policy,
         baseline_policy=proxy.baseline_policy,
         seed=seed,
+        routes=routes,
     )
+    for d in router.routes:
+        log.info("proxy route: model %s to %d upstream(s) at %s (%s), %d plain baseline(s)", d.model,
+                 len(d.speculative.members), d.name, d.settings.kind, len(d.baseline.members))  # fmt: skip
     if proxy.baseline_upstream:
         how = "the holdout policy's share" if proxy.baseline_policy == "share" else "equal members of one pool"
         log.info(

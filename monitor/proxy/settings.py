@@ -1,17 +1,19 @@
-"""Proxy mode's settings: the upstream, its stack, how a proxied request's workload is named."""
+"""Proxy mode's settings: the upstreams, their stacks, how a proxied request's workload is named."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from decoder.record import WORKLOAD_PATTERN
 from monitor.settings.fields import setting
-from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_str
+from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_str, parse_tables
 
 PROXY_KINDS: Final = ("auto", "vllm", "sglang", "llamacpp", "openai")
 BASELINE_POLICIES: Final = ("share", "member")
 RULE_FIELDS: Final = ("model", "path", "user")
+ROUTE_KEYS: Final = ("model", "upstream", "kind", "baseline_upstream")
 
 
 class WorkloadRule(NamedTuple):
@@ -40,6 +42,64 @@ def parse_upstreams(raw: Any) -> tuple[str, ...]:
     if len(set(urls)) != len(urls):
         raise ValueError("expected each base URL once")
     return urls
+
+
+class ModelRoute(NamedTuple):
+    """``[[proxy.routes]]``: requests whose ``model`` matches ``model`` (exact, or an fnmatch glob) go to ``upstream``.
+
+    ``kind`` None is the proxy's own ``proxy.kind``; ``baseline_upstream`` is the route's own plain
+    baseline, taken as ``proxy.baseline_policy`` says.
+    """
+
+    model: str
+    upstream: tuple[str, ...]
+    kind: str | None = None
+    baseline_upstream: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        """As ``draftwatch config show`` prints it: ``qwen* -> [http://a:8000 http://b:8000] (vllm)``."""
+        kind = self.kind or "proxy.kind"
+        baseline = f", baseline [{' '.join(self.baseline_upstream)}]" if self.baseline_upstream else ""
+        return f"{self.model} -> [{' '.join(self.upstream)}] ({kind}{baseline})"
+
+
+def parse_routes(raw: Any) -> tuple[ModelRoute, ...]:
+    """``[[proxy.routes]]`` tables (a JSON list of the same objects in the environment), tried in order.
+
+    >>> parse_routes([{"model": "qwen*", "upstream": ["http://a:8000", "http://b:8000"], "kind": "vllm"}])[0].upstream
+    ('http://a:8000', 'http://b:8000')
+    >>> parse_routes([{"model": "llama", "upstream": "ftp://a"}])
+    Traceback (most recent call last):
+    ...
+    ValueError: route 1: upstream='ftp://a': expected an http:// or https:// base URL, such as http://127.0.0.1:8080
+    """
+    routes: list[ModelRoute] = []
+    for number, entry in enumerate(parse_tables(raw, "{model, upstream, kind, baseline_upstream} tables"), start=1):
+        if not isinstance(entry, dict):
+            raise ValueError(f"route {number}: expected a table with model and upstream, got {entry!r}")
+        unknown = sorted(set(entry) - set(ROUTE_KEYS))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], ROUTE_KEYS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"route {number}: unknown key {unknown[0]!r}{hint}: the keys are {', '.join(ROUTE_KEYS)}")
+        for key in ("model", "upstream"):
+            if key not in entry:
+                raise ValueError(f"route {number}: {key} is missing: each route needs model and upstream")
+        model = entry["model"]
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"route {number}: model={model!r}: expected a model name or a glob such as 'qwen*'")
+        values: dict[str, Any] = {}
+        for key, parse in (("upstream", parse_upstreams), ("baseline_upstream", parse_upstreams),
+                           ("kind", parse_choice(PROXY_KINDS))):  # fmt: skip
+            if key in entry:
+                try:
+                    values[key] = parse(entry[key])
+                except ValueError as error:
+                    raise ValueError(f"route {number}: {key}={entry[key]!r}: {error}") from None
+        if not values["upstream"]:
+            raise ValueError(f"route {number}: upstream=[]: expected at least one base URL")
+        routes.append(ModelRoute(model.strip(), **values))
+    return tuple(routes)
 
 
 def parse_workload_rules(raw: Any) -> tuple[WorkloadRule, ...]:
@@ -74,6 +134,31 @@ class ProxySettings:
         (),
         "base URLs of the speculative serving stack to forward to (proxy mode), e.g. http://127.0.0.1:8080; several "
         "(a TOML list, or comma-separated) make a pool balanced by least outstanding requests; none: no proxy",
+    )
+    routes: tuple[ModelRoute, ...] = setting(
+        "proxy.routes",
+        "DRAFTWATCH_PROXY_ROUTES",
+        parse_routes,
+        (),
+        "upstream pools by the request's model: [[proxy.routes]] tables (model, an exact name or a glob; upstream, "
+        "one URL or a list; kind, default proxy.kind; baseline_upstream), first match wins, a JSON list of the same "
+        "in the environment; a model no route matches goes to proxy.upstream",
+    )
+    eject_after: int = setting(
+        "proxy.eject_after",
+        "DRAFTWATCH_PROXY_EJECT_AFTER",
+        parse_int(1),
+        3,
+        "failures in a row (refused, reset, timed out, or answering 502/503/504) after which a replica leaves its "
+        "pool for proxy.eject_cooldown_s; with every replica out, the one due back first is still tried",
+    )
+    eject_cooldown_s: float = setting(
+        "proxy.eject_cooldown_s",
+        "DRAFTWATCH_PROXY_EJECT_COOLDOWN_S",
+        parse_seconds,
+        30.0,
+        "how long a failing replica stays out of its pool; then it is tried again, and one more failure sends it "
+        "out again",
     )
     baseline_upstream: tuple[str, ...] = setting(
         "proxy.baseline_upstream",

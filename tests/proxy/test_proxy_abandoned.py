@@ -38,8 +38,7 @@ def engine_url(engine: Engine) -> Iterator[str]:
 
 
 def inflight(app: FastAPI) -> list[int]:
-    router = app.state.api.router
-    return [m.inflight for m in (*router.speculative.members, *router.baseline.members)]
+    return [m.inflight for m in app.state.api.router.members()]
 
 
 def wait_for(condition: Any, what: str, within_s: float = 60) -> None:

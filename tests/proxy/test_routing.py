@@ -18,7 +18,7 @@ from decoder.holdout import HoldoutPolicy
 from monitor.drift.verdict import Verdict, VerdictName
 from monitor.proxy.decide import decide_routes
 from monitor.proxy.pool import Pool
-from monitor.proxy.routing import Route, Router
+from monitor.proxy.routing import Deployment, Route, Router
 from monitor.proxy.settings import ProxySettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
@@ -31,9 +31,12 @@ POLICY = HoldoutPolicy(share=0.01, target=30, max_share=0.2)
 T0 = datetime(2026, 3, 1, 12, tzinfo=UTC)
 
 
+def deployment(spec: tuple[str, ...] = SPEC, base: tuple[str, ...] = BASE, model: str = "*") -> Deployment:
+    return Deployment(model, Pool.of("speculative", spec, 10), Pool.of("baseline", base, 10), ProxySettings())
+
+
 def router(policy: str = "share", seed: int = 0) -> Router:
-    return Router(Pool.of("speculative", SPEC, 10), Pool.of("baseline", BASE, 10), POLICY,
-                  baseline_policy=policy, seed=seed)  # fmt: skip
+    return Router(deployment(), POLICY, baseline_policy=policy, seed=seed)
 
 
 def routes(r: Router, workload: str, n: int) -> list[Route]:
@@ -62,7 +65,7 @@ def test_share_keeps_each_workload_to_its_own_schedule() -> None:
 
 def test_member_sends_each_request_to_the_least_loaded_replica_and_says_so() -> None:
     r = router("member")
-    (spec_a, spec_b), (base,) = r.speculative.members, r.baseline.members
+    (spec_a, spec_b), (base,) = r.default.speculative.members, r.default.baseline.members
     spec_a.inflight, spec_b.inflight, base.inflight = 3, 2, 1
     route = r.choose("qa")
     assert (route.member, route.holdout_reason) == (base, "member")
@@ -92,9 +95,30 @@ def test_a_routed_workload_goes_to_the_baseline_but_for_its_probes() -> None:
 
 
 def test_without_a_baseline_everything_is_speculative() -> None:
-    r = Router(Pool.of("speculative", SPEC, 10), Pool("baseline"), POLICY)
+    r = Router(deployment(base=()), POLICY)
     r.routed = frozenset({"qa"})
     assert not any(route.baseline for route in routes(r, "qa", 50))
+
+
+def test_a_model_takes_the_first_route_it_matches_and_its_own_baseline_policy() -> None:
+    code = deployment(("http://127.0.0.1:12",), ("http://127.0.0.1:13",), "qwen*")
+    exact = deployment(("http://127.0.0.1:14",), (), "qwen-coder-7b")
+    r = Router(deployment(), POLICY, routes=[exact, code])
+    assert r.deployments == (exact, code, r.default)
+    assert {r.choose("qa", "qwen-coder-7b").member.upstream.url for _ in range(20)} == {"http://127.0.0.1:14"}
+    chosen = routes_for(r, "qa", "qwen-max", 50)
+    assert {route.deployment for route in chosen} == {code}
+    # The route's baseline is drawn by the same holdout policy as the default's: 20 % towards the target.
+    assert Counter(route.member.upstream.url for route in chosen) == {"http://127.0.0.1:12": 40,
+                                                                      "http://127.0.0.1:13": 10}  # fmt: skip
+    for model in ("mistral", None, 7, "Qwen-max"):  # no match, no model, not a string, another case
+        assert r.choose("chat", model).deployment is r.default
+        assert r.passing(model).deployment is r.default
+    assert r.passing("qwen-max").member.upstream.url == "http://127.0.0.1:12"
+
+
+def routes_for(r: Router, workload: str, model: str, n: int) -> list[Route]:
+    return [r.choose(workload, model) for _ in range(n)]
 
 
 # decide_routes

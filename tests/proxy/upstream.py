@@ -45,6 +45,7 @@ class Upstream:
         self.stream_pieces = ["Hel", "lo", " there"]
         self.stream_pause_s = 0.0
         self.fail_with: int | None = None
+        self.models: list[dict[str, Any]] = [{"id": self.chat["model"], "object": "model"}]
 
     def app(self) -> Starlette:
         return Starlette(
@@ -113,13 +114,13 @@ class Upstream:
 
     async def _models(self, request: Request) -> Response:
         await self._remember(request)
-        return JSONResponse({"object": "list", "data": [{"id": self.chat["model"], "object": "model"}]})
+        return JSONResponse({"object": "list", "data": self.models})
 
 
 @contextmanager
-def serving(upstream: Upstream) -> Iterator[str]:
-    """Serve ``upstream`` on a free loopback port; yields its base URL."""
-    with serving_app(upstream.app()) as url:
+def serving(upstream: Upstream, port: int | None = None) -> Iterator[str]:
+    """Serve ``upstream`` on a loopback port (a free one by default); yields its base URL."""
+    with serving_app(upstream.app(), port) as url:
         yield url
 
 
