@@ -16,6 +16,12 @@ never doubles it). ``record_nowait(rec)`` is the path of a caller that must neve
 proxy, on its event loop): a full queue hands the record to a spill thread that spools it, and
 when that hand-off is full as well the record is dropped and counted (``dropped``).
 
+A record in the queue dies with the process (a kill -9 loses about the last ``flush_interval_s`` of
+them). ``record_durable(rec)`` is for a caller that must not answer before its record would survive
+that (the proxy under ``recorder.spool_before_reply``): the spill thread appends it to the spool,
+fsync'd together with whatever else waits, and a future says when; the writer replays the spool
+within a flush interval, by the same path (and the same batch ids, so never twice) as after an outage.
+
 >>> import tempfile; from pathlib import Path; from datetime import datetime, UTC
 >>> from decoder.record import RequestRecord
 >>> from monitor.store.engine import create_engine
@@ -123,8 +129,9 @@ class Recorder:
         self._count_lock = threading.Lock()
         self._retry_at = 0.0
         self._threads: list[threading.Thread] = []
-        # record_nowait()'s hand-off when the queue is full, spooled by the spill thread.
-        self._spill: deque[RequestRecord] = deque()
+        # record_nowait()'s hand-off when the queue is full, and record_durable()'s with the future it
+        # waits on, spooled by the spill thread.
+        self._spill: deque[tuple[RequestRecord, Future[bool] | None]] = deque()
         self._spill_ready = threading.Condition(self._lock)
         self._spilling = 0  # taken by the spill thread, not yet spooled
         self._dropped = 0
@@ -160,10 +167,35 @@ class Recorder:
                     self._append(rec)
                     return True
                 if len(self._spill) < self._maxsize:
-                    self._spill.append(rec)
+                    self._spill.append((rec, None))
                     self._spill_ready.notify()
                     return True
-            self._dropped += 1
+        self._drop(1)
+        return False
+
+    def record_durable(self, rec: RequestRecord) -> Future[bool]:
+        """Have one record appended to the spool and fsync'd; the future is True once it is, and never raises.
+
+        Concurrent records share one spool line and one fsync. The hand-off is not bounded: each
+        caller waits for its own record, so it holds at most one record per request in flight. False
+        when the recorder is closed (dropped, counted) or the spool could not be written (the record
+        then goes through the queue, as ``record_nowait`` would). Raises :class:`RecordError` (naming
+        the field) for an invalid record.
+        """
+        self._validate(rec)
+        kept: Future[bool] = Future()
+        with self._lock:
+            if not self._closed:
+                self._spill.append((rec, kept))
+                self._spill_ready.notify()
+                return kept
+        self._drop(1)
+        kept.set_result(False)
+        return kept
+
+    def _drop(self, count: int) -> None:
+        with self._lock:
+            self._dropped += count
             dropped, now = self._dropped, time.monotonic()
             warn = now - self._drop_logged_at >= DROP_LOG_EVERY_S
             if warn:
@@ -172,7 +204,6 @@ class Recorder:
             log.warning(
                 "recorder queue and spill hand-off full (or recorder closed): %d record(s) dropped so far", dropped
             )
-        return False
 
     def _validate(self, rec: RequestRecord) -> None:
         try:
@@ -361,16 +392,29 @@ class Recorder:
                 take = spill.popleft
                 batch = [take() for _ in range(min(size, len(spill)))]
                 self._spilling += len(batch)
+            # Running from here on: a caller that stops waiting cannot cancel its record out of the batch.
+            waiters = [waiter for _, waiter in batch if waiter is not None and waiter.set_running_or_notify_cancel()]
+            durable = True
             try:
-                self._sink.spool(batch, new_batch_id())
-            except Exception as error:  # the spool's disk failed: nowhere left to keep them
+                self._sink.spool([rec for rec, _ in batch], new_batch_id())
+            except Exception as error:  # the spool's disk failed: a waited-for record goes the queue's way
+                durable = False
+                waited = [rec for rec, waiter in batch if waiter is not None]
                 with self._lock:
-                    self._dropped += len(batch)
-                log.error("spooling %d handed-off record(s) failed; dropped\n%s", len(batch), traceback_text(error))
+                    for rec in waited:
+                        self._append(rec)
+                if len(waited) < len(batch):
+                    self._drop(len(batch) - len(waited))
+                log.error(
+                    "spooling %d handed-off record(s) failed; %d dropped, %d queued instead\n%s",
+                    len(batch), len(batch) - len(waited), len(waited), traceback_text(error),
+                )  # fmt: skip
             finally:
                 with self._lock:
                     self._spilling -= len(batch)
                     self._progress.notify_all()
+                for waiter in waiters:
+                    waiter.set_result(durable)
 
     def _take_batch(self) -> list[RequestRecord]:
         interval, size, pending = self.settings.flush_interval_s, self.settings.batch_size, self._pending

@@ -9,7 +9,7 @@ from typing import Final
 
 from monitor.ingest.scrape.targets import ScrapeTarget, parse_targets
 from monitor.settings.fields import setting
-from monitor.settings.parsers import parse_choice, parse_int, parse_path, parse_seconds, parse_share
+from monitor.settings.parsers import parse_bool, parse_choice, parse_int, parse_path, parse_seconds, parse_share
 
 FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
 
@@ -70,6 +70,15 @@ class RecorderSettings:
         parse_int(1),
         1,
         "background writer threads (2 helps ingest throughput on PostgreSQL; SQLite gains nothing)",
+    )
+    spool_before_reply: bool = setting(
+        "recorder.spool_before_reply",
+        "DRAFTWATCH_RECORDER_SPOOL_BEFORE_REPLY",
+        parse_bool,
+        False,
+        "proxy mode: fsync each proxied request's record to the spool before the last byte of its response is "
+        "sent, so that a kill -9 loses no answered request (one fsync per request, shared by concurrent ones); "
+        "off, a kill -9 loses the records of about the last flush_interval_s",
     )
     spool_dir: Path = setting(
         "recorder.spool_dir",
