@@ -89,8 +89,10 @@ def start_stub(port: int) -> subprocess.Popen[bytes]:
     raise SystemExit("the stub upstream did not start")
 
 
-def start_sidecar(port: int, upstream: int, data: Path) -> subprocess.Popen[bytes]:
+def start_sidecar(port: int, upstream: int, data: Path, **settings: str) -> subprocess.Popen[bytes]:
+    """``draftwatch serve --upstream`` on a SQLite file in ``data``, with ``settings`` (DRAFTWATCH_* variables)."""
     env = {**os.environ, "DRAFTWATCH_DATA_DIR": str(data), "DRAFTWATCH_DATABASE_URL": f"sqlite:///{data / 'p.db'}"}
+    env |= settings
     env.pop("DRAFTWATCH_API_TOKENS", None)
     command = [sys.executable, "-m", "monitor.commands", "serve", "--port", str(port), "--no-scheduler"]
     command += ["--upstream", f"http://127.0.0.1:{upstream}", "--upstream-kind", "vllm"]

@@ -47,6 +47,9 @@ class Engine:
         self.cut_streams = 0  # streams the engine was made to stop (the client went away)
         self.finished_streams = 0
         self._streams = 0
+        # Each whole answer with an id of its own (the record's request_id), as streams have: for counting records.
+        self.number_answers = False
+        self._answers = 0
 
     def app(self) -> Starlette:
         return Starlette(
@@ -77,7 +80,8 @@ class Engine:
             error = {"object": "error", "message": "stream_options: extra inputs are not permitted", "code": 400}
             return JSONResponse(error, 400)
         if not body.get("stream"):
-            content = json.dumps(CHAT).encode()
+            self._answers += 1
+            content = json.dumps({**CHAT, "id": f"chatcmpl-w{self._answers}"} if self.number_answers else CHAT).encode()
             if self._gzips(request):
                 return Response(gzip.compress(content), headers={"content-encoding": "gzip"},
                                 media_type="application/json")  # fmt: skip
