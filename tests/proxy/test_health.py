@@ -104,3 +104,21 @@ def test_a_pool_whose_only_member_is_out_still_sends_to_it(tmp_path: Path, db_ur
         with serving(stub, port):
             assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
             assert metric(url, f"127.0.0.1:{port}") == "1"
+
+
+@pytest.mark.parametrize(("status", "ejected"), [(503, True), (502, True), (500, False), (429, False)])
+def test_the_engines_own_unavailability_ejects_it_and_an_error_about_the_request_does_not(
+    tmp_path: Path, db_url: str, status: int, ejected: bool
+) -> None:
+    failing, fine = Upstream(), Upstream()
+    failing.fail_with = status
+    with serving(failing) as failing_url, serving(fine) as fine_url:
+        env = {"DRAFTWATCH_PROXY_EJECT_AFTER": "2", "DRAFTWATCH_PROXY_EJECT_COOLDOWN_S": "600"}
+        with (
+            sidecar(tmp_path, db_url, f"{failing_url},{fine_url}", **env) as (url, _),
+            httpx.Client(base_url=url) as client,
+        ):
+            answers = [client.post("/v1/chat/completions", json=CHAT) for _ in range(8)]
+    # The engine's error reaches the client as it sent it, whether or not it ejects the replica.
+    assert {(a.status_code, a.json()["error"]["code"]) for a in answers if a.status_code != 200} == {(status, status)}
+    assert len(failing.seen) == (2 if ejected else 4) and len(fine.seen) == 8 - len(failing.seen)
