@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,6 +26,7 @@ from pydantic.json_schema import models_json_schema
 from sqlalchemy.engine import Engine
 
 from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, reads
+from monitor.api import metrics as prometheus  # the module of /metrics; `metrics` below is its Metrics
 from monitor.api.adapters import MODELS
 from monitor.api.auth import TokenSet, require
 from monitor.api.controller_state import STATE_FILE
@@ -33,9 +34,7 @@ from monitor.api.dates import DateMiddleware
 from monitor.api.decoding import DecodeWorker
 from monitor.api.events import EventBatchIn, EventIn
 from monitor.api.limits import LimitsMiddleware
-from monitor.api.metrics import Metrics
 from monitor.api.state import ApiState
-from monitor.api.store_figures import StoreFigures
 from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
@@ -69,7 +68,7 @@ def create_app(
 ) -> FastAPI:
     """The sidecar API over ``settings`` (database, tokens, limits); ``decoder`` enables generation."""
     tokens = TokenSet(settings.api.tokens)
-    metrics = Metrics(version=_version())
+    metrics = prometheus.Metrics(version=_version())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -106,8 +105,7 @@ def create_app(
         if settings.proxy.upstream:
             state.router = build_router(settings)
             routes = asyncio.create_task(refresh_routes(state.router, eng, settings.proxy.route_refresh_s))
-        metrics.add_collector(lambda: _own_figures(state))
-        metrics.add_families(StoreFigures(eng, settings).collect)
+        prometheus.watch(state)
         app.state.api = state
         try:
             yield
@@ -154,7 +152,7 @@ def create_app(
     app.add_middleware(DateMiddleware)
     # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.
     served = (forward,) if settings.proxy.upstream else (generate, openai_chat)
-    for module in (ingest, *served, reads, alerts, drift):
+    for module in (ingest, *served, reads, prometheus, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)
     if not open_docs:
@@ -182,72 +180,6 @@ async def _upgrade_until_done(engine: Engine, tried: asyncio.Event) -> None:
     tried.set()
     if failed:
         log.info("schema upgrade succeeded")
-
-
-def _own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
-    stats = state.recorder.stats()
-    yield "draftwatch_recorder_queued_records", "Records waiting in the recorder's queue.", "gauge", stats.queued
-    for name in ("written", "spooled", "replayed", "duplicates", "rejected", "failed"):
-        yield (
-            f"draftwatch_recorder_{name}_total",
-            f"Records the recorder {name} (cumulative).",
-            "counter",
-            float(getattr(stats, name)),
-        )
-    yield (
-        "draftwatch_recorder_spool_pending",
-        "1 while spooled records wait for the database.",
-        "gauge",
-        float(stats.spool_pending),
-    )
-    yield (
-        "draftwatch_recorder_database_available",
-        "1 when the last write reached the database.",
-        "gauge",
-        float(stats.database_available),
-    )
-    if state.router is not None:
-        yield (
-            "draftwatch_proxy_unrecorded_total",
-            "Proxied responses forwarded but not recorded (their figures could not be read).",
-            "counter",
-            float(state.proxy_unrecorded),
-        )
-        yield (
-            "draftwatch_recorder_dropped_total",
-            "Proxied records dropped: the recorder's queue and its spill hand-off were both full.",
-            "counter",
-            float(stats.dropped),
-        )
-        yield (
-            "draftwatch_recorder_database_hung",
-            "1 while a database call has run past recorder.write_timeout_s (records spool meanwhile).",
-            "gauge",
-            float(stats.database_hung),
-        )
-    if state.capture is not None:
-        captured = state.capture.stats()
-        for name, meaning in (
-            ("considered", "Requests the prompt sample considered (past capture.share)."),
-            ("kept", "Considered prompts that entered their workload's reservoir."),
-            ("unusable", "Considered requests without a text prompt evaluate can replay."),
-            ("dropped", "Considered prompts dropped because the capture queue was full."),
-            ("failed", "Considered prompts lost to an error reading the request or writing the file."),
-        ):
-            yield f"draftwatch_capture_{name}_total", meaning, "counter", float(getattr(captured, name))
-    if state.worker is not None:
-        yield (
-            "draftwatch_decode_queue_depth",
-            "Generation requests waiting for the decoder.",
-            "gauge",
-            float(state.worker.depth),
-        )
-        yield (
-            "draftwatch_decode_rejected_total",
-            "Generation requests refused with 503 (queue full).",
-            "counter",
-            float(state.worker.rejected),
-        )
 
 
 def _document_bodies(app: FastAPI) -> None:

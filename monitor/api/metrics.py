@@ -1,5 +1,8 @@
-"""Prometheus text exposition of what this sidecar recorded, with names parallel to vLLM's ``spec_decode_*``.
+"""``GET /metrics``: the Prometheus text exposition of this sidecar; the route and every figure it renders.
 
+Three kinds of figure, in exposition order:
+
+**Recorded by this process** (:class:`Metrics`), with names parallel to vLLM's ``spec_decode_*``.
 Counters are per process and count records when this process made them durable (committed or
 fsync'd to the spool), ingested or decoded alike; Prometheus sums replicas. A record re-sent with a
 known ``request_id`` is stored once and counted once; only one that arrives while the database is
@@ -14,6 +17,35 @@ work from the first scrape. Label sets are bounded: after :data:`MAX_LABEL_SETS`
 workload tag can take), and per-position counts beyond :data:`MAX_POSITIONS` under ``position="_other"``,
 so a hostile client cannot blow up the series count.
 
+**This process's state** (:func:`own_figures`), read at every scrape: the recorder's queue, totals
+and database, the proxy's unrecorded responses, the prompt sample's counts, the decode queue; in
+proxy mode also each replica's ``draftwatch_proxy_upstream_up{upstream, pool}`` (:func:`upstreams_up`).
+
+**The database's figures** (:class:`StoreFigures`): the signals the built-in alert rules judge, and
+the alerts' states.
+
+* ``draftwatch_drift_decision{workload, pair, test, metric, decision}``: the newest drift run's
+  results, one series per decision (``drift``, ``no_drift``, ``insufficient_data``), 1 for the
+  result's own; ``draftwatch_drift_effect`` their effects (NaN where a test has none) and
+  ``draftwatch_drift_last_run_timestamp_seconds`` when that run finished.
+* ``draftwatch_health_signal{check, scheduler_job, host}``: the health checks the scheduler's
+  ``health`` job judges (:func:`monitor.scheduler.health.health_signals`), 1 when active. The job
+  label is ``scheduler_job``: Prometheus keeps ``job`` for its scrape job.
+* ``draftwatch_alerts{alertname, severity, state}``: pending and firing alerts per rule, zero for
+  every enabled rule.
+* ``draftwatch_scrape_target_up{scrape_target}`` (1: its last scrape succeeded) and
+  ``draftwatch_scraped_acceptance_rate{workload, target, drafter, scrape_target}``: scrape mode's
+  targets and the acceptance of their series over the last ``drift.current_window`` (accepted /
+  drafted tokens; SGLang's gauge averaged), so that panels and rules see scraped engines too.
+* ``draftwatch_speculation_speedup{workload, pair}`` and ``draftwatch_speculation_verdict{workload,
+  pair, verdict}``: the newest drift run's net-loss verdict (:mod:`monitor.drift.verdict`).
+
+These are the same for every replica of one database, so rules take ``max`` over them
+(docs/prometheus/draftwatch-rules.yml). A scrape never waits long on the database: the figures are
+read at most every :data:`MAX_AGE_S`, on a thread of their own, and a scrape waits :data:`WAIT_S`
+for a read it started before it takes the last figures read. When a read fails, the last figures
+stay (``draftwatch_recorder_database_available`` says why).
+
 >>> m = Metrics(); from monitor.ingest.synthetic import synthetic_record
 >>> m.observe([synthetic_record(1, workload="code")], "written")
 >>> for line in m.render().splitlines():
@@ -27,14 +59,40 @@ draftwatch_requests_total{workload="code",target="qwen-coder-1.5b",drafter="mode
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+from sqlalchemy.engine import Engine
 
 from decoder.record import MODES, RequestRecord
+from monitor.alerts.evaluate import Signal
+from monitor.alerts.queries import AlertItem, list_alerts
+from monitor.api import reads
+from monitor.api.auth import GuardedRoute
+from monitor.api.state import ApiState, api_state
+from monitor.config import Settings
+from monitor.drift.queries import StoredResult, latest_results, latest_run
+from monitor.drift.result import DECISIONS
+from monitor.drift.verdict import VERDICTS, verdict_of
+from monitor.log_safe import describe
+from monitor.scheduler.health import health_signals
+from monitor.store.scrape import ScrapedSummary, TargetHealth, scraped_summaries, target_health
 from monitor.store.types import Pair
+
+if TYPE_CHECKING:
+    from monitor.proxy.routing import Router
+
+log = logging.getLogger(__name__)
+router = APIRouter(tags=["read"], route_class=GuardedRoute)
 
 MAX_LABEL_SETS: Final = 200
 MAX_POSITIONS: Final = 32
@@ -248,3 +306,261 @@ def _number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+MAX_AGE_S: Final = 5.0
+WAIT_S: Final = 0.25
+ALERT_STATES: Final = ("pending", "firing")
+# An alert row per fingerprint: far fewer pending or firing ones than this in any real database.
+MAX_ALERT_ROWS: Final = 10_000
+_SIGNAL_LABELS: Final = {"job": "scheduler_job", "host": "host"}
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRead:
+    """One read of the database's figures."""
+
+    finished_at: datetime | None  # of the newest drift run
+    results: Sequence[StoredResult]
+    health: Sequence[Signal]
+    alerts: Sequence[AlertItem]
+    scraped: Sequence[ScrapedSummary] = ()
+    targets: Sequence[TargetHealth] = ()
+
+
+def store_families(read: StoreRead | None, settings: Settings) -> list[Family]:
+    """The families of one read (``None``: nothing read yet, so HELP, TYPE and the alerts' zeros only)."""
+    decisions: list[tuple[Labels, float]] = []
+    effects: list[tuple[Labels, float]] = []
+    keys: set[tuple[str | None, str | None]] = set()
+    for stored in read.results if read else ():
+        r = stored.result
+        if (r.workload, r.pair) not in keys and len(keys) >= MAX_LABEL_SETS:
+            continue  # GET /v1/drift has them all
+        keys.add((r.workload, r.pair))
+        named = (("workload", r.workload), ("pair", r.pair), ("test", r.test), ("metric", r.metric))
+        labels = tuple((k, v) for k, v in named if v)
+        decisions += [((*labels, ("decision", d)), float(d == r.decision)) for d in DECISIONS]
+        effects.append((labels, math.nan if r.effect is None else r.effect))
+    finished = [((), read.finished_at.timestamp())] if read and read.finished_at else []
+    speedups, verdicts = _verdict_samples(read)
+    health = [_health_sample(signal) for signal in (read.health if read else ())]
+    return [
+        Family(
+            "draftwatch_drift_decision", "Decisions of the newest drift run, 1 for the one taken.", "gauge", decisions
+        ),
+        Family("draftwatch_drift_effect", "Effects of the newest drift run's tests (NaN: none).", "gauge", effects),
+        Family("draftwatch_drift_last_run_timestamp_seconds", "When the newest drift run finished.", "gauge", finished),
+        Family("draftwatch_health_signal", "The scheduler's health checks, 1 when active.", "gauge", health),
+        Family(
+            "draftwatch_speculation_speedup",
+            "Measured decode speedup of speculation over plain decoding per workload and pair (newest drift run; "
+            "NaN: not measured).",
+            "gauge",
+            speedups,
+        ),
+        Family(
+            "draftwatch_speculation_verdict",
+            "Is speculation paying, per workload and pair: 1 for the verdict taken (pays, net_loss, inconclusive, "
+            "not_measured).",
+            "gauge",
+            verdicts,
+        ),
+        Family("draftwatch_alerts", "Pending and firing alerts per rule.", "gauge", _alert_counts(read, settings)),
+        Family(
+            "draftwatch_scrape_target_up",
+            "Scrape mode: 1 when a target's last scrape succeeded.",
+            "gauge",
+            [((("scrape_target", t.name),), float(t.status == "up")) for t in (read.targets if read else ())],
+        ),
+        Family(
+            "draftwatch_scraped_acceptance_rate",
+            "Scrape mode: acceptance of a target's series over the drift window (aggregate, per interval).",
+            "gauge",
+            [_scraped_sample(s) for s in (read.scraped if read else ())[:MAX_LABEL_SETS]],
+        ),
+    ]
+
+
+def _verdict_samples(read: StoreRead | None) -> tuple[list[tuple[Labels, float]], list[tuple[Labels, float]]]:
+    speedups: list[tuple[Labels, float]] = []
+    verdicts: list[tuple[Labels, float]] = []
+    for stored in read.results if read else ():
+        if stored.result.test != "net_loss" or len(speedups) >= MAX_LABEL_SETS:
+            continue
+        v = verdict_of(stored.result)
+        labels: Labels = (("workload", v.workload), ("pair", v.pair or ""))
+        speedups.append((labels, math.nan if v.speedup is None else v.speedup))
+        verdicts += [((*labels, ("verdict", name)), float(name == v.verdict)) for name in VERDICTS]
+    return speedups, verdicts
+
+
+def _scraped_sample(summary: ScrapedSummary) -> tuple[Labels, float]:
+    named = (("workload", summary.workload), ("target", summary.target_model), ("drafter", summary.drafter))
+    rate = summary.acceptance_rate if summary.acceptance_rate is not None else summary.accept_rate_gauge
+    return (*named, ("scrape_target", summary.target)), math.nan if rate is None else rate
+
+
+def _health_sample(signal: Signal) -> tuple[Labels, float]:
+    labels = tuple((_SIGNAL_LABELS.get(k, k), v) for k, v in sorted(signal.labels.items()))
+    return (("check", signal.test), *labels), float(signal.decision == "drift")
+
+
+def _alert_counts(read: StoreRead | None, settings: Settings) -> list[tuple[Labels, float]]:
+    counts: dict[Labels, float] = {
+        (("alertname", rule.name), ("severity", rule.severity), ("state", state)): 0.0
+        for rule in settings.alerts.rules
+        if rule.enabled
+        for state in ALERT_STATES
+    }
+    for alert in read.alerts if read else ():
+        labels = (("alertname", alert.rule), ("severity", alert.severity), ("state", alert.state))
+        counts[labels] = counts.get(labels, 0.0) + 1
+    return sorted(counts.items())
+
+
+def read_figures(engine: Engine, settings: Settings) -> StoreRead:
+    run = latest_run(engine)
+    now = datetime.now(UTC)
+    return StoreRead(
+        finished_at=run.finished_at if run else None,
+        results=latest_results(engine, run_id=run.run_id) if run else [],
+        health=health_signals(engine, settings, now),
+        alerts=list_alerts(engine, ALERT_STATES, limit=MAX_ALERT_ROWS),
+        scraped=scraped_summaries(engine, now - settings.drift.current_window, now),
+        targets=target_health(engine),
+    )
+
+
+class StoreFigures:
+    """The collector of the database's figures, read on a thread of its own (see the module docstring)."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self._engine, self._settings = engine, settings
+        self._lock = threading.Lock()
+        self._families = store_families(None, settings)
+        self._read_at = -math.inf
+        self._reading: threading.Thread | None = None
+        self._failing = False
+
+    def collect(self) -> list[Family]:
+        with self._lock:
+            if self._reading is None and time.monotonic() - self._read_at >= MAX_AGE_S:
+                self._reading = threading.Thread(target=self._read, name="metrics-store-read", daemon=True)
+                self._reading.start()
+            reading = self._reading
+        if reading is not None:
+            reading.join(WAIT_S)
+        return self._families
+
+    def _read(self) -> None:
+        try:
+            self._families = store_families(read_figures(self._engine, self._settings), self._settings)
+            if self._failing:
+                log.info("metrics: the database's figures are read again")
+            self._failing = False
+        except Exception as error:  # the last figures stay; the next scrape after MAX_AGE_S tries again
+            if not self._failing:
+                log.warning("metrics: reading the database's figures failed (%s)", describe(error))
+            self._failing = True
+        finally:
+            with self._lock:
+                self._read_at = time.monotonic()
+                self._reading = None
+
+
+def own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
+    """This process's state at scrape time: ``(name, help, type, value)`` of unlabelled figures."""
+    stats = state.recorder.stats()
+    yield "draftwatch_recorder_queued_records", "Records waiting in the recorder's queue.", "gauge", stats.queued
+    for name in ("written", "spooled", "replayed", "duplicates", "rejected", "failed"):
+        yield (
+            f"draftwatch_recorder_{name}_total",
+            f"Records the recorder {name} (cumulative).",
+            "counter",
+            float(getattr(stats, name)),
+        )
+    yield (
+        "draftwatch_recorder_spool_pending",
+        "1 while spooled records wait for the database.",
+        "gauge",
+        float(stats.spool_pending),
+    )
+    yield (
+        "draftwatch_recorder_database_available",
+        "1 when the last write reached the database.",
+        "gauge",
+        float(stats.database_available),
+    )
+    if state.router is not None:
+        yield (
+            "draftwatch_proxy_unrecorded_total",
+            "Proxied responses forwarded but not recorded (their figures could not be read).",
+            "counter",
+            float(state.proxy_unrecorded),
+        )
+        yield (
+            "draftwatch_recorder_dropped_total",
+            "Proxied records dropped: the recorder's queue and its spill hand-off were both full.",
+            "counter",
+            float(stats.dropped),
+        )
+        yield (
+            "draftwatch_recorder_database_hung",
+            "1 while a database call has run past recorder.write_timeout_s (records spool meanwhile).",
+            "gauge",
+            float(stats.database_hung),
+        )
+    if state.capture is not None:
+        captured = state.capture.stats()
+        for name, meaning in (
+            ("considered", "Requests the prompt sample considered (past capture.share)."),
+            ("kept", "Considered prompts that entered their workload's reservoir."),
+            ("unusable", "Considered requests without a text prompt evaluate can replay."),
+            ("dropped", "Considered prompts dropped because the capture queue was full."),
+            ("failed", "Considered prompts lost to an error reading the request or writing the file."),
+        ):
+            yield f"draftwatch_capture_{name}_total", meaning, "counter", float(getattr(captured, name))
+    if state.worker is not None:
+        yield (
+            "draftwatch_decode_queue_depth",
+            "Generation requests waiting for the decoder.",
+            "gauge",
+            float(state.worker.depth),
+        )
+        yield (
+            "draftwatch_decode_rejected_total",
+            "Generation requests refused with 503 (queue full).",
+            "counter",
+            float(state.worker.rejected),
+        )
+
+
+@router.get(
+    "/metrics",
+    dependencies=reads.read,
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}}, **reads.READ_ERRORS},
+    summary="Prometheus text format",
+)
+async def metrics(request: Request) -> PlainTextResponse:
+    # Rendering may wait a moment on the database's figures (StoreFigures): on a thread, not the event loop.
+    body = await anyio.to_thread.run_sync(api_state(request).metrics.render)
+    return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def upstreams_up(router: Router) -> list[Family]:
+    """Proxy mode: each replica of each pool, 1 while it answers (see ``proxy.eject_after``)."""
+    help_text = (
+        "1 while a replica answers; 0 from its eject (proxy.eject_after failures in a row) until it answers again."
+    )
+    return [Family("draftwatch_proxy_upstream_up", help_text, "gauge", router.upstreams_up())]
+
+
+def watch(state: ApiState) -> None:
+    """Have ``state.metrics`` render, at every scrape, this process's state and then the database's figures."""
+    state.metrics.add_collector(lambda: own_figures(state))
+    router = state.router
+    if router is not None:
+        state.metrics.add_families(lambda: upstreams_up(router))
+    state.metrics.add_families(StoreFigures(state.engine, state.settings).collect)

@@ -1,4 +1,4 @@
-"""Read and observe: per-workload aggregates and series, Prometheus metrics, liveness and readiness."""
+"""Read and observe: per-workload aggregates and series, liveness and readiness (``/metrics``: metrics.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy import text
 
@@ -26,20 +26,12 @@ from monitor.store.routing import RoutingEvent, latest_routing
 
 router = APIRouter(tags=["read"], route_class=GuardedRoute)
 guard = require("read")
-read = [Depends(guard)]
+# Typed, because metrics.py reads both inside an import cycle (through state.py) where mypy cannot infer them.
+read: Final[list[Any]] = [Depends(guard)]
 
 DEFAULT_RANGE: Final = timedelta(hours=1)
 MAX_POINTS: Final = 10_000
 UPSTREAM_PROBE_S: Final = 1.0  # readiness: how long an upstream has to take a connection
-SERIES_METRICS: Final = (
-    "requests",
-    "acceptance_rate_tokens",
-    "acceptance_rate_requests",
-    "mean_acceptance_length",
-    "ms_per_token_mean",
-    "ms_per_token_p95",
-    "tokens_per_second",
-)
 SeriesMetric = Literal[
     "requests",
     "acceptance_rate_tokens",
@@ -50,7 +42,10 @@ SeriesMetric = Literal[
     "tokens_per_second",
 ]
 _STEP: Final = re.compile(r"^(\d{1,6})([mhd]?)$")
-READ_ERRORS = {**guard.responses, **described({422: "invalid query parameters"})}
+READ_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
+    **guard.responses,
+    **described({422: "invalid query parameters"}),
+}
 
 
 def _range(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
@@ -172,19 +167,6 @@ async def series(
     return SeriesOut(
         workload=tag, since=start, until=end, step_s=int(delta.total_seconds()), metric=metric, points=rows
     )
-
-
-@router.get(
-    "/metrics",
-    dependencies=read,
-    response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {}}}, **READ_ERRORS},
-    summary="Prometheus text format",
-)
-async def metrics(request: Request) -> PlainTextResponse:
-    # Rendering may wait a moment on the database's figures (store_figures): on a thread, not the event loop.
-    body = await anyio.to_thread.run_sync(api_state(request).metrics.render)
-    return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 class Health(BaseModel):

@@ -5,18 +5,20 @@ from __future__ import annotations
 import contextlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from sqlalchemy.engine import Engine
 
 from monitor.api.auth import TokenSet
 from monitor.api.decoding import DecodeWorker
-from monitor.api.metrics import Metrics
 from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
 from monitor.proxy.routing import Router
+
+if TYPE_CHECKING:  # /metrics (metrics.py) renders from ApiState: a run-time import would be a cycle
+    from monitor.api.metrics import Metrics
 
 
 @dataclass(slots=True)
