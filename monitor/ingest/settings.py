@@ -103,7 +103,7 @@ class ScrapeSettings:
         (),
         "engines' /metrics endpoints to read (scrape mode): [[scrape]] tables (url, kind vllm|llamacpp|sglang, "
         "name, interval, workload, target_model, drafter, timeout_s (default: 5 or the interval if shorter), "
-        "authorization or bearer_token for an engine behind auth) or a JSON list of the same (default: none)",
+        "authorization or bearer_token for an engine behind auth) or a JSON list of the same",
         # The tables may hold a target's credential: a parse error must not quote them.
         secret=True,
     )
@@ -117,21 +117,21 @@ class CaptureSettings:
         parse_share,
         0.0,
         "share of proxied and embedded-decoder requests whose prompt may enter the prompt sample for "
-        "`draftwatch evaluate`; 0 is off, since prompts are otherwise never stored (default: 0)",
+        "`draftwatch evaluate`; 0 is off, since prompts are otherwise never stored",
     )
     max_per_workload: int = setting(
         "capture.max_per_workload",
         "DRAFTWATCH_CAPTURE_MAX_PER_WORKLOAD",
         parse_int(1),
         200,
-        "most prompts the sample keeps per workload, a uniform reservoir of those seen (default: 200)",
+        "most prompts the sample keeps per workload, a uniform reservoir of those seen",
     )
     retention_days: int = setting(
         "capture.retention_days",
         "DRAFTWATCH_CAPTURE_RETENTION_DAYS",
         parse_int(1),
         7,
-        "days a captured prompt is kept before it is deleted (default: 7)",
+        "days a captured prompt is kept before it is deleted",
     )
     path: Path = setting(
         "capture.path",
