@@ -9,6 +9,7 @@ from sqlalchemy.engine import Engine
 
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
+from tests.alerting import Receiver
 from tests.pg import PG_URL, create_pg_database, drop_pg_database
 from tests.proxy.upstream import Upstream, serving
 
@@ -52,3 +53,13 @@ def upstream() -> Iterator[tuple[Upstream, str]]:
     stub = Upstream()
     with serving(stub) as url:
         yield stub, url
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real webhook receiver on 127.0.0.1 (tests/alerting.py), stopped after the test."""
+    r = Receiver().start()
+    try:
+        yield r
+    finally:
+        r.stop()

@@ -13,7 +13,7 @@ from monitor.alerts.queries import acknowledge, list_alerts
 from monitor.alerts.rules import DEFAULT_RULES
 from monitor.alerts.silences import create_silence, expire_silence
 from monitor.notify.models import NotificationRow
-from tests.alerts.conftest import make_settings, minutes, result
+from tests.alerting import make_settings, minutes, result
 
 
 def _bodies(engine: Engine) -> list[dict[str, object]]:

@@ -18,7 +18,7 @@ from monitor.alerts.evaluate import evaluate_alerts
 from monitor.api.app import create_app
 from monitor.store.migrate import alembic_config
 from monitor.store.models import Base
-from tests.alerts.conftest import make_settings, minutes, result
+from tests.alerting import make_settings, minutes, result
 from tests.api.conftest import ADMIN, READ, TOKENS, auth
 from tests.faults import refuse_value
 

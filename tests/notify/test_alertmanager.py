@@ -32,7 +32,7 @@ from monitor.notify.delivery import deliver_pending
 from monitor.notify.formats import AlertView, render
 from monitor.notify.models import NotificationRow
 from monitor.notify.receivers import EXPIRES_AFTER, WebhookReceiver, parse_webhooks
-from tests.alerts.conftest import Receiver, make_settings, minutes, result
+from tests.alerting import Receiver, make_settings, minutes, result
 
 BINARY: Final = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 # One route to a receiver that sends nothing: the tests read Alertmanager's alert store, not its notifications.

@@ -1,5 +1,5 @@
-"""Fixtures for the alert, webhook and scheduler tests: real databases (SQLite file and PostgreSQL,
-fresh per test and dropped after; unreachable PostgreSQL fails under CI=true) and real HTTP receivers."""
+"""What the alert, delivery and scheduler tests share: their settings, drift results, a clock, and a real
+HTTP receiver (the ``receiver`` fixture of tests/conftest.py serves one per test)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from monitor.config import Settings
 from monitor.drift.result import DriftResult
@@ -115,12 +112,3 @@ class Receiver:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    try:
-        yield r
-    finally:
-        r.stop()

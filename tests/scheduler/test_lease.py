@@ -24,7 +24,7 @@ from monitor.scheduler.models import JobRunRow, LeaseRow
 from monitor.scheduler.service import SchedulerService
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
-from tests.alerts.conftest import make_settings
+from tests.alerting import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL_S = 2.0

@@ -20,7 +20,7 @@ from monitor.commands.main import main
 from monitor.notify.delivery import deliver_pending
 from monitor.notify.models import NotificationRow
 from monitor.notify.receivers import parse_webhooks
-from tests.alerts.conftest import SECRET, Receiver, make_settings, minutes, result
+from tests.alerting import SECRET, Receiver, make_settings, minutes, result
 
 
 def _url(engine: Engine) -> str:
