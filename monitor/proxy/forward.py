@@ -57,6 +57,7 @@ from monitor.ingest.stacks.report import StackReport
 from monitor.ingest.stacks.sglang import is_sglang_openai
 from monitor.proxy.asks import ask_sglang, cleaned_sglang_json, gathered_sglang
 from monitor.proxy.encoding import Decoder, accepted_upstream, codings, decoded
+from monitor.proxy.models import merged_models
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
 from monitor.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeoutError, UpstreamUnavailableError
@@ -100,6 +101,12 @@ def workload_of(request: Request, payload: Mapping[str, Any] | None, settings: P
     return settings.default_workload
 
 
+def client_headers(request: Request, settings: ProxySettings) -> list[tuple[bytes, bytes]]:
+    """The client's headers for the upstream: every one as sent, repeated ones included, but the sidecar's own."""
+    dropped = {*HOP_HEADERS, settings.workload_header.lower(), PROXY_TOKEN_HEADER}
+    return [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in dropped]
+
+
 def stack_of(kind: str, path: str, report: Mapping[str, Any]) -> Stack | None:
     """Which parser reads the upstream's report: the configured kind, else the report's own shape."""
     if kind in PARSERS:
@@ -121,8 +128,6 @@ class _Exchange:
         self.state = state
         self.settings = state.settings.proxy
         self.path = request.url.path
-        # One name for the deployment whichever pool answers: SGLang's /generate names no model.
-        self.upstream_host = router.speculative.members[0].upstream.netloc
         self.started = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.ttft_s: float | None = None
@@ -137,7 +142,12 @@ class _Exchange:
         readable = decoded(body, encoding, self.settings.max_body_bytes) if encoding else body
         self.payload = _json_object(readable) if readable is not None else None
         self.workload = workload_of(request, self.payload, self.settings)
-        self.route = router.choose(self.workload) if self.recording else router.for_models()
+        model = (self.payload or {}).get("model")
+        self.route = router.choose(self.workload, model) if self.recording else router.passing(model)
+        # Read as its deployment's kind says ([[proxy.routes]] kind).
+        self.settings = self.route.deployment.settings
+        # One name for the deployment whichever pool answers: SGLang's /generate names no model.
+        self.upstream_host = self.route.deployment.name
         self.inflight = self.route.member.acquire()
         self._released = False
         self.streamed = bool(self.recording and self.payload and self.payload.get("stream") is True)
@@ -158,9 +168,7 @@ class _Exchange:
                 self.payload["stream_options"] = {**options, "include_usage": True}
                 self.strip_usage = True
         self.body = json.dumps(self.payload).encode() if self.strip_usage else self._without_usage
-        dropped = {*HOP_HEADERS, self.settings.workload_header.lower(), PROXY_TOKEN_HEADER}
-        # Every header as sent, repeated ones included (a dict would keep one of them).
-        self._client_headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in dropped]
+        self._client_headers = client_headers(request, self.settings)
         self.headers = self._headers_for(self.body)
 
     def _headers_for(self, body: bytes) -> list[tuple[bytes, bytes]]:
@@ -347,6 +355,8 @@ async def forward(request: Request) -> Response:
         except ApiError as refused:  # in the shape the engine's clients parse
             kind = _AUTH_ERRORS.get(refused.status, "invalid_request_error")
             return openai_error(refused.status, refused.message, kind, refused.code, refused.headers)
+    if router.routes and request.method == "GET" and request.url.path == "/v1/models":
+        return await _merged_models(request, state.settings.proxy, router)
     exchange = _Exchange(state, router, request, await request.body())
     response: Response | None = None
     left = False
@@ -373,6 +383,14 @@ async def forward(request: Request) -> Response:
             exchange.record(None, error="client disconnected")
     # The client left: nobody reads this (499, nginx's "client closed request").
     return Response(status_code=499) if response is None else response
+
+
+async def _merged_models(request: Request, settings: ProxySettings, router: Router) -> Response:
+    """Every deployment's models in one list (monitor/proxy/models.py); 502 when none answered."""
+    merged = await merged_models(router.deployments, client_headers(request, settings), settings.max_body_bytes)
+    if merged is None:
+        return openai_error(502, "no upstream answered /v1/models", "upstream_unavailable")
+    return JSONResponse(merged)
 
 
 async def _answer(request: Request, exchange: _Exchange) -> Response:
@@ -416,10 +434,10 @@ async def _answer(request: Request, exchange: _Exchange) -> Response:
 
 async def _send(request: Request, exchange: _Exchange) -> tuple[UpstreamResponse, bytes | None]:
     """The upstream's answer: an event stream still to relay (None), or a whole body, read and closed."""
-    upstream = exchange.route.member.upstream
+    member = exchange.route.member
     target = request.url.path.encode() + (b"?" + request.url.query.encode() if request.url.query else b"")
     while True:
-        response = await upstream.send(request.method, target, exchange.headers, exchange.body)
+        response = await member.send(request.method, target, exchange.headers, exchange.body)
         if response.header("content-type").startswith("text/event-stream"):
             return response, None
         try:
