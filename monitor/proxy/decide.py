@@ -33,7 +33,7 @@ def decide_routes(
     engine: Engine, settings: ProxySettings, verdicts: Sequence[Verdict], now: datetime
 ) -> list[RoutingEvent]:
     """Write and return the switches this run's verdicts call for (none unless ``on_net_loss`` is ``route``)."""
-    if settings.on_net_loss != "route" or not settings.baseline_upstream:
+    if settings.on_net_loss != "route" or not settings.has_baseline:
         return []
     current = latest_routing(engine)
     switches = []

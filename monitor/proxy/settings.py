@@ -256,6 +256,11 @@ class ProxySettings:
     )
 
     @property
+    def has_baseline(self) -> bool:
+        """Whether some deployment, the default or a route's, has a plain baseline to measure the speedup against."""
+        return bool(self.baseline_upstream) or any(route.baseline_upstream for route in self.routes)
+
+    @property
     def deployment_speculative(self) -> bool | None:
         """What the stack parsers are told of the deployment: speculative, plain, or None (infer it)."""
         return None if self.speculative == "auto" else self.speculative == "true"

@@ -19,7 +19,7 @@ from monitor.drift.verdict import Verdict, VerdictName
 from monitor.proxy.decide import decide_routes
 from monitor.proxy.pool import Pool
 from monitor.proxy.routing import Deployment, Route, Router
-from monitor.proxy.settings import ProxySettings
+from monitor.proxy.settings import ModelRoute, ProxySettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.routing import latest_routing, routing_events
@@ -155,6 +155,13 @@ def test_a_measured_net_loss_routes_the_workload(sqlite_engine: Engine) -> None:
     assert event.reason.startswith("net loss established")
     stored = latest_routing(sqlite_engine)["qa"]
     assert stored.routed and stored.ts.replace(tzinfo=UTC) == T0
+
+
+def test_a_routes_own_baseline_is_enough_to_route_a_net_loss(sqlite_engine: Engine) -> None:
+    only_routes = ProxySettings(upstream=SPEC, routes=(ModelRoute("qwen*", ("http://127.0.0.1:12",), None, BASE),),
+                                on_net_loss="route")  # fmt: skip
+    (event,) = decide_routes(sqlite_engine, only_routes, [LOSS], T0)
+    assert (event.workload, event.routed) == ("qa", True)
 
 
 def test_an_inconclusive_verdict_changes_nothing(sqlite_engine: Engine) -> None:
