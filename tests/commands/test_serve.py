@@ -7,6 +7,7 @@ import pytest
 from monitor.commands.main import main
 from monitor.commands.serve import mode_of
 from monitor.config import Settings
+from monitor.proxy.settings import ModelRoute
 
 
 def settings(**values: object) -> Settings:
@@ -27,3 +28,13 @@ def test_the_banner_names_the_mode() -> None:
 def test_a_baseline_without_an_upstream_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--baseline-upstream", "http://127.0.0.1:9"]) == 2
     assert "--baseline-upstream needs --upstream" in capsys.readouterr().err
+
+
+def test_routes_without_a_default_upstream_are_refused_and_named_in_the_banner(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWATCH_PROXY_ROUTES", '[{"model": "qwen*", "upstream": "http://127.0.0.1:9"}]')
+    assert main(["serve"]) == 2
+    assert "proxy.routes needs --upstream (proxy.upstream)" in capsys.readouterr().err
+    routed = settings(**{"proxy.upstream": ("http://a:1",), "proxy.routes": (ModelRoute("q", ("http://q:1",)),)})
+    assert mode_of(routed, None).startswith("proxy mode: 1 speculative upstream(s), 1 model route(s), no plain")
