@@ -29,9 +29,10 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from decoder.holdout import HOLDOUT_REASONS, HoldoutReason
@@ -53,6 +54,69 @@ WORKLOAD_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$")
 # Output positions where a span of drafted_by_span / accepted_by_span ends: [0, 32), [32, 128), [128, ∞).
 OUTPUT_SPAN_EDGES: Final = (32, 128)
 OUTPUT_SPANS: Final = len(OUTPUT_SPAN_EDGES) + 1
+MAX_TEXT: Final = 512
+MAX_ERROR_TEXT: Final = 8192
+# Beyond any real draft length; keeps the per-position arrays and histogram rows bounded.
+MAX_SPECULATIVE_TOKENS: Final = 1024
+# Counts stay exact in JSON and in PostgreSQL BIGINT sums.
+MAX_COUNT: Final = 2**53
+# Timings above ~116 days are not request timings; bounding them also keeps rollup sums finite.
+MAX_MS: Final = 1e10
+MAX_TEMPERATURE: Final = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A field's bounds: ``ge``/``le`` for a number, ``min_length``/``max_length`` for a text or a list.
+
+    Declared once, in :data:`LIMITS`: :meth:`RequestRecord.check` enforces them on every record, and the wire
+    schemas (``monitor/api/events.py``, ``monitor/api/adapters.py``) pass them to pydantic as they are, which is
+    why the names are pydantic's ``Field`` arguments. ``allow_inf_nan=False``: the number must be finite.
+    """
+
+    ge: float | None = None
+    le: float | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    pattern: str | None = None
+    allow_inf_nan: bool | None = None
+
+
+COUNT: Final = Limit(ge=0, le=MAX_COUNT)  # a count, and each entry of the per-position and per-span lists
+MILLIS: Final = Limit(ge=0, le=MAX_MS, allow_inf_nan=False)
+_NAME: Final = Limit(min_length=1, max_length=MAX_TEXT)
+_TEXT: Final = Limit(max_length=MAX_TEXT)
+_SPANS: Final = Limit(min_length=OUTPUT_SPANS, max_length=OUTPUT_SPANS)
+LIMITS: Final[Mapping[str, Limit]] = MappingProxyType({
+    "request_id": Limit(min_length=1, max_length=128),
+    "workload": Limit(min_length=1, max_length=WORKLOAD_MAX_LENGTH, pattern=WORKLOAD_PATTERN.pattern),
+    "target_model": _NAME,
+    "drafter": _NAME,
+    "draft_model": _TEXT,
+    "target_version": _TEXT,
+    "draft_version": _TEXT,
+    "error": Limit(max_length=MAX_ERROR_TEXT),
+    "source": Limit(min_length=1, max_length=64),
+    "prompt_hash": Limit(max_length=128),
+    **dict.fromkeys(COUNT_FIELDS, COUNT),
+    "num_speculative_tokens": Limit(ge=0, le=MAX_SPECULATIVE_TOKENS),
+    # One entry per draft position; one bin per accepted count 0..num_speculative_tokens.
+    "accepted_per_position": Limit(max_length=MAX_SPECULATIVE_TOKENS),
+    "acceptance_histogram": Limit(max_length=MAX_SPECULATIVE_TOKENS + 1),
+    "drafted_by_span": _SPANS,
+    "accepted_by_span": _SPANS,
+    **dict.fromkeys(("ttft_ms", "latency_ms", "decode_ms", "draft_ms", "verify_ms"), MILLIS),
+    "temperature": Limit(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False),
+    "top_p": Limit(ge=0, le=1, allow_inf_nan=False),
+    # Itself included: a request in flight at its replica makes at least one.
+    "upstream_inflight": Limit(ge=1, le=MAX_COUNT),
+})  # fmt: skip
+# Texts the record may carry: the store is PostgreSQL, which refuses NUL, and UTF-8, which cannot hold a lone surrogate.
+TEXT_FIELDS: Final = (
+    "request_id", "workload", "target_model", "drafter", "draft_model", "target_version", "draft_version", "error",
+    "source", "prompt_hash",
+)  # fmt: skip
+_REQUIRED_TEXTS: Final = ("request_id", "workload", "target_model", "drafter", "source")
 
 
 class RecordError(ValueError):
@@ -80,6 +144,57 @@ def validate_workload(tag: str) -> str:
             "starting with a letter or digit",
         )
     return tag
+
+
+def clean_text(value: str) -> str:
+    """Return ``value`` if the store can hold it, else raise :class:`ValueError` saying why.
+
+    PostgreSQL refuses NUL in text and an unpaired surrogate cannot be encoded as UTF-8: either would
+    fail a whole batch at commit time, after the record was accepted.
+    """
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode (no unpaired surrogates)") from None
+    return value
+
+
+def _check_limit(name: str, value: object, limit: Limit) -> None:
+    """Raise :class:`RecordError` if ``value`` (already of its field's type, or None) breaks ``limit``."""
+    if value is None:
+        return
+    if isinstance(value, str | list):
+        low, high, size = limit.min_length, limit.max_length, len(value)
+        if (low is not None and size < low) or (high is not None and size > high):
+            between = _between(low, high)
+            wanted = f"{between} characters long" if isinstance(value, str) else f"a list of {between} entries"
+            raise RecordError(name, f"must be {wanted}, got {size}")
+        return
+    if limit.allow_inf_nan is False and isinstance(value, float) and not math.isfinite(value):
+        raise RecordError(name, f"must be a finite number, got {value!r}")
+    if (limit.ge is not None and value < limit.ge) or (limit.le is not None and value > limit.le):  # type: ignore[operator]
+        raise RecordError(name, f"must be {_between(limit.ge, limit.le)}, got {value!r}")
+
+
+def _between(low: float | None, high: float | None) -> str:
+    """
+    >>> _between(1, 128), _between(None, 512), _between(0, 1e10), _between(3, 3)
+    ('from 1 to 128', 'at most 512', 'from 0 to 1e+10', '3')
+    """
+    if low == high:
+        return _number(low)
+    if low is None:
+        return f"at most {_number(high)}"
+    if high is None:
+        return f"at least {_number(low)}"
+    return f"from {_number(low)} to {_number(high)}"
+
+
+def _number(value: float | None) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def decode_ms_per_token(
@@ -221,18 +336,17 @@ class RequestRecord:
         return self._check_rules()
 
     def _check_rules(self) -> RequestRecord:
+        self._check_types()
         validate_workload(self.workload)
         for name in ("ts_start", "ts_end"):
             _check_utc(name, getattr(self, name))
-        if not self.request_id or len(self.request_id) > 128:
-            raise RecordError("request_id", f"must be 1-128 characters, got {self.request_id!r}")
-        for name in ("request_id", "target_model", "drafter", "draft_model", "target_version", "draft_version",
-                     "error", "source", "prompt_hash"):  # fmt: skip
+        for name in TEXT_FIELDS:
             value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise RecordError(name, f"must be text, got {value!r}")
-            if value is not None and "\x00" in value:
-                raise RecordError(name, "must not contain NUL characters")
+            if value is not None:
+                try:
+                    clean_text(value)
+                except ValueError as error:
+                    raise RecordError(name, str(error)) from None
         if self.mode not in MODES:
             raise RecordError("mode", f"{self.mode!r} is not one of {', '.join(MODES)}")
         if self.holdout_reason is not None and (self.mode != "holdout" or self.holdout_reason not in HOLDOUT_REASONS):
@@ -243,18 +357,13 @@ class RequestRecord:
             )
         if self.finish_reason not in FINISH_REASONS:
             raise RecordError("finish_reason", f"{self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
-        for name in COUNT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise RecordError(name, f"must be a non-negative integer, got {value!r}")
-        for name in MEASURE_FIELDS:
-            value = getattr(self, name)
-            if value is not None and (not math.isfinite(value) or value < 0):
-                raise RecordError(name, f"must be a finite non-negative number, got {value!r}")
-        inflight = self.upstream_inflight
-        if inflight is not None and (isinstance(inflight, bool) or not isinstance(inflight, int) or inflight < 1):
-            raise RecordError("upstream_inflight", f"must be a positive integer (itself included), got {inflight!r}")
-        if self.ts_end < self.ts_start:
+        for name, limit in LIMITS.items():
+            _check_limit(name, getattr(self, name), limit)
+        try:
+            backwards = self.ts_end < self.ts_start
+        except TypeError:  # one aware and one naive timestamp
+            raise RecordError("ts_end", "and ts_start must both carry a time zone, or neither") from None
+        if backwards:
             raise RecordError("ts_end", f"{self.ts_end.isoformat()} is before ts_start")
         if self.num_accepted_tokens > self.num_draft_tokens:
             raise RecordError(
@@ -301,6 +410,36 @@ class RequestRecord:
                 )
         return self
 
+    def _check_types(self) -> None:
+        """Each field's type, first: the rules after it compare and measure values they can take for granted."""
+        for name in ("ts_start", "ts_end"):
+            value = getattr(self, name)
+            if not isinstance(value, datetime):
+                raise RecordError(name, f"must be a datetime, got {value!r}")
+        for name in TEXT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str) and (value is not None or name in _REQUIRED_TEXTS):
+                raise RecordError(name, f"must be text, got {value!r}")
+        for name in COUNT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise RecordError(name, f"must be an integer, got {value!r}")
+        for name in MEASURE_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise RecordError(name, f"must be a number, got {value!r}")
+        inflight = self.upstream_inflight
+        if inflight is not None and (isinstance(inflight, bool) or not isinstance(inflight, int)):
+            raise RecordError("upstream_inflight", f"must be an integer, got {inflight!r}")
+        for name in ("accepted_per_position", "acceptance_histogram"):
+            if not isinstance(getattr(self, name), list):
+                raise RecordError(name, f"must be a list, got {getattr(self, name)!r}")
+        for name in ("drafted_by_span", "accepted_by_span"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), list):
+                raise RecordError(name, f"must be a list or null, got {getattr(self, name)!r}")
+        if not isinstance(self.stopped_mid_step, bool):
+            raise RecordError("stopped_mid_step", f"must be a bool, got {self.stopped_mid_step!r}")
+
     def _check_counts(self, name: str, total: int, total_name: str) -> None:
         counts = getattr(self, name)
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
@@ -315,11 +454,6 @@ class RequestRecord:
             raise RecordError(missing, "must be given with the other span count (both, or neither)")
         if drafted is None or accepted is None:
             return
-        for name, counts in (("drafted_by_span", drafted), ("accepted_by_span", accepted)):
-            if not isinstance(counts, list) or len(counts) != OUTPUT_SPANS:
-                raise RecordError(
-                    name, f"must be a list of {OUTPUT_SPANS} counts (one per output span), got {counts!r}"
-                )
         self._check_counts("drafted_by_span", self.num_draft_tokens, "num_draft_tokens")
         self._check_counts("accepted_by_span", self.num_accepted_tokens, "num_accepted_tokens")
         for span, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
@@ -352,19 +486,47 @@ class RequestRecord:
 _MODE_SET: Final = frozenset(MODES)
 _FINISH_SET: Final = frozenset(FINISH_REASONS)
 _HOLDOUT_SET: Final = frozenset(HOLDOUT_REASONS)
-_INF: Final = math.inf
 _MAX_VALID_TAGS: Final = 4096
 _VALID_TAGS: set[str] = set()  # workload tags that matched WORKLOAD_PATTERN (a memo; bounded)
 _match_workload: Final = WORKLOAD_PATTERN.match
+# LIMITS as plain names for quick_pass: a dict lookup per field would cost as much as the test itself.
+_ID, _SOURCE, _ERROR, _HASH = (LIMITS[name] for name in ("request_id", "source", "error", "prompt_hash"))
+
+
+def _most(name: str) -> float:
+    most = LIMITS[name].le
+    if most is None:
+        raise TypeError(f"LIMITS[{name!r}] declares no upper bound")
+    return most
+
+
+_GAMMA_MAX, _COUNT_MAX, _MS_MAX, _TEMPERATURE_MAX, _TOP_P_MAX, _INFLIGHT_MAX = map(
+    _most, ("num_speculative_tokens", "prompt_tokens", "ttft_ms", "temperature", "top_p", "upstream_inflight")
+)
+
+
+def _text_fits(text: object, limit: Limit) -> bool:
+    """:func:`clean_text` and the limit's lengths, as a test: the encoding is tried only where the text is not ASCII."""
+    if type(text) is not str or "\x00" in text:
+        return False
+    if not (limit.min_length or 0) <= len(text) <= (limit.max_length or math.inf):
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def quick_pass(r: RequestRecord) -> bool:
     """True only if :meth:`RequestRecord.check` accepts ``r``: all its rules in one pass that builds nothing.
 
     False means "ask check()": this refuses more than the rules do (an int subclass, a tuple for a
-    list, an int for a float, a time zone other than UTC or a bool other than True/False), never
-    accepts what they refuse; tests/decoder/test_record.py holds the two to each other. An odd
-    value (unhashable, incomparable) may raise instead: callers treat that as False.
+    list, an int for a float, a time zone other than UTC), never accepts what they refuse;
+    tests/decoder/test_record.py holds the two to each other. An odd value (unhashable,
+    incomparable) may raise instead: callers treat that as False.
     """
     # Plain attribute reads and identity tests, unrolled: on the recorder's caller's thread every
     # bytecode counts, and a loop over field names with getattr costs several times as much.
@@ -386,32 +548,17 @@ def quick_pass(r: RequestRecord) -> bool:
     tz = ts_end.tzinfo
     if tz is not UTC and tz is not None and (not 1 < ts_end.year < 9999 or ts_end.utcoffset() is None):
         return False
-    text: str | None = r.request_id
-    if type(text) is not str or not 0 < len(text) <= 128 or "\x00" in text:
-        return False
-    text = r.target_model
-    if text is not None and (type(text) is not str or "\x00" in text):
-        return False
-    text = r.drafter
-    if text is not None and (type(text) is not str or "\x00" in text):
-        return False
-    text = r.draft_model
-    if text is not None and (type(text) is not str or "\x00" in text):
-        return False
-    text = r.target_version
-    if text is not None and (type(text) is not str or "\x00" in text):
-        return False
-    text = r.draft_version
-    if text is not None and (type(text) is not str or "\x00" in text):
-        return False
-    text = r.error
-    if text is not None and (type(text) is not str or "\x00" in text):
-        return False
-    source = r.source
-    if source is not None and (type(source) is not str or "\x00" in source):
-        return False
-    text = r.prompt_hash
-    if text is not None and (type(text) is not str or "\x00" in text):
+    if not (
+        _text_fits(r.request_id, _ID)
+        and _text_fits(r.target_model, _NAME)
+        and _text_fits(r.drafter, _NAME)
+        and _text_fits(r.source, _SOURCE)
+        and (r.draft_model is None or _text_fits(r.draft_model, _TEXT))
+        and (r.target_version is None or _text_fits(r.target_version, _TEXT))
+        and (r.draft_version is None or _text_fits(r.draft_version, _TEXT))
+        and (r.error is None or _text_fits(r.error, _ERROR))
+        and (r.prompt_hash is None or _text_fits(r.prompt_hash, _HASH))
+    ):
         return False
     mode = r.mode
     finish_reason = r.finish_reason
@@ -428,31 +575,35 @@ def quick_pass(r: RequestRecord) -> bool:
     prompt = r.prompt_tokens
     if not type(gamma) is type(steps) is type(drafted) is type(accepted) is type(output) is type(prompt) is int:
         return False
-    if gamma < 0 or steps < 0 or output < 0 or prompt < 0 or accepted < 0 or accepted > drafted:
+    if not (0 <= gamma <= _GAMMA_MAX and 0 <= steps <= _COUNT_MAX and 0 <= output <= _COUNT_MAX
+            and 0 <= prompt <= _COUNT_MAX and 0 <= accepted <= drafted <= _COUNT_MAX):  # fmt: skip
         return False
     value = r.ttft_ms
-    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+    if value is not None and (type(value) is not float or not 0.0 <= value <= _MS_MAX):
         return False
     value = r.latency_ms
-    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+    if value is not None and (type(value) is not float or not 0.0 <= value <= _MS_MAX):
         return False
     value = r.decode_ms
-    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+    if value is not None and (type(value) is not float or not 0.0 <= value <= _MS_MAX):
         return False
     value = r.draft_ms
-    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
-        return False
-    inflight = r.upstream_inflight
-    if inflight is not None and (type(inflight) is not int or inflight < 1):
+    if value is not None and (type(value) is not float or not 0.0 <= value <= _MS_MAX):
         return False
     value = r.verify_ms
-    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+    if value is not None and (type(value) is not float or not 0.0 <= value <= _MS_MAX):
+        return False
+    inflight = r.upstream_inflight
+    if inflight is not None and (type(inflight) is not int or not 1 <= inflight <= _INFLIGHT_MAX):
         return False
     value = r.temperature
-    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+    if type(value) is not float or not 0.0 <= value <= _TEMPERATURE_MAX:
         return False
     value = r.top_p
-    if value is not None and (type(value) is not float or not 0.0 <= value < _INF):
+    if type(value) is not float or not 0.0 <= value <= _TOP_P_MAX:
+        return False
+    stopped = r.stopped_mid_step
+    if stopped is not False and stopped is not True:
         return False
     if mode == "speculative" and steps and gamma and drafted > steps * gamma:
         return False
@@ -499,13 +650,13 @@ def quick_pass(r: RequestRecord) -> bool:
             total_accepted += accepted_count
         if total != drafted or total_accepted != accepted:
             return False
-    if source == "embedded" and mode == "speculative" and finish_reason != "error" and output > 0:
-        stopped = r.stopped_mid_step
-        if stopped is not False and stopped is not True:
-            return False
-        if output != 1 + accepted + steps - stopped:
-            return False
-    return True
+    return not (
+        r.source == "embedded"
+        and mode == "speculative"
+        and finish_reason != "error"
+        and output > 0
+        and output != 1 + accepted + steps - stopped
+    )
 
 
 def _check_utc(name: str, value: datetime) -> None:

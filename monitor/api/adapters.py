@@ -14,14 +14,25 @@ docs/api.md maps every field.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import ConfigDict, Field, StrictBool, ValidationError
 from pydantic.config import JsonDict
 
 from decoder.record import FinishReason, Mode, RequestRecord
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
-from monitor.api.events import EventIn, OptionalText, ShortText, Timestamp, Workload, to_record
+from monitor.api.events import (
+    Gamma,
+    OptionalText,
+    PromptHash,
+    RequestId,
+    ShortText,
+    Temperature,
+    Timestamp,
+    TopP,
+    Workload,
+    record_from,
+)
 from monitor.ingest.stacks import (
     PARSERS,
     STACKS,
@@ -33,7 +44,6 @@ from monitor.ingest.stacks import (
     VllmResponse,
 )
 from monitor.ingest.stacks.report import Lenient
-from monitor.store.rows import MAX_SPECULATIVE_TOKENS
 
 __all__ = ["MODELS", "STACKS", "AdapterFields", "Stack", "map_response", "parse_adapter_events", "record_of"]
 
@@ -42,7 +52,7 @@ class AdapterFields(Lenient):
     """What the caller adds to a stack's response."""
 
     workload: Workload
-    request_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    request_id: RequestId | None = None
     ts_start: Timestamp | None = None
     ts_end: Timestamp | None = None
     target_model: ShortText | None = None
@@ -56,13 +66,13 @@ class AdapterFields(Lenient):
         description="whether the deployment runs speculative decoding; unset: mode speculative says yes, "
         "plain or holdout no, no mode infers it from the response",
     )
-    num_speculative_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_SPECULATIVE_TOKENS)] | None = None
+    num_speculative_tokens: Gamma | None = None
     finish_reason: FinishReason | None = Field(
         default=None, description="how the request ended, where the posted response does not say"
     )
-    temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
-    top_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0
-    prompt_hash: Annotated[str, Field(max_length=128)] | None = None
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    prompt_hash: PromptHash = None
 
 
 def _one_of(*alternatives: JsonDict) -> JsonDict:
@@ -202,6 +212,19 @@ def record_of(fields: AdapterFields, report: StackReport, loc: Loc) -> RequestRe
         "target_version": fields.target_version,
         "draft_version": fields.draft_version,
         "mode": fields.mode or report.mode,
+        **reported(report),
+        "temperature": fields.temperature,
+        "top_p": fields.top_p,
+        "finish_reason": finish_reason,
+        "source": f"proxy:{stack}",
+        "prompt_hash": fields.prompt_hash,
+    }
+    return record_from(record, loc)
+
+
+def reported(report: StackReport) -> dict[str, Any]:
+    """The record's fields a stack's report gives: its counts and its own timings."""
+    return {
         "num_speculative_tokens": report.num_speculative_tokens or 0,
         "prompt_tokens": report.prompt_tokens,
         "output_tokens": report.output_tokens,
@@ -212,14 +235,4 @@ def record_of(fields: AdapterFields, report: StackReport, loc: Loc) -> RequestRe
         "accepted_per_position": list(report.per_position),
         "ttft_ms": report.ttft_ms,
         "latency_ms": report.latency_ms,
-        "temperature": fields.temperature,
-        "top_p": fields.top_p,
-        "finish_reason": finish_reason,
-        "source": f"proxy:{stack}",
-        "prompt_hash": fields.prompt_hash,
     }
-    try:
-        event = EventIn.model_validate(record)
-    except ValidationError as error:
-        raise validation_error(problems_of(error, loc)) from None
-    return to_record(event, loc)

@@ -1,10 +1,11 @@
 """The record as the API accepts it: field-level validation, consistency checks, all-or-nothing batches.
 
-:class:`EventIn` mirrors :class:`decoder.record.RequestRecord` with bounds that a database write can
-never trip over (finite numbers, bounded strings and arrays, no NUL or unpaired surrogates,
-plausible timestamps); :func:`to_record` then applies the record's own contract (accepted <=
-drafted, array sums and lengths) through :func:`monitor.store.rows.validate`. A batch is parsed in
-full before anything is stored, so one bad record rejects the whole batch.
+:class:`EventIn` mirrors :class:`decoder.record.RequestRecord`, each field's bounds taken from the
+record's one declaration (:data:`decoder.record.LIMITS`) so that pydantic refuses a bad field with
+its own wording before anything else runs; :func:`to_record` then applies the record's own contract
+(accepted <= drafted, array sums and lengths). What is the wire's alone is the clock: a client's
+timestamps must be plausible against this server's. A batch is parsed in full before anything is
+stored, so one bad record rejects the whole batch.
 
 >>> batch = parse_events({"request_id": "r1", "ts_start": "2026-01-01T00:00:00Z",
 ...     "ts_end": "2026-01-01T00:00:01Z", "workload": "chat", "target_model": "m", "drafter": "none"}, 10)
@@ -14,35 +15,33 @@ full before anything is stored, so one bad record rejects the whole batch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Final, Literal
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Final, Union, get_args, get_origin, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
-from decoder.holdout import HoldoutReason
-from decoder.record import OUTPUT_SPANS, WORKLOAD_PATTERN, Mode, RecordError, RequestRecord
+from decoder.record import COUNT, LIMITS, Limit, RecordError, RequestRecord, clean_text
 from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
-from monitor.store.rows import MAX_COUNT, MAX_ERROR_TEXT, MAX_SPECULATIVE_TOKENS, MAX_TEXT
 
 # A record may be stamped a little ahead of this server's clock (skewed clients); beyond this it is junk.
 MAX_FUTURE: Final = timedelta(minutes=10)
 EARLIEST: Final = datetime(2000, 1, 1, tzinfo=UTC)
-# Timings above ~116 days are not request timings; bounding them also keeps rollup sums finite.
-MAX_MS: Final = 1e10
-MAX_TEMPERATURE: Final = 100.0
 
 
-def _clean_text(value: str) -> str:
-    # PostgreSQL refuses NUL in text and unpaired surrogates cannot be encoded as UTF-8: both would
-    # fail a batch at commit time, after the 202 promise, so they are refused here.
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no unpaired surrogates)") from None
-    return value
+def bounds(limit: Limit) -> FieldInfo:
+    """The pydantic constraints of a record field's :class:`~decoder.record.Limit`, passed on as declared."""
+    declared: dict[str, Any] = {name: value for name, value in asdict(limit).items() if value is not None}
+    field: FieldInfo = Field(**declared)
+    return field
+
+
+def _clean_optional(value: str | None) -> str | None:
+    return None if value is None else clean_text(value)
 
 
 def _plausible_time(value: datetime) -> datetime:
@@ -56,63 +55,69 @@ def _plausible_time(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-Text = Annotated[str, AfterValidator(_clean_text)]
-ShortText = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_clean_text)]
-
-
-def _clean_optional(value: str | None) -> str | None:
-    return None if value is None else _clean_text(value)
-
-
-OptionalText = Annotated[str | None, Field(max_length=MAX_TEXT), AfterValidator(_clean_optional)]
-Count = Annotated[StrictInt, Field(ge=0, le=MAX_COUNT)]
-Millis = Annotated[float | None, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
+# The field types both wire schemas share (the adapters' caller fields are a subset of the record's).
+RequestId = Annotated[str, bounds(LIMITS["request_id"]), AfterValidator(clean_text)]
+Workload = Annotated[str, bounds(LIMITS["workload"])]
+ShortText = Annotated[str, bounds(LIMITS["target_model"]), AfterValidator(clean_text)]
+OptionalText = Annotated[str | None, bounds(LIMITS["draft_model"]), AfterValidator(_clean_optional)]
+PromptHash = Annotated[str | None, bounds(LIMITS["prompt_hash"]), AfterValidator(_clean_optional)]
+Gamma = Annotated[StrictInt, bounds(LIMITS["num_speculative_tokens"])]
+Temperature = Annotated[float, bounds(LIMITS["temperature"])]
+TopP = Annotated[float, bounds(LIMITS["top_p"])]
 Timestamp = Annotated[datetime, AfterValidator(_plausible_time)]
-Workload = Annotated[str, Field(min_length=1, max_length=64, pattern=WORKLOAD_PATTERN.pattern)]
-FinishReason = Literal["stop", "length", "error"]
-# Per output span (decoder.record.OUTPUT_SPAN_EDGES); null when the sender does not know positions.
-SpanCounts = Annotated[list[Count], Field(min_length=OUTPUT_SPANS, max_length=OUTPUT_SPANS)] | None
+# What a record's field defaults to when a client leaves it out; the source says who sent it.
+_WIRE_DEFAULTS: Final = {"source": "api"}
 
 
-class EventIn(BaseModel):
+def _wire_type(name: str, hint: Any) -> Any:
+    """The wire's type of record field ``name``: its type in the record, strict (no "3" for 3), bounded by
+    :data:`~decoder.record.LIMITS` and its texts cleaned; a field of a type without limits has none."""
+    optional = get_origin(hint) in (Union, UnionType) and type(None) in get_args(hint)
+    base = next(arg for arg in get_args(hint) if arg is not type(None)) if optional else hint
+    if base is datetime:
+        wire: Any = Timestamp
+    elif base is bool:
+        wire = StrictBool
+    elif base is str:
+        wire = Annotated[str, bounds(LIMITS[name]), AfterValidator(clean_text)]
+    elif base is int:
+        wire = Annotated[StrictInt, bounds(LIMITS[name])]
+    elif base is float:
+        wire = Annotated[float, bounds(LIMITS[name])]
+    elif get_origin(base) is list:
+        wire = Annotated[list[Annotated[StrictInt, bounds(COUNT)]], bounds(LIMITS[name])]
+    else:  # a Literal: its choices are the rule
+        wire = base
+    return wire | None if optional else wire
+
+
+def _wire_default(spec: dataclasses.Field[Any]) -> Any:
+    if spec.name in _WIRE_DEFAULTS:
+        return _WIRE_DEFAULTS[spec.name]
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return ... if spec.default is dataclasses.MISSING else spec.default
+
+
+class _Event(BaseModel):
     """One finished request (the record of docs/api.md); unknown fields are refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    request_id: Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_clean_text)]
-    ts_start: Timestamp
-    ts_end: Timestamp
-    workload: Workload
-    target_model: ShortText
-    drafter: ShortText
-    draft_model: OptionalText = None
-    target_version: OptionalText = None
-    draft_version: OptionalText = None
-    mode: Mode = "speculative"
-    num_speculative_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_SPECULATIVE_TOKENS)] = 0
-    prompt_tokens: Count = 0
-    output_tokens: Count = 0
-    num_spec_steps: Count = 0
-    num_draft_tokens: Count = 0
-    num_accepted_tokens: Count = 0
-    accepted_per_position: Annotated[list[Count], Field(max_length=MAX_SPECULATIVE_TOKENS)] = []
-    acceptance_histogram: Annotated[list[Count], Field(max_length=MAX_SPECULATIVE_TOKENS + 1)] = []
-    ttft_ms: Millis = None
-    latency_ms: Millis = None
-    draft_ms: Millis = None
-    verify_ms: Millis = None
-    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)] = 0.0
-    top_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0
-    finish_reason: FinishReason = "stop"
-    error: Annotated[str | None, Field(max_length=MAX_ERROR_TEXT), AfterValidator(_clean_optional)] = None
-    source: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_clean_text)] = "api"
-    prompt_hash: Annotated[str | None, Field(max_length=128), AfterValidator(_clean_optional)] = None
-    stopped_mid_step: StrictBool = False
-    holdout_reason: HoldoutReason | None = None
-    drafted_by_span: SpanCounts = None
-    accepted_by_span: SpanCounts = None
-    decode_ms: Millis = None
-    upstream_inflight: Annotated[StrictInt, Field(ge=1, le=MAX_COUNT)] | None = None
+
+if TYPE_CHECKING:
+    EventIn = _Event
+else:
+    # The record's fields, each as _wire_type makes it: a field added to RequestRecord is on the wire
+    # with its limits, and one of a new type fails here, at import, until _wire_type knows it.
+    _HINTS: Final = get_type_hints(RequestRecord)
+    EventIn = create_model(
+        "EventIn",
+        __base__=_Event,
+        __doc__=_Event.__doc__,
+        __module__=__name__,
+        **{f.name: (_wire_type(f.name, _HINTS[f.name]), _wire_default(f)) for f in dataclasses.fields(RequestRecord)},
+    )
 
 
 class EventBatchIn(BaseModel):
@@ -190,7 +195,7 @@ def parse_events(body: Any, max_batch: int) -> list[RequestRecord]:
             [Problem(loc=["body"], msg='expected a record object or {"events": [...]}', type="type_error")]
         )
     if "events" not in body:
-        return [_parse_one(body, ("body",))]
+        return [record_from(body, ("body",))]
     if set(body) != {"events"} or not isinstance(body["events"], list):
         raise validation_error(
             [
@@ -214,7 +219,7 @@ def parse_events(body: Any, max_batch: int) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     for index, item in enumerate(items):
         try:
-            records.append(_parse_one(item, ("body", "events", index)))
+            records.append(record_from(item, ("body", "events", index)))
         except ApiError as error:
             problems.extend(error.detail or [])
             if len(problems) >= 50:  # enough to fix a client; a hostile batch gets no more work
@@ -224,9 +229,11 @@ def parse_events(body: Any, max_batch: int) -> list[RequestRecord]:
     return records
 
 
-def _parse_one(item: Any, loc: Loc) -> RequestRecord:
+def record_from(values: Any, loc: Loc = ("body",)) -> RequestRecord:
+    """The record of one posted object (or of the fields an adapter or the proxy gathered): the wire's field
+    checks, then the record's contract; raises :class:`ApiError` (422) naming each field at fault under ``loc``."""
     try:
-        event = EventIn.model_validate(item)
+        event = EventIn.model_validate(values)
     except ValidationError as error:
         raise validation_error(problems_of(error, loc)) from None
     return to_record(event, loc)

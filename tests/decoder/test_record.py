@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import random
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from fastapi.testclient import TestClient
 
-from decoder.record import COUNT_FIELDS, MEASURE_FIELDS, MODES, RecordError, RequestRecord, quick_pass
+from decoder.record import (
+    COUNT_FIELDS,
+    LIMITS,
+    MAX_COUNT,
+    MAX_ERROR_TEXT,
+    MAX_MS,
+    MAX_SPECULATIVE_TOKENS,
+    MAX_TEXT,
+    MEASURE_FIELDS,
+    MODES,
+    RecordError,
+    RequestRecord,
+    quick_pass,
+)
+from monitor.api.adapters import AdapterFields
+from monitor.api.app import create_app
+from monitor.ingest.scrape.targets import parse_targets
+from monitor.store.rows import validate
+from tests.api.conftest import INGEST, auth, make_settings
+from tests.proxy.upstream import Upstream
 
 
 def valid(**overrides: Any) -> RequestRecord:
@@ -135,9 +159,9 @@ def test_from_dict_rejects_unknown_fields_and_bad_timestamps() -> None:
 
 
 def test_naive_and_aware_times_do_not_compare() -> None:
-    # check() lets the comparison's TypeError through; the store's validate() names ts_end for it.
-    with pytest.raises(TypeError):
+    with pytest.raises(RecordError) as caught:
         valid(ts_end=datetime(2026, 11, 30, 13, 0)).check()
+    assert caught.value.field == "ts_end" and "time zone" in str(caught.value)
 
 
 # The quick pass (quick_pass) must agree with the rules one by one (_check_rules) on every record: the
@@ -145,12 +169,14 @@ def test_naive_and_aware_times_do_not_compare() -> None:
 # swapped for values from these pools, which hold each rule's edges and the types the rules meet.
 _EST = timezone(timedelta(hours=-5))
 _BAD_TZ_TIME = datetime(2026, 11, 30, 12, 0, tzinfo=_EST)
-TEXTS: list[Any] = [None, "", "t", "x" * 129, "a\x00b", 5, b"b", "code\n", "bad tag", type("S", (str,), {})("s")]
-COUNTS: list[Any] = [-1, 0, 1, 2, 3, 4, 5, 9, 10, 10**7, 2**60, True, False, 3.0, None, "3"]
+TEXTS: list[Any] = [None, "", "t", "x" * 129, "a\x00b", 5, b"b", "code\n", "bad tag", type("S", (str,), {})("s"),
+                    "\ud800", "caf\u00e9", "m" * MAX_TEXT, "m" * (MAX_TEXT + 1)]  # fmt: skip
+COUNTS: list[Any] = [-1, 0, 1, 2, 3, 4, 5, 9, 10, 10**7, 2**60, True, False, 3.0, None, "3", MAX_COUNT, MAX_COUNT + 1]
 LISTS: list[Any] = [[], [1], [3, 1, 1], [3, 1, 0], [4, 1, 0], [0, 2, 0, 1], [0, 3, 0, 0], [3, 1, True],
                     [3, 1, 1.0], [3, 1, -1, 2], (3, 1, 1), [0, 2, 0, 1, 0], [0, 0, 0], [6, 3, 0], [4, 1, 0],
                     [1, 4, 0], [9, 0, 0], [5, 0, 0], [5, 0], None]  # fmt: skip
-MEASURES: list[Any] = [None, 0.0, -0.0, 1.5, 1e308, -1.0, math.nan, math.inf, -math.inf, 0, 7, -2, True, 10**400, "1"]
+MEASURES: list[Any] = [None, 0.0, -0.0, 1.5, 1e308, -1.0, math.nan, math.inf, -math.inf, 0, 7, -2, True, 10**400, "1",
+                       1.0, 100.0, 100.5, MAX_MS, MAX_MS * 2]  # fmt: skip
 TIMES: list[Any] = [
     datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
     datetime(2026, 11, 30, 11, 0, tzinfo=UTC),
@@ -174,12 +200,14 @@ POOLS: dict[str, list[Any]] = {
     "draft_version": TEXTS,
     "mode": [*MODES, "turbo", None, ["plain"], "Plain"],
     "finish_reason": ["stop", "length", "error", "done", None, {}],
-    "error": TEXTS,
-    "source": ["embedded", "api", "proxy:llamacpp", *TEXTS],
-    "prompt_hash": TEXTS,
+    "error": [*TEXTS, "e" * MAX_ERROR_TEXT, "e" * (MAX_ERROR_TEXT + 1)],
+    "source": ["embedded", "api", "proxy:llamacpp", *TEXTS, "s" * 64, "s" * 65],
+    "prompt_hash": [*TEXTS, "h" * 128],
     "holdout_reason": [None, "target", "share", "coin", []],
     "stopped_mid_step": [False, True, 0, 1, None, "yes"],
     **{name: COUNTS for name in COUNT_FIELDS},
+    "num_speculative_tokens": [*COUNTS, MAX_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS + 1],
+    "upstream_inflight": [None, 0, 1, 2, True, 1.0, MAX_COUNT, MAX_COUNT + 1],
     **{name: MEASURES for name in MEASURE_FIELDS},
     **{
         name: LISTS for name in ("accepted_per_position", "acceptance_histogram", "drafted_by_span", "accepted_by_span")
@@ -239,3 +267,136 @@ def quick_pass_or_none(record: RequestRecord) -> bool:
         return quick_pass(record)
     except Exception:
         return False
+
+
+def test_each_pooled_value_on_each_valid_record() -> None:
+    # Every edge of every limit, one field at a time: the random mixes above may pass one by.
+    for base in BASES:
+        for name, values in POOLS.items():
+            for value in values:
+                record = valid(**{**base, name: value})
+                rules = outcome(record._check_rules)
+                assert not quick_pass_or_none(record) or rules == ("ok",), (name, value)
+                assert outcome(record.check) == rules, (name, value)
+
+
+# Every entrance a record comes in by refuses a record that breaks the contract, for the same reason:
+# the embedded decoder's (the record built and checked), the recorder's (monitor.store.rows.validate),
+# POST /v1/events, an adapter (POST /v1/events/llamacpp) and the proxy's record of a forwarded answer;
+# scrape takes no records, only a workload tag per target. A rule changed in decoder/record.py moves
+# them all, which is what these tests hold them to.
+REPORTED_DRAFTS = 80
+_INGEST_HEADERS = auth(INGEST)
+
+
+def _llamacpp_answer(accepted: int) -> dict[str, Any]:
+    """A llama-server answer (/completion's shape) reporting ``accepted`` of its 80 drafted tokens."""
+    timings = {"prompt_n": 12, "prompt_ms": 40.5, "predicted_n": 64, "predicted_ms": 2100.0}
+    timings |= {"draft_n": REPORTED_DRAFTS, "draft_n_accepted": accepted}
+    return {
+        "model": "qwen.gguf",
+        "stop_type": "eos",
+        "tokens_evaluated": 12,
+        "tokens_predicted": 64,
+        "timings": timings,
+    }
+
+
+def _posted(**changes: Any) -> dict[str, Any]:
+    """The record of that answer as POST /v1/events takes it: times a minute ago, as the wire's clock wants."""
+    start = datetime.now(UTC) - timedelta(minutes=1)
+    values: dict[str, Any] = {
+        "request_id": "entrance-1", "ts_start": start, "ts_end": start + timedelta(seconds=2), "workload": "code",
+        "target_model": "qwen.gguf", "drafter": "upstream", "prompt_tokens": 12, "output_tokens": 64,
+        "num_draft_tokens": REPORTED_DRAFTS, "num_accepted_tokens": 51, "source": "proxy:llamacpp",
+    }  # fmt: skip
+    return {**values, **changes}
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path, upstream: tuple[Upstream, str]) -> Iterator[tuple[TestClient, Upstream]]:
+    """The app in proxy mode in front of the stub upstream, serving /v1/events and the adapters beside it."""
+    stub, url = upstream
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'draftwatch.db'}", DRAFTWATCH_PROXY_UPSTREAM=url)
+    with TestClient(create_app(settings)) as client:
+        yield client, stub
+
+
+def _refused_over_http(response: httpx.Response) -> tuple[str, str]:
+    assert response.status_code == 422, response.text
+    problem = response.json()["detail"][0]
+    return str(problem["loc"][-1]), str(problem["msg"])
+
+
+def _refused_record(values: dict[str, Any]) -> tuple[str, str]:
+    with pytest.raises(RecordError) as caught:
+        validate(RequestRecord(**values))
+    return caught.value.field, str(caught.value).split(": ", 1)[1]
+
+
+def test_a_cross_field_rule_refuses_the_same_record_at_every_entrance(
+    sidecar: tuple[TestClient, Upstream], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, stub = sidecar
+    expected = ("num_accepted_tokens", f"90 accepted exceeds {REPORTED_DRAFTS} drafted")
+    bad = _posted(num_accepted_tokens=90)
+    with pytest.raises(RecordError) as caught:
+        RequestRecord(**bad).check()  # as the embedded decoder checks the record it built
+    refusals = {"embedded": (caught.value.field, str(caught.value).split(": ", 1)[1]), "recorder": _refused_record(bad)}
+    events = client.post("/v1/events", content=json.dumps(bad, default=str), headers=_INGEST_HEADERS)
+    refusals["/v1/events"] = _refused_over_http(events)
+    adapter = {**_llamacpp_answer(accepted=90), "workload": "code", "request_id": "entrance-2"}
+    refusals["/v1/events/llamacpp"] = _refused_over_http(client.post("/v1/events/llamacpp", json=adapter,
+                                                                     headers=_INGEST_HEADERS))  # fmt: skip
+    stub.chat = _llamacpp_answer(accepted=90)
+    with caplog.at_level(logging.WARNING, logger="monitor.proxy.forward"):
+        answered = client.post("/v1/chat/completions", json={"model": "qwen.gguf", "messages": []})
+    assert answered.status_code == 200 and answered.json() == stub.chat  # the monitor never fails a request
+    assert client.app.state.api.proxy_unrecorded == 1  # type: ignore[attr-defined]
+    (line,) = [r.getMessage() for r in caplog.records if "not recorded" in r.getMessage()]
+    where, why = line.split("not recorded: ", 1)[1].split(": ", 1)
+    refusals["proxy"] = (where.rsplit(".", 1)[-1], why)
+    assert refusals == dict.fromkeys(refusals, expected)
+    # The same answer with its counts in order is recorded by each: the refusals were the rule's, not the path's.
+    good = _posted(request_id="entrance-3")
+    assert validate(RequestRecord(**good)).request_id == "entrance-3"
+    assert client.post("/v1/events", content=json.dumps(good, default=str), headers=_INGEST_HEADERS).status_code == 202
+    adapter["timings"] = _llamacpp_answer(accepted=51)["timings"]
+    assert client.post("/v1/events/llamacpp", json=adapter, headers=_INGEST_HEADERS).status_code == 202
+    stub.chat = _llamacpp_answer(accepted=51)
+    assert client.post("/v1/chat/completions", json={"model": "qwen.gguf", "messages": []}).status_code == 200
+    assert client.app.state.api.recorder.flush(10)  # type: ignore[attr-defined]
+    assert client.app.state.api.proxy_unrecorded == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "name", ["request_id", "workload", "target_model", "prompt_hash", "temperature", "top_p", "num_speculative_tokens"]
+)
+def test_a_declared_limit_holds_at_its_edge_and_refuses_past_it_at_every_entrance(
+    sidecar: tuple[TestClient, Upstream], name: str
+) -> None:
+    # The wire schemas are built from LIMITS: a bound moved there moves pydantic's too (its wording, the
+    # same field). The proxy is not here: it takes these from its own settings and the client's body,
+    # clamped, and refuses nothing a client sends.
+    client, _ = sidecar
+    limit = LIMITS[name]
+    edge: Any = limit.le if limit.le is not None else "w" * (limit.max_length or 0)
+    past: Any = edge + 1 if limit.le is not None else edge + "w"
+    for value, accepted in ((edge, True), (past, False)):
+        record = _posted(**{"request_id": f"edge-{name}-{accepted}", name: value})
+        events = client.post("/v1/events", content=json.dumps(record, default=str), headers=_INGEST_HEADERS)
+        caller = {**_llamacpp_answer(accepted=51), "workload": "code", "request_id": f"edge-{name}-{accepted}-a"}
+        caller |= {name: value} if name in AdapterFields.model_fields else {}
+        adapter = client.post("/v1/events/llamacpp", json=caller, headers=_INGEST_HEADERS)
+        if accepted:
+            assert validate(RequestRecord(**record)).request_id == record["request_id"]
+            assert events.status_code == 202, events.text
+            assert adapter.status_code == 202, adapter.text
+            continue
+        assert _refused_record(record)[0] == name
+        assert _refused_over_http(events)[0] == name
+        if name in AdapterFields.model_fields:
+            assert _refused_over_http(adapter)[0] == name
+        if name == "workload":
+            with pytest.raises(ValueError, match="workload"):
+                parse_targets([{"url": "http://engine:8000/metrics", "kind": "vllm", "workload": value}])

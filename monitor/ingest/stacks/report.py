@@ -17,8 +17,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from decoder.record import FinishReason
-from monitor.store.rows import MAX_COUNT, MAX_SPECULATIVE_TOKENS
+from decoder.record import MAX_COUNT, MAX_MS, MAX_SPECULATIVE_TOKENS, FinishReason
 
 Stack = Literal["vllm", "llamacpp", "sglang"]
 Loc = tuple[str | int, ...]
@@ -29,7 +28,7 @@ Histogram = Annotated[list[Count], Field(max_length=MAX_SPECULATIVE_TOKENS + 1)]
 # Per-step arrays hold one entry per verification step; the API's body limit bounds them first.
 MAX_STEPS: Final = 1_000_000
 PerStep = Annotated[list[Count], Field(max_length=MAX_STEPS)]
-Millis = Annotated[float, Field(ge=0, le=1e10, allow_inf_nan=False)]
+Millis = Annotated[float, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)]
 # Unix timestamps (seconds) from 2000 to 2100.
 UnixSeconds = Annotated[float, Field(ge=946_684_800, le=4_102_444_800, allow_inf_nan=False)]

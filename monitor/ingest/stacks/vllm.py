@@ -26,7 +26,7 @@ from typing import Annotated, Any, Final
 
 from pydantic import Field
 
-from decoder.record import FinishReason
+from decoder.record import MAX_SPECULATIVE_TOKENS, FinishReason
 from monitor.ingest.stacks.report import (
     OPENAI_FINISH,
     Count,
@@ -51,7 +51,6 @@ from monitor.ingest.stacks.report import (
     spread,
     validated,
 )
-from monitor.store.rows import MAX_SPECULATIVE_TOKENS
 
 SPEC: Final[Loc] = ("metrics", "speculative_decoding")
 BY_LENGTH: Final[Loc] = (*SPEC, "acceptance_histogram_by_draft_length")
