@@ -14,13 +14,14 @@ docs/api.md maps every field.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Final
 
 from pydantic import ConfigDict, Field, StrictBool, ValidationError
 from pydantic.config import JsonDict
 
 from decoder.record import FinishReason, Mode, RequestRecord
-from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_error
+from monitor.api.errors import Loc, Problem, problems_of, validation_error
 from monitor.api.events import (
     Gamma,
     OptionalText,
@@ -31,6 +32,7 @@ from monitor.api.events import (
     Timestamp,
     TopP,
     Workload,
+    all_or_nothing,
     record_from,
 )
 from monitor.ingest.stacks import (
@@ -129,18 +131,8 @@ def parse_adapter_events(stack: Stack, body: Any, max_batch: int) -> list[Reques
         prefixes: list[Loc] = [("body", "events", i) for i in range(len(items))]
     else:
         items, prefixes = [body], [("body",)]
-    records: list[RequestRecord] = []
-    problems: list[Problem] = []
-    for item, loc in zip(items, prefixes, strict=True):
-        try:
-            records.append(map_response(stack, item, loc))
-        except ApiError as error:
-            problems.extend(error.detail or [])
-            if len(problems) >= 50:
-                break
-    if problems:
-        raise validation_error(problems[:50], "batch" if len(items) > 1 else "request")
-    return records
+    return all_or_nothing(zip(items, prefixes, strict=True), partial(map_response, stack),
+                          "batch" if len(items) > 1 else "request")  # fmt: skip
 
 
 def map_response(stack: Stack, item: Any, loc: Loc = ("body",)) -> RequestRecord:

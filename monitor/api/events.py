@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from types import UnionType
-from typing import TYPE_CHECKING, Annotated, Any, Final, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, create_model
 from pydantic.fields import FieldInfo
@@ -31,6 +32,9 @@ from monitor.api.errors import ApiError, Loc, Problem, problems_of, validation_e
 # A record may be stamped a little ahead of this server's clock (skewed clients); beyond this it is junk.
 MAX_FUTURE: Final = timedelta(minutes=10)
 EARLIEST: Final = datetime(2000, 1, 1, tzinfo=UTC)
+MAX_PROBLEMS: Final = 50
+
+T = TypeVar("T")
 
 
 def bounds(limit: Limit) -> FieldInfo:
@@ -156,22 +160,28 @@ def parse_body(body: bytes, max_batch: int) -> list[RequestRecord]:
             pass
         else:
             if len(batch.events) <= max_batch:
-                return _records(batch.events)
+                return all_or_nothing(_in_batch(batch.events), to_record)
     return parse_events(loads(body), max_batch)
 
 
-def _records(events: list[EventIn]) -> list[RequestRecord]:
+def all_or_nothing(
+    located: Iterable[tuple[T, Loc]], build: Callable[[T, Loc], RequestRecord], what: str = "batch"
+) -> list[RequestRecord]:
+    """Each item's record (``build`` at the item's ``loc``), or one 422 with the problems of the items that failed.
+
+    At most 50 problems: enough to fix a client, and a hostile batch gets no more work.
+    """
     records: list[RequestRecord] = []
     problems: list[Problem] = []
-    for index, event in enumerate(events):
+    for item, loc in located:
         try:
-            records.append(to_record(event, ("body", "events", index)))
+            records.append(build(item, loc))
         except ApiError as error:
             problems.extend(error.detail or [])
-            if len(problems) >= 50:
+            if len(problems) >= MAX_PROBLEMS:
                 break
     if problems:
-        raise validation_error(problems[:50], "batch")
+        raise validation_error(problems[:MAX_PROBLEMS], what)
     return records
 
 
@@ -215,18 +225,11 @@ def parse_events(body: Any, max_batch: int) -> list[RequestRecord]:
                 )
             ]
         )
-    problems: list[Problem] = []
-    records: list[RequestRecord] = []
-    for index, item in enumerate(items):
-        try:
-            records.append(record_from(item, ("body", "events", index)))
-        except ApiError as error:
-            problems.extend(error.detail or [])
-            if len(problems) >= 50:  # enough to fix a client; a hostile batch gets no more work
-                break
-    if problems:
-        raise validation_error(problems[:50], "batch")
-    return records
+    return all_or_nothing(_in_batch(items), record_from)
+
+
+def _in_batch(items: list[T]) -> Iterator[tuple[T, Loc]]:
+    return ((item, ("body", "events", index)) for index, item in enumerate(items))
 
 
 def record_from(values: Any, loc: Loc = ("body",)) -> RequestRecord:
