@@ -13,7 +13,9 @@ A streamed OpenAI-compatible request is asked for its usage (``stream_options.in
 and the usage-only event the client did not ask for is taken out of its stream. The monitor never
 fails a request: a response whose figures cannot be read is forwarded as is and counted in
 ``draftwatch_proxy_unrecorded_total``; recording goes through the recorder's queue (which spools
-when the database is away). An unreachable upstream gives 502 and a silent one 504, both in the
+when the database is away), or with ``recorder.spool_before_reply`` is fsync'd to the spool before
+the answer's last byte, so that a kill -9 loses no answered request. An unreachable upstream
+gives 502 and a silent one 504, both in the
 OpenAI error shape and recorded as errors; a client that disconnects mid-stream closes the
 upstream request, recorded as an error ("client disconnected"), as does one that leaves before the
 answer (the engine's request is cancelled); either way the replica's in-flight count is released.
@@ -26,7 +28,7 @@ only the generations (``RECORDED_PATHS``, POSTed) are recorded.
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import fnmatch
 import json
 import logging
@@ -35,6 +37,7 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncGenerator, Iterator, Mapping
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from weakref import WeakKeyDictionary
@@ -46,11 +49,12 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from decoder.record import WORKLOAD_PATTERN, Mode, RequestRecord
-from monitor.api.adapters import AdapterFields, record_of
+from decoder.record import WORKLOAD_PATTERN, RequestRecord
+from monitor.api.adapters import reported
 from monitor.api.auth import Guard
 from monitor.api.capture import offer, proxied_row
 from monitor.api.errors import ApiError
+from monitor.api.events import record_from
 from monitor.api.state import ApiState, api_state
 from monitor.ingest.stacks import PARSERS, Stack, StackError
 from monitor.ingest.stacks.report import StackReport
@@ -137,6 +141,8 @@ class _Exchange:
         # Generations are recorded; /v1/models, HEAD, OPTIONS and the engine's other routes pass unrecorded.
         self.recording = request.method == "POST" and self.path in RECORDED_PATHS
         self._recorded = False
+        # The record's fsync to the spool, under recorder.spool_before_reply: the answer ends only after it.
+        self._on_disk: Future[bool] | None = None
         # A compressed body goes upstream as it came; its fields are read from a decoded copy.
         encoding = request.headers.get("content-encoding", "")
         readable = decoded(body, encoding, self.settings.max_body_bytes) if encoding else body
@@ -257,11 +263,23 @@ class _Exchange:
                 rec = self._failure(fields, error or "the upstream's response carried no report")
             else:
                 rec = self._success(fields, report, finish)
-            self.state.recorder.record_nowait(rec)
+            if self.state.settings.recorder.spool_before_reply:
+                self._on_disk = self.state.recorder.record_durable(rec)
+            else:
+                self.state.recorder.record_nowait(rec)
         except (StackError, ApiError, ValueError) as refused:
             self.state.proxy_unrecorded += 1
             # The reason names fields and counts only: no body, no header, no token.
             log.warning("proxied %s not recorded: %s", self.path, _reason(refused))
+
+    async def on_disk(self) -> None:
+        """Wait, off the event loop, until the record is fsync'd to the spool (recorder.spool_before_reply).
+
+        Awaited before the answer's last byte goes out, so that a client holding a whole answer has
+        its record survive a kill -9 of the sidecar. At once when the setting is off.
+        """
+        if self._on_disk is not None:
+            await asyncio.wrap_future(self._on_disk)
 
     def _success(self, fields: dict[str, Any], report: Mapping[str, Any], finish: str | None) -> RequestRecord:
         stack = stack_of(self.settings.kind, self.path, report)
@@ -275,27 +293,44 @@ class _Exchange:
                 f"the baseline upstream {self.route.member.upstream.netloc} drafted {parsed.drafted} tokens: "
                 "proxy.baseline_upstream must serve the model without speculation"
             )
-        latency = time.perf_counter() - self.t0
-        measured = dataclasses.replace(
-            parsed,
-            ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000,
-            latency_ms=latency * 1000,
-            ts_start=None,
-            ts_end=None,
-        )
-        if not self.streamed and parsed.ttft_ms is not None:
+        return self._built(fields, parsed, finish=parsed.finish_reason or finish)
+
+    def _failure(self, fields: dict[str, Any], error: str) -> RequestRecord:
+        return self._built(fields, None, finish="error", error=error[:200])
+
+    def _built(
+        self, fields: dict[str, Any], parsed: StackReport | None, *, finish: str | None, error: str | None = None
+    ) -> RequestRecord:
+        """The record of an answered request (``parsed``: the stack's report) or a failed one (None): one shape.
+
+        Both take their times from one reading of the clock (``fields``' ts_start and ts_end, whose
+        difference is the latency), their mode from the routing (the baseline's requests are held
+        out; a failed one keeps the deployment's mode) and go through the record's contract as every
+        entrance does (:func:`monitor.api.events.record_from`).
+        """
+        latency_ms = (fields["ts_end"] - fields["ts_start"]) / timedelta(milliseconds=1)
+        ttft_ms = None if self.ttft_s is None else self.ttft_s * 1000
+        if parsed is not None and not self.streamed and parsed.ttft_ms is not None:
             # A non-streamed response arrives whole: the stack's own TTFT is the only one there is.
-            measured = dataclasses.replace(measured, ttft_ms=parsed.ttft_ms)
-        extra = {"finish_reason": finish} if finish and parsed.finish_reason is None else {}
-        adapter = AdapterFields.model_validate({**fields, "request_id": parsed.request_id or _new_id(), **extra})
-        rec = record_of(adapter, measured, ("response",))
-        return dataclasses.replace(
-            rec,
-            mode="holdout" if baseline else rec.mode,
-            holdout_reason=self.route.holdout_reason,
-            decode_ms=self._decode_ms(parsed),
-            upstream_inflight=self.inflight,
-        ).check()
+            ttft_ms = parsed.ttft_ms
+        deployed = "speculative" if self.settings.deployment_speculative else "plain"
+        return record_from(
+            {
+                **fields,
+                "request_id": (parsed and parsed.request_id) or _new_id(),
+                **(reported(parsed) if parsed else {}),
+                "mode": "holdout" if self.route.baseline else (parsed.mode if parsed else deployed),
+                "holdout_reason": self.route.holdout_reason,
+                "ttft_ms": ttft_ms,
+                "latency_ms": latency_ms,
+                "decode_ms": self._decode_ms(parsed) if parsed else None,
+                "upstream_inflight": self.inflight,
+                "finish_reason": finish,
+                "error": error,
+                "source": f"proxy:{self._stack_named()}",
+            },
+            ("response",),
+        )
 
     def _decode_ms(self, parsed: StackReport) -> float | None:
         """The engine's own decode time where it reports one, else the stream's; a whole answer has none.
@@ -312,26 +347,6 @@ class _Exchange:
     def _stack_named(self) -> str:
         """The configured stack; with proxy.kind auto, the one this replica's answers were last read as (else auto)."""
         return (self.settings.kind == "auto" and self.route.member.stack) or self.settings.kind
-
-    def _failure(self, fields: dict[str, Any], error: str) -> RequestRecord:
-        spec_mode: Mode = "speculative" if self.settings.deployment_speculative else "plain"
-        return RequestRecord(
-            request_id=_new_id(),
-            ts_start=fields["ts_start"],
-            ts_end=fields["ts_end"],
-            workload=self.workload,
-            target_model=fields["target_model"],
-            drafter="upstream",
-            # A failed request keeps the mode its routing chose.
-            mode="holdout" if self.route.baseline else spec_mode,
-            holdout_reason=self.route.holdout_reason,
-            upstream_inflight=self.inflight,
-            ttft_ms=None if self.ttft_s is None else self.ttft_s * 1000,
-            latency_ms=(time.perf_counter() - self.t0) * 1000,
-            finish_reason="error",
-            error=error[:200],
-            source=f"proxy:{self._stack_named()}",
-        ).check()
 
 
 # Whom a refused token is answered as, in the OpenAI error's type.
@@ -374,6 +389,7 @@ async def forward(request: Request) -> Response:
         async with anyio.create_task_group() as group:
             group.start_soon(watch, group.cancel_scope)
             response = await _answer(request, exchange)
+            await exchange.on_disk()  # a whole answer: its body is sent after this
             group.cancel_scope.cancel()
     except Exception:
         exchange.record(None, error="the proxy failed (see its log)")
@@ -497,6 +513,10 @@ class _Relay:
         failed = self.error is not None or self.response.status >= 400 or self.report is None
         self.exchange.record(None if failed else self.report, finish=self.finish, error=self.error)
 
+    async def _settled(self) -> None:
+        self.settle()
+        await self.exchange.on_disk()
+
     async def end(self) -> None:
         """Settle as a disconnect unless the stream ended first, then close the upstream request (shielded)."""
         if not self.exchange.settled:
@@ -525,6 +545,8 @@ class _Relay:
                         self.report, self.finish = _remember(parsed_event, self.report, self.finish)
                         if exchange.sglang_added and parsed_event is not None:  # SGLang's counts and usage: two events
                             self.report = gathered_sglang(before, parsed_event)
+                        if _ends_answer(parsed_event):  # a client may stop reading here: recorded before it reads
+                            await self._settled()
                         if exchange.strip_usage and _usage_only(data):
                             continue
                         cleaned = cleaned_sglang_json(data, exchange.sglang_added) if exchange.sglang_added else data
@@ -533,19 +555,19 @@ class _Relay:
                                 continue
                             event = b"data: " + cleaned + b"\n\n"
                     elif _is_done(event):
-                        self.settle()  # before the client reads the end: what it has seen is recorded by then
+                        await self._settled()  # before the client reads the end: what it has seen is recorded by then
                     yield event
             if pending:
                 yield pending
         except (UpstreamError, zlib.error) as cut:
             self.error = f"upstream stream cut: {cut}" if isinstance(cut, UpstreamError) else "stream undecodable"
-            self.settle()  # before the client reads the error event, as before a [DONE]
+            await self._settled()  # before the client reads the error event, as before a [DONE]
             message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
             yield f"data: {json.dumps(message)}\n\n".encode()
         except BaseException:  # the client went away (cancellation, a closed generator) or the server stops
             self.error = "client disconnected"
             raise
-        self.settle()
+        await self._settled()  # the body's end (a stream without [DONE]) goes out after this
 
 
 class _RelayResponse(StreamingResponse):
@@ -614,6 +636,11 @@ def _carries_text(event: Mapping[str, Any]) -> bool:
         return False
     # llama.cpp's /completion and SGLang's /generate stream the text itself.
     return bool(event.get("content") or event.get("text"))
+
+
+def _ends_answer(event: Mapping[str, Any] | None) -> bool:
+    """The last event of a stream without ``[DONE]``: Responses' ``response.completed``, llama.cpp's ``stop``."""
+    return event is not None and (event.get("type") == "response.completed" or event.get("stop") is True)
 
 
 def _usage_only(data: bytes) -> bool:

@@ -21,14 +21,15 @@ from tests.serving import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(tmp_path: Path, db_url: str, port: int, *options: str) -> subprocess.Popen[bytes]:
-    """``draftwatch [options] serve`` on ``port``, once it answers ready; its stdout and stderr in one pipe."""
+def start(tmp_path: Path, db_url: str, port: int, *options: str, **env: str) -> subprocess.Popen[bytes]:
+    """``draftwatch [options] serve`` on ``port`` with ``env`` on top, once it answers ready; output in one pipe."""
     env = {
         **os.environ,
         "HOME": str(tmp_path),
         "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"),
         "DRAFTWATCH_DATABASE_URL": db_url,
         "DRAFTWATCH_API_TOKENS": TOKENS,
+        **env,
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "monitor.commands", *options, "serve", "--port", str(port), "--no-scheduler"],

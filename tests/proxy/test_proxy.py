@@ -95,6 +95,27 @@ def test_upstream_errors_are_forwarded_and_recorded(
     assert (row["finish_reason"], row["error"], row["workload"]) == ("error", "upstream status 503", "default")
 
 
+def test_an_answered_and_a_failed_request_are_recorded_in_one_shape(
+    tmp_path: Path, db_url: str, upstream: tuple[Upstream, str]
+) -> None:
+    # One builder for both: the sampling settings asked for, the replica's load, and a latency that is
+    # ts_end - ts_start (one reading of the clock), whether the engine answered or not.
+    stub, url = upstream
+    body = {"model": "m", "messages": [], "temperature": 0.7, "top_p": 0.9}
+    with proxy_sidecar(tmp_path, db_url, url) as client:
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        stub.fail_with = 503
+        assert client.post("/v1/chat/completions", json=body).status_code == 503
+        flush(client)
+    answered, failed = sorted(rows(db_url), key=lambda row: row["finish_reason"] == "error")
+    assert (failed["finish_reason"], failed["error"], answered["error"]) == ("error", "upstream status 503", None)
+    for row in (answered, failed):
+        assert (row["temperature"], row["top_p"], row["upstream_inflight"], row["drafter"]) == (0.7, 0.9, 1, "upstream")
+        assert row["latency_ms"] == pytest.approx((row["ts_end"] - row["ts_start"]).total_seconds() * 1000, abs=1e-6)
+        assert row["source"] == "proxy:vllm"
+    assert {k for k, v in answered.items() if v is None} - {k for k, v in failed.items() if v is None} == {"error"}
+
+
 def test_an_unreachable_upstream_gives_502_in_the_openai_shape(tmp_path: Path, db_url: str) -> None:
     with proxy_sidecar(tmp_path, db_url, f"http://127.0.0.1:{free_port()}") as client:
         response = client.post("/v1/chat/completions", json={"model": "m", "messages": []})

@@ -105,6 +105,7 @@ class Upstream:
         async def events() -> AsyncIterator[bytes]:
             for event in self.response_events():
                 yield event
+                await asyncio.sleep(self.stream_pause_s)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
