@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,6 +29,7 @@ from decoder.calibration import CALIBRATION_ROUNDS, measure_pair_costs
 from decoder.controller import Observation, Plan, SpeculationController
 from decoder.cpu.row_stable import row_stable_passes
 from decoder.drafters.base import Drafter, drafter_label
+from decoder.holdout import HoldoutReason
 from decoder.loading import LoadedModel
 from decoder.record import Mode, RequestRecord, validate_workload
 from decoder.sampling import SamplingParams, choose
@@ -77,6 +78,78 @@ class _Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.tokens[self.prompt_length :]
+
+
+@dataclass(slots=True)
+class _RequestPlan:
+    """How one request decodes: its drafter (label and object), mode, gamma, and what may steer it midway."""
+
+    label: str | None
+    drafter: Drafter | None
+    mode: Mode
+    gamma: int
+    holdout_reason: HoldoutReason | None
+    measure_t1: bool
+    replan: Replan | None
+    guard: LossGuard | None
+
+
+@dataclass(slots=True)
+class _Decoding:
+    """One request in the loop: what it decodes, with what, and what steers it.
+
+    ``drafter``: the drafter of a speculative request; None for plain and holdout, and from the
+    moment ``replan`` answers ``plain`` (asked every ``REPLAN_STEPS`` steps with what the request
+    measured so far; a lower gamma it answers caps the request's) or ``guard`` (charged after every
+    step that drafted) is over budget.
+    ``measure_t1``: the first step carries no drafts, so the controller sees a one-token pass.
+    """
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams
+    seed: int | None
+    stats: RequestStats
+    stopper: Stopper
+    drafter: Drafter | None
+    measure_t1: bool = False
+    replan: Replan | None = None
+    guard: LossGuard | None = None
+
+
+def _check_options(workload: str, max_new_tokens: int, mode: Mode | None) -> None:
+    validate_workload(workload)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if mode is not None and mode not in ("speculative", "plain", "holdout"):
+        raise ValueError(f"mode must be speculative, plain or holdout, got {mode!r}")
+
+
+def _begin_drafting(request: _Decoding) -> None:
+    """Let a speculative request's drafter read the prompt, timed as drafting.
+
+    After the first token, not before: TTFT stays the target's prompt reading, as in plain
+    decoding, and the draft model's prompt reading lands in the decode phase it serves.
+    """
+    if request.drafter is None:
+        return
+    started = time.perf_counter()
+    request.drafter.begin(request.prompt_ids)
+    request.stats.draft_prefill_seconds = time.perf_counter() - started
+    request.stats.draft_prefill_tokens = len(request.prompt_ids)
+
+
+def _replanned(request: _Decoding, gamma_now: int) -> int:
+    """Every ``REPLAN_STEPS`` drafting steps, the controller's new plan: stop drafting, or a new gamma cap."""
+    stats = request.stats
+    due = stats.num_spec_steps % REPLAN_STEPS == 0 < stats.num_spec_steps
+    if request.drafter is None or request.replan is None or not due:
+        return gamma_now
+    plan = request.replan(stats.observation())
+    if plan.mode == "plain":
+        request.drafter = None
+        logger.debug("speculation stopped after %d steps (S = %.2f)", stats.num_spec_steps, plan.expected_speedup)
+    return min(stats.gamma, plan.gamma)
 
 
 def prefill(target: LoadedModel, seq: _Sequence, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -249,18 +322,62 @@ class SpeculativeDecoder:
         drafter: str | None = None,
         request_id: str | None = None,
     ) -> Iterator[str | RequestRecord]:
-        validate_workload(workload)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if mode is not None and mode not in ("speculative", "plain", "holdout"):
-            raise ValueError(f"mode must be speculative, plain or holdout, got {mode!r}")
+        """Check, plan, stream the text, then hand the record over (a failed request's too) and yield it."""
+        _check_options(workload, max_new_tokens, mode)
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         prompt_ids, prompt_hash = self._encode(prompt, chat)
-        if self.max_positions and len(prompt_ids) + max_new_tokens > self.max_positions:
+        self._check_context(len(prompt_ids), max_new_tokens)
+        plan = self._plan(workload, len(prompt_ids), max_new_tokens, mode, gamma, drafter)
+        stats = RequestStats(gamma=plan.gamma, mode=plan.mode, holdout_reason=plan.holdout_reason)
+        if request_id:
+            stats.request_id = request_id
+        stats.prompt_tokens = len(prompt_ids)
+        identity = self._identity(workload, plan.drafter, temperature, top_p, prompt_hash)
+        request = _Decoding(
+            prompt_ids=prompt_ids,
+            max_new_tokens=max_new_tokens,
+            params=params,
+            seed=seed,
+            stats=stats,
+            stopper=Stopper(self.target.tokenizer, self.eos_token_ids, stop),
+            drafter=plan.drafter if plan.mode == "speculative" else None,
+            measure_t1=plan.measure_t1,
+            replan=plan.replan,
+            guard=plan.guard,
+        )
+        try:
+            finish = yield from self._stream(request, token_ids)
+        except Exception as error:
+            record = stats.to_record(finish_reason="error", error=f"{type(error).__name__}: {error}", **identity)
+            self._hand_over(record)
+            raise
+        record = stats.to_record(finish_reason=finish, **identity)
+        if self.controller is not None and plan.label is not None:
+            self.controller.observe(workload, stats.observation(), plan.mode, drafter=plan.label)
+        self._hand_over(record)
+        yield record
+
+    def _check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        if self.max_positions and prompt_tokens + max_new_tokens > self.max_positions:
             raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                 f"target's context of {self.max_positions} tokens"
             )
+
+    def _plan(
+        self,
+        workload: str,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        mode: Mode | None,
+        gamma: int | None,
+        drafter: str | None,
+    ) -> _RequestPlan:
+        """The request's drafter, mode and gamma: the caller's where given, else the controller's, else the defaults.
+
+        Only a request the controller plans whole (neither mode nor gamma fixed) gets ``replan`` and
+        ``guard``: the controller may stop its drafting midway.
+        """
         candidates = self.labels if drafter is None else (self._label_of(drafter),)
         label = candidates[0] if candidates else None
         measure_t1 = False
@@ -270,10 +387,10 @@ class SpeculativeDecoder:
         if self.controller is not None and candidates and (mode is None or gamma is None):
             self.calibrate_if_needed()
             plan = self.controller.plan(
-                workload, prompt_tokens=len(prompt_ids), max_new_tokens=max_new_tokens, drafters=candidates
+                workload, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, drafters=candidates
             )
             label = plan.drafter
-            if mode is None and gamma is None:  # the controller's request: it may stop drafting midway
+            if mode is None and gamma is None:
                 replan = partial(self.controller.replan, workload, drafter=label)
                 budget = self.controller.loss_budget_ms(workload, max_new_tokens, drafter=label)
                 guard = LossGuard(*budget) if budget is not None else None
@@ -288,85 +405,47 @@ class SpeculativeDecoder:
         chosen = self.drafters[self.labels.index(label)] if label is not None else None
         if mode == "speculative" and chosen is None:
             mode = "plain"
-        stats = RequestStats(gamma=gamma, mode=mode, holdout_reason=holdout_reason)
-        if request_id:
-            stats.request_id = request_id
-        stats.prompt_tokens = len(prompt_ids)
-        identity: dict[str, object] = {
+        return _RequestPlan(label, chosen, mode, gamma, holdout_reason, measure_t1, replan, guard)
+
+    def _identity(
+        self, workload: str, drafter: Drafter | None, temperature: float, top_p: float, prompt_hash: str
+    ) -> dict[str, object]:
+        """The record's fields that say what served the request (the drafter chosen, even when it did not draft)."""
+        return {
             "workload": workload,
             "target_model": self.target.name,
             "target_version": self.target.version,
-            "drafter": chosen.kind if chosen is not None else "none",
-            "draft_model": chosen.name if chosen is not None else None,
-            "draft_version": chosen.version if chosen is not None else None,
+            "drafter": drafter.kind if drafter is not None else "none",
+            "draft_model": drafter.name if drafter is not None else None,
+            "draft_version": drafter.version if drafter is not None else None,
             "temperature": float(temperature),
             "top_p": float(top_p),
             "source": self.source,
             "prompt_hash": prompt_hash,
         }
-        stopper = Stopper(self.target.tokenizer, self.eos_token_ids, stop)
+
+    def _stream(self, request: _Decoding, token_ids: list[int]) -> Generator[str, None, str]:
+        """Decode ``request`` into ``token_ids``, yielding each new piece of visible text; return the finish reason."""
         finish = "length"
         shown = 0  # characters of text already yielded
-        try:
-            with torch.inference_mode():
-                steps = self._decode(
-                    prompt_ids,
-                    max_new_tokens,
-                    params,
-                    seed,
-                    stats,
-                    stopper,
-                    token_ids,
-                    chosen,
-                    measure_t1,
-                    replan,
-                    guard,
-                )
-                for finished in steps:
-                    text = stopper.visible_text(token_ids, final=finished is not None)
-                    if len(text) > shown:
-                        yield text[shown:]
-                        shown = len(text)
-                    if finished is not None:
-                        finish = finished
-        except Exception as error:
-            record = stats.to_record(finish_reason="error", error=f"{type(error).__name__}: {error}", **identity)
-            self._hand_over(record)
-            raise
-        record = stats.to_record(finish_reason=finish, **identity)
-        if self.controller is not None and label is not None:
-            self.controller.observe(workload, stats.observation(), mode, drafter=label)
-        self._hand_over(record)
-        yield record
+        with torch.inference_mode():
+            for finished in self._decode(request, token_ids):
+                text = request.stopper.visible_text(token_ids, final=finished is not None)
+                if len(text) > shown:
+                    yield text[shown:]
+                    shown = len(text)
+                if finished is not None:
+                    finish = finished
+        return finish
 
-    def _decode(
-        self,
-        prompt_ids: list[int],
-        max_new_tokens: int,
-        params: SamplingParams,
-        seed: int | None,
-        stats: RequestStats,
-        stopper: Stopper,
-        output: list[int],
-        chosen: Drafter | None,
-        measure_t1: bool = False,
-        replan: Replan | None = None,
-        guard: LossGuard | None = None,
-    ) -> Iterator[str | None]:
-        """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end.
-
-        ``chosen``: the drafter of a speculative request.
-        ``measure_t1``: the first step carries no drafts, so the controller sees a one-token pass.
-        ``replan``: asked every ``REPLAN_STEPS`` steps with what the request measured so far; when it
-        answers ``plain``, the remaining steps draft nothing, and a lower gamma caps this request's.
-        ``guard``: charged after every step that drafted; once it is over budget, drafting stops.
-        """
+    def _decode(self, request: _Decoding, output: list[int]) -> Iterator[str | None]:
+        """Run prefill and steps, appending to ``output``; yield after each, the finish reason at the end."""
         from transformers import DynamicCache
 
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        generator = torch.Generator().manual_seed(request.seed) if request.seed is not None else None
+        prompt_ids, stats, stopper = request.prompt_ids, request.stats, request.stopper
         seq = _Sequence(tokens=list(prompt_ids), prompt_length=len(prompt_ids), cache=DynamicCache())
-        drafter = chosen if stats.mode == "speculative" else None
-        first = prefill(self.target, seq, params, generator)
+        first = prefill(self.target, seq, request.params, generator)
         seq.tokens.append(first)
         output.append(first)
         stats.first_token()
@@ -374,40 +453,14 @@ class SpeculativeDecoder:
             yield "stop"
             return
         yield None
-        if drafter is not None:
-            # After the first token, not before: TTFT stays the target's prompt reading, as in plain
-            # decoding, and the draft model's prompt reading lands in the decode phase it serves.
-            started = time.perf_counter()
-            drafter.begin(prompt_ids)
-            stats.draft_prefill_seconds = time.perf_counter() - started
-            stats.draft_prefill_tokens = len(prompt_ids)
+        _begin_drafting(request)
         gamma_now = stats.gamma
-        while len(output) < max_new_tokens:
-            if (
-                drafter is not None
-                and replan is not None
-                and stats.num_spec_steps % REPLAN_STEPS == 0 < stats.num_spec_steps
-            ):
-                plan = replan(stats.observation())
-                if plan.mode == "plain":
-                    drafter = None
-                    logger.debug(
-                        "speculation stopped after %d steps (S = %.2f)", stats.num_spec_steps, plan.expected_speedup
-                    )
-                gamma_now = min(stats.gamma, plan.gamma)
+        while len(output) < request.max_new_tokens:
+            gamma_now = _replanned(request, gamma_now)
             # Never draft past max_new_tokens: the step's own token needs one slot.
-            gamma = 0 if measure_t1 else min(gamma_now, max_new_tokens - len(output) - 1)
-            measure_t1 = False
-            step_started = time.perf_counter()
-            emitted, drafted = speculative_step(self.target, drafter, seq, gamma, params, generator, stats)
-            if (
-                guard is not None
-                and drafted
-                and guard.charge((time.perf_counter() - step_started) * 1000, len(emitted))
-            ):
-                drafter = None
-                logger.debug("speculation stopped after %d steps: %.1f ms lost to drafting", stats.num_spec_steps + 1,
-                             guard.excess_ms)  # fmt: skip
+            gamma = 0 if request.measure_t1 else min(gamma_now, request.max_new_tokens - len(output) - 1)
+            request.measure_t1 = False
+            emitted, drafted = self._step(request, seq, gamma, generator)
             accepted = len(emitted) - 1
             output.extend(emitted)
             keep = stopper.keep(output, len(emitted))
@@ -420,6 +473,21 @@ class SpeculativeDecoder:
             stats.step(drafted, accepted, len(emitted), stopped_mid_step=False)
             yield None
         yield "length"
+
+    def _step(
+        self, request: _Decoding, seq: _Sequence, gamma: int, generator: torch.Generator | None
+    ) -> tuple[list[int], int]:
+        """One draft-and-verify step; one that drafted is charged to the loss guard, which may stop the drafting."""
+        started = time.perf_counter()
+        emitted, drafted = speculative_step(
+            self.target, request.drafter, seq, gamma, request.params, generator, request.stats
+        )
+        guard = request.guard
+        if guard is not None and drafted and guard.charge((time.perf_counter() - started) * 1000, len(emitted)):
+            request.drafter = None
+            logger.debug("speculation stopped after %d steps: %.1f ms lost to drafting",
+                         request.stats.num_spec_steps + 1, guard.excess_ms)  # fmt: skip
+        return emitted, drafted
 
     # Helpers
 
