@@ -54,7 +54,6 @@ DECODER_VARIABLES: Final = (
 CONFIG_FILE_ENV: Final = "DRAFTWATCH_CONFIG"
 DATA_DIR: Final = Spec(
     "data_dir",
-    "DRAFTWATCH_DATA_DIR",
     parse_path,
     "directory for the default SQLite database, the recorder's spool and the opt-in prompt sample "
     "(default: $XDG_DATA_HOME/draftwatch or ~/.local/share/draftwatch)",

@@ -16,7 +16,6 @@ from monitor.settings.parsers import parse_duration, parse_int, parse_names
 class AlertSettings:
     rules: tuple[Rule, ...] = setting(
         "alerts.rules",
-        "DRAFTWATCH_ALERTS_RULES",
         parse_rules,
         DEFAULT_RULES,
         "[[alerts.rules]] tables (JSON list in the environment) overriding or adding to the default rules "
@@ -25,42 +24,36 @@ class AlertSettings:
     )
     for_runs: int = setting(
         "alerts.for_runs",
-        "DRAFTWATCH_ALERTS_FOR_RUNS",
         parse_int(1),
         2,
         "consecutive active evaluations before a pending alert fires",
     )
     clear_runs: int = setting(
         "alerts.clear_runs",
-        "DRAFTWATCH_ALERTS_CLEAR_RUNS",
         parse_int(1),
         2,
         "consecutive clear evaluations before a firing alert resolves",
     )
     repeat_interval: timedelta = setting(
         "alerts.repeat_interval",
-        "DRAFTWATCH_ALERTS_REPEAT_INTERVAL",
         parse_duration,
         timedelta(hours=4),
         "how often a firing, unacknowledged alert is notified again",
     )
     group_by: tuple[str, ...] = setting(
         "alerts.group_by",
-        "DRAFTWATCH_ALERTS_GROUP_BY",
         parse_names,
         ("workload",),
         "labels whose values group alerts into one notification, comma-separated",
     )
     flap_window: timedelta = setting(
         "alerts.flap_window",
-        "DRAFTWATCH_ALERTS_FLAP_WINDOW",
         parse_duration,
         timedelta(hours=1),
         "window in which repeated firing counts as flapping",
     )
     flap_max_fires: int = setting(
         "alerts.flap_max_fires",
-        "DRAFTWATCH_ALERTS_FLAP_MAX_FIRES",
         parse_int(1),
         3,
         "firing notifications per alert within flap_window; more are held back",

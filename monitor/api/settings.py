@@ -42,15 +42,13 @@ def parse_api_tokens(raw: Any) -> tuple[ApiToken, ...]:
 class ApiSettings:
     host: str = setting(
         "api.host",
-        "DRAFTWATCH_API_HOST",
         parse_str,
         "127.0.0.1",
         "address `draftwatch serve` binds; anything but loopback needs api.tokens",
     )
-    port: int = setting("api.port", "DRAFTWATCH_API_PORT", parse_int(0, 65535), 8321, "TCP port of `draftwatch serve`")
+    port: int = setting("api.port", parse_int(0, 65535), 8321, "TCP port of `draftwatch serve`")
     tokens: tuple[ApiToken, ...] = setting(
         "api.tokens",
-        "DRAFTWATCH_API_TOKENS",
         parse_api_tokens,
         (),
         "bearer tokens of the API as comma-separated scope:token pairs, scopes ingest, read, admin "
@@ -60,28 +58,24 @@ class ApiSettings:
     )
     max_batch_size: int = setting(
         "api.max_batch_size",
-        "DRAFTWATCH_API_MAX_BATCH_SIZE",
         parse_int(1),
         10_000,
         "most records in one POST /v1/events",
     )
     max_body_bytes: int = setting(
         "api.max_body_bytes",
-        "DRAFTWATCH_API_MAX_BODY_BYTES",
         parse_int(1024),
         16 * 1024 * 1024,
         "largest request body the API reads, in bytes (default: 16 MiB)",
     )
     request_timeout_s: float = setting(
         "api.request_timeout_s",
-        "DRAFTWATCH_API_REQUEST_TIMEOUT_S",
         parse_seconds,
         60.0,
         "longest time from a request's arrival to its response's start; 0 disables",
     )
     decode_queue_size: int = setting(
         "api.decode_queue_size",
-        "DRAFTWATCH_API_DECODE_QUEUE_SIZE",
         parse_int(1),
         16,
         "generation requests waiting for the decoder; beyond that the API answers 503",
@@ -99,7 +93,6 @@ class DecoderSettings:
 
     holdout_share: float = setting(
         "decoder.holdout_share",
-        "DRAFTWATCH_DECODER_HOLDOUT_SHARE",
         parse_share,
         0.05,
         "share of a workload's requests decoded without speculation (mode holdout) to measure the speedup, once it "
@@ -108,7 +101,6 @@ class DecoderSettings:
     )
     holdout_target: int = setting(
         "decoder.holdout_target",
-        "DRAFTWATCH_DECODER_HOLDOUT_TARGET",
         parse_int(0),
         30,
         "holdout requests per workload and drift.current_window that the measured net-loss test needs; below it a "
@@ -117,7 +109,6 @@ class DecoderSettings:
     )
     holdout_max_share: float = setting(
         "decoder.holdout_max_share",
-        "DRAFTWATCH_DECODER_HOLDOUT_MAX_SHARE",
         parse_share,
         0.2,
         "share held out while a workload is below decoder.holdout_target: the most a small workload pays for "

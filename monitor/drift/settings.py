@@ -40,14 +40,12 @@ def parse_workload_floors(raw: Any) -> WorkloadFloors:
 class DriftSettings:
     current_window: timedelta = setting(
         "drift.current_window",
-        "DRAFTWATCH_DRIFT_CURRENT_WINDOW",
         parse_duration,
         timedelta(hours=1),
         "length of the current window of a drift run, e.g. 15m, 6h",
     )
     max_current_window: timedelta = setting(
         "drift.max_current_window",
-        "DRAFTWATCH_DRIFT_MAX_CURRENT_WINDOW",
         parse_duration,
         timedelta(hours=8),
         "longest the current window of a workload widens to (doubling) while it holds fewer than drift.min_requests "
@@ -55,49 +53,42 @@ class DriftSettings:
     )
     reference_window: timedelta = setting(
         "drift.reference_window",
-        "DRAFTWATCH_DRIFT_REFERENCE_WINDOW",
         parse_duration,
         timedelta(days=1),
         "length of the rolling reference window just before the current one",
     )
     fdr_level: float = setting(
         "drift.fdr_level",
-        "DRAFTWATCH_DRIFT_FDR_LEVEL",
         parse_fraction,
         0.01,
         "Benjamini-Hochberg false-discovery level across one drift run",
     )
     min_requests: int = setting(
         "drift.min_requests",
-        "DRAFTWATCH_DRIFT_MIN_REQUESTS",
         parse_int(5),
         30,
         "fewest requests per window for a test to decide; fewer gives insufficient_data",
     )
     sample_size: int = setting(
         "drift.sample_size",
-        "DRAFTWATCH_DRIFT_SAMPLE_SIZE",
         parse_int(50),
         2000,
         "most requests read per window and workload (a deterministic hash sample)",
     )
     acceptance_floor: float = setting(
         "drift.acceptance_floor",
-        "DRAFTWATCH_DRIFT_ACCEPTANCE_FLOOR",
         parse_fraction,
         0.05,
         "smallest change of mean per-request acceptance that counts as drift (default: 0.05 = 5 points)",
     )
     latency_floor: float = setting(
         "drift.latency_floor",
-        "DRAFTWATCH_DRIFT_LATENCY_FLOOR",
         parse_ratio,
         0.10,
         "smallest relative rise of p95 latency (ms per token, TTFT, end-to-end) that counts",
     )
     workload_floors: WorkloadFloors = setting(
         "drift.workload_floors",
-        "DRAFTWATCH_DRIFT_WORKLOAD_FLOORS",
         parse_workload_floors,
         (),
         "per-workload floors, 'chat:acceptance=0.08,latency=0.2;code:psi=0.5' (keys: acceptance, latency, psi)",

@@ -18,24 +18,19 @@ FULL_QUEUE_POLICIES: Final = ("block_then_spool", "spool", "raise")
 class RecorderSettings:
     queue_size: int = setting(
         "recorder.queue_size",
-        "DRAFTWATCH_RECORDER_QUEUE_SIZE",
         parse_int(1),
         20_000,
         "records the recorder holds in memory before the full-queue policy applies",
     )
-    batch_size: int = setting(
-        "recorder.batch_size", "DRAFTWATCH_RECORDER_BATCH_SIZE", parse_int(1), 1000, "records per database transaction"
-    )
+    batch_size: int = setting("recorder.batch_size", parse_int(1), 1000, "records per database transaction")
     flush_interval_s: float = setting(
         "recorder.flush_interval_s",
-        "DRAFTWATCH_RECORDER_FLUSH_INTERVAL_S",
         parse_seconds,
         0.2,
         "longest time a record waits in the queue before its batch is written",
     )
     full_queue_policy: str = setting(
         "recorder.full_queue_policy",
-        "DRAFTWATCH_RECORDER_FULL_QUEUE_POLICY",
         parse_choice(FULL_QUEUE_POLICIES),
         "block_then_spool",
         "what record() does when the queue is full: block_then_spool (wait up to block_timeout_s, then "
@@ -44,21 +39,18 @@ class RecorderSettings:
     )
     block_timeout_s: float = setting(
         "recorder.block_timeout_s",
-        "DRAFTWATCH_RECORDER_BLOCK_TIMEOUT_S",
         parse_seconds,
         0.05,
         "how long record() waits for room under block_then_spool",
     )
     retry_interval_s: float = setting(
         "recorder.retry_interval_s",
-        "DRAFTWATCH_RECORDER_RETRY_INTERVAL_S",
         parse_seconds,
         1.0,
         "how often the recorder retries an unreachable database",
     )
     write_timeout_s: float = setting(
         "recorder.write_timeout_s",
-        "DRAFTWATCH_RECORDER_WRITE_TIMEOUT_S",
         parse_seconds,
         5.0,
         "how long a database write may run before the database counts as hung: new batches go to the spool "
@@ -66,14 +58,12 @@ class RecorderSettings:
     )
     writer_threads: int = setting(
         "recorder.writer_threads",
-        "DRAFTWATCH_RECORDER_WRITER_THREADS",
         parse_int(1),
         1,
         "background writer threads (2 helps ingest throughput on PostgreSQL; SQLite gains nothing)",
     )
     spool_before_reply: bool = setting(
         "recorder.spool_before_reply",
-        "DRAFTWATCH_RECORDER_SPOOL_BEFORE_REPLY",
         parse_bool,
         False,
         "proxy mode: fsync each proxied request's record to the spool before the last byte of its response is "
@@ -82,7 +72,6 @@ class RecorderSettings:
     )
     spool_dir: Path = setting(
         "recorder.spool_dir",
-        "DRAFTWATCH_RECORDER_SPOOL_DIR",
         parse_path,
         dataclasses.MISSING,
         "directory of the recorder's append-only spool files (default: spool/ in data_dir)",
@@ -98,7 +87,6 @@ class RecorderSettings:
 class ScrapeSettings:
     targets: tuple[ScrapeTarget, ...] = setting(
         "scrape",
-        "DRAFTWATCH_SCRAPE",
         parse_targets,
         (),
         "engines' /metrics endpoints to read (scrape mode): [[scrape]] tables (url, kind vllm|llamacpp|sglang, "
@@ -113,7 +101,6 @@ class ScrapeSettings:
 class CaptureSettings:
     share: float = setting(
         "capture.share",
-        "DRAFTWATCH_CAPTURE_SHARE",
         parse_share,
         0.0,
         "share of proxied and embedded-decoder requests whose prompt may enter the prompt sample for "
@@ -121,21 +108,18 @@ class CaptureSettings:
     )
     max_per_workload: int = setting(
         "capture.max_per_workload",
-        "DRAFTWATCH_CAPTURE_MAX_PER_WORKLOAD",
         parse_int(1),
         200,
         "most prompts the sample keeps per workload, a uniform reservoir of those seen",
     )
     retention_days: int = setting(
         "capture.retention_days",
-        "DRAFTWATCH_CAPTURE_RETENTION_DAYS",
         parse_int(1),
         7,
         "days a captured prompt is kept before it is deleted",
     )
     path: Path = setting(
         "capture.path",
-        "DRAFTWATCH_CAPTURE_PATH",
         parse_path,
         dataclasses.MISSING,
         "the prompt sample's own SQLite file, apart from the records (default: prompt-sample.db in data_dir)",

@@ -14,7 +14,6 @@ from monitor.settings.parsers import parse_duration, parse_int, parse_seconds
 class DeliverySettings:
     receivers: tuple[WebhookReceiver, ...] = setting(
         "webhooks",
-        "DRAFTWATCH_WEBHOOKS",
         parse_webhooks,
         (),
         "webhook receivers: [[webhooks]] tables (url, format alertmanager|alertmanager-api|slack|json, secret "
@@ -23,42 +22,36 @@ class DeliverySettings:
     )
     allowed_hosts: tuple[str, ...] = setting(
         "delivery.allowed_hosts",
-        "DRAFTWATCH_DELIVERY_ALLOWED_HOSTS",
         parse_hosts,
         (),
         "hosts webhooks may be sent to, comma-separated; empty allows any",
     )
     timeout_s: float = setting(
         "delivery.timeout_s",
-        "DRAFTWATCH_DELIVERY_TIMEOUT_S",
         parse_seconds,
         10.0,
         "timeout of one webhook request, connect and read",
     )
     max_attempts: int = setting(
         "delivery.max_attempts",
-        "DRAFTWATCH_DELIVERY_MAX_ATTEMPTS",
         parse_int(1),
         12,
         "attempts before a notification becomes a dead letter",
     )
     max_age: timedelta = setting(
         "delivery.max_age",
-        "DRAFTWATCH_DELIVERY_MAX_AGE",
         parse_duration,
         timedelta(days=1),
         "age after which an undelivered notification becomes a dead letter",
     )
     backoff_base_s: float = setting(
         "delivery.backoff_base_s",
-        "DRAFTWATCH_DELIVERY_BACKOFF_BASE_S",
         parse_seconds,
         5.0,
         "first retry delay; doubles per attempt, with jitter",
     )
     backoff_max_s: float = setting(
         "delivery.backoff_max_s",
-        "DRAFTWATCH_DELIVERY_BACKOFF_MAX_S",
         parse_seconds,
         900.0,
         "longest retry delay, also the cap on a receiver's Retry-After",

@@ -129,7 +129,6 @@ class ProxySettings:
 
     upstream: tuple[str, ...] = setting(
         "proxy.upstream",
-        "DRAFTWATCH_PROXY_UPSTREAM",
         parse_upstreams,
         (),
         "base URLs of the speculative serving stack to forward to (proxy mode), e.g. http://127.0.0.1:8080; several "
@@ -137,7 +136,6 @@ class ProxySettings:
     )
     routes: tuple[ModelRoute, ...] = setting(
         "proxy.routes",
-        "DRAFTWATCH_PROXY_ROUTES",
         parse_routes,
         (),
         "upstream pools by the request's model: [[proxy.routes]] tables (model, an exact name or a glob; upstream, "
@@ -146,7 +144,6 @@ class ProxySettings:
     )
     eject_after: int = setting(
         "proxy.eject_after",
-        "DRAFTWATCH_PROXY_EJECT_AFTER",
         parse_int(1),
         3,
         "failures in a row (refused, reset, timed out, or answering 502/503/504) after which a replica leaves its "
@@ -154,7 +151,6 @@ class ProxySettings:
     )
     eject_cooldown_s: float = setting(
         "proxy.eject_cooldown_s",
-        "DRAFTWATCH_PROXY_EJECT_COOLDOWN_S",
         parse_seconds,
         30.0,
         "how long a failing replica stays out of its pool; then it is tried again, and one more failure sends it "
@@ -162,7 +158,6 @@ class ProxySettings:
     )
     baseline_upstream: tuple[str, ...] = setting(
         "proxy.baseline_upstream",
-        "DRAFTWATCH_PROXY_BASELINE_UPSTREAM",
         parse_upstreams,
         (),
         "base URLs of the same model served without speculation: the baseline that measures whether speculation "
@@ -170,7 +165,6 @@ class ProxySettings:
     )
     baseline_policy: str = setting(
         "proxy.baseline_policy",
-        "DRAFTWATCH_PROXY_BASELINE_POLICY",
         parse_choice(BASELINE_POLICIES),
         "share",
         "how requests reach the baseline: share (the holdout policy, decoder.holdout_*, draws them per workload) "
@@ -179,7 +173,6 @@ class ProxySettings:
     )
     on_net_loss: str = setting(
         "proxy.on_net_loss",
-        "DRAFTWATCH_PROXY_ON_NET_LOSS",
         parse_choice(("alert", "route")),
         "alert",
         "what an established net loss does: alert only, or route (the workload goes to the baseline, a probe share "
@@ -188,71 +181,62 @@ class ProxySettings:
     )
     route_min_dwell_s: float = setting(
         "proxy.route_min_dwell_s",
-        "DRAFTWATCH_PROXY_ROUTE_MIN_DWELL_S",
         parse_seconds,
         1800.0,
         "shortest time a workload stays routed (or back) before the next switch, so that routing cannot flap",
     )
     route_refresh_s: float = setting(
         "proxy.route_refresh_s",
-        "DRAFTWATCH_PROXY_ROUTE_REFRESH_S",
         parse_seconds,
         10.0,
         "how often the proxy reads the routing decisions the scheduler made",
     )
     kind: str = setting(
         "proxy.kind",
-        "DRAFTWATCH_PROXY_KIND",
         parse_choice(PROXY_KINDS),
         "auto",
         "the upstream's stack, which decides how its speculative counts are read: auto (by the response's shape), "
-        "vllm, sglang, llamacpp, openai (usage only) (default: auto)",
+        "vllm, sglang, llamacpp, openai (usage only)",
     )
     speculative: str = setting(
         "proxy.speculative",
-        "DRAFTWATCH_PROXY_SPECULATIVE",
         parse_choice(("auto", "true", "false")),
         "auto",
         "whether the upstream decodes speculatively: true stores a request that drafted nothing as speculative "
-        "with 0 drafts and refuses a response without counts; auto infers it per response (default: auto)",
+        "with 0 drafts and refuses a response without counts; auto infers it per response",
     )
     timeout_s: float = setting(
         "proxy.timeout_s",
-        "DRAFTWATCH_PROXY_TIMEOUT_S",
         parse_seconds,
         600.0,
         "longest wait for the upstream's response to start, or between two streamed chunks; past it the client "
-        "gets 504 (default: 600)",
+        "gets 504",
     )
     max_body_bytes: int = setting(
         "proxy.max_body_bytes",
-        "DRAFTWATCH_PROXY_MAX_BODY_BYTES",
         parse_int(1024),
         100 * 1024 * 1024,
         "largest request body a proxied route reads (413 past it): engines take long prompts and images that "
-        "api.max_body_bytes would refuse (default: 100 MiB)",
+        "api.max_body_bytes would refuse",
     )
     workload_header: str = setting(
         "proxy.workload_header",
-        "DRAFTWATCH_PROXY_WORKLOAD_HEADER",
         parse_str,
         "X-Workload",
-        "request header naming a proxied request's workload; it is not forwarded (default: X-Workload)",
+        "request header naming a proxied request's workload; it is not forwarded",
     )
     workload_rules: tuple[WorkloadRule, ...] = setting(
         "proxy.workload_rules",
-        "DRAFTWATCH_PROXY_WORKLOAD_RULES",
         parse_workload_rules,
         (),
         "workloads of requests without the header or a body metadata.workload: 'model:qwen*=code;path:/completion="
-        "completion;user:bot-*=batch', first match wins (default: none)",
+        "completion;user:bot-*=batch', first match wins",
     )
     default_workload: str = setting(
         "proxy.default_workload",
-        "DRAFTWATCH_PROXY_DEFAULT_WORKLOAD",
         parse_str,
         "default",
-        "workload of a proxied request no header, metadata or rule names (default: default)",
+        "workload of a proxied request no header, metadata or rule names",
     )
 
     @property

@@ -13,77 +13,66 @@ from monitor.settings.parsers import parse_bool, parse_duration, parse_int, pars
 class SchedulerSettings:
     drift_interval: timedelta = setting(
         "scheduler.drift_interval",
-        "DRAFTWATCH_SCHEDULER_DRIFT_INTERVAL",
         parse_duration,
         timedelta(minutes=5),
         "how often the drift run (and alert evaluation) job runs",
     )
     delivery_interval: timedelta = setting(
         "scheduler.delivery_interval",
-        "DRAFTWATCH_SCHEDULER_DELIVERY_INTERVAL",
         parse_duration,
         timedelta(seconds=10),
         "how often the webhook delivery job runs",
     )
     health_interval: timedelta = setting(
         "scheduler.health_interval",
-        "DRAFTWATCH_SCHEDULER_HEALTH_INTERVAL",
         parse_duration,
         timedelta(minutes=1),
         "how often the health alerts (scheduler, recorder spool, dead letters) are evaluated",
     )
     retention_interval: timedelta = setting(
         "scheduler.retention_interval",
-        "DRAFTWATCH_SCHEDULER_RETENTION_INTERVAL",
         parse_duration,
         timedelta(days=1),
         "how often the retention job deletes old rows",
     )
     scrape_interval: timedelta = setting(
         "scheduler.scrape_interval",
-        "DRAFTWATCH_SCHEDULER_SCRAPE_INTERVAL",
         parse_duration,
         timedelta(seconds=15),
         "how often the scrape job looks for [[scrape]] targets due for their own interval",
     )
     misfire_grace_s: float = setting(
         "scheduler.misfire_grace_s",
-        "DRAFTWATCH_SCHEDULER_MISFIRE_GRACE_S",
         parse_seconds,
         60.0,
         "how late a job may still start after its time",
     )
     coalesce: bool = setting(
         "scheduler.coalesce",
-        "DRAFTWATCH_SCHEDULER_COALESCE",
         parse_bool,
         True,
         "run a job once, not once per missed time, after a delay",
     )
     max_instances: int = setting(
         "scheduler.max_instances",
-        "DRAFTWATCH_SCHEDULER_MAX_INSTANCES",
         parse_int(1),
         1,
         "concurrent runs of one job in one process",
     )
     lease_ttl_s: float = setting(
         "scheduler.lease_ttl_s",
-        "DRAFTWATCH_SCHEDULER_LEASE_TTL_S",
         parse_seconds,
         30.0,
         "leader lease lifetime: a replica that stops renewing loses the lease after this",
     )
     heartbeat_s: float = setting(
         "scheduler.heartbeat_s",
-        "DRAFTWATCH_SCHEDULER_HEARTBEAT_S",
         parse_seconds,
         10.0,
         "how often replicas renew or try to take the lease; keep well below lease_ttl_s",
     )
     failure_alert_after: int = setting(
         "scheduler.failure_alert_after",
-        "DRAFTWATCH_SCHEDULER_FAILURE_ALERT_AFTER",
         parse_int(1),
         3,
         "consecutive failures of a job that raise the scheduler alert",
@@ -94,42 +83,36 @@ class SchedulerSettings:
 class RetentionSettings:
     requests_days: int = setting(
         "retention.requests_days",
-        "DRAFTWATCH_RETENTION_REQUESTS_DAYS",
         parse_int(0),
         30,
         "days of requests kept; 0 keeps everything",
     )
     rollups_days: int = setting(
         "retention.rollups_days",
-        "DRAFTWATCH_RETENTION_ROLLUPS_DAYS",
         parse_int(0),
         400,
         "days of per-minute rollups kept; 0 keeps everything",
     )
     drift_days: int = setting(
         "retention.drift_days",
-        "DRAFTWATCH_RETENTION_DRIFT_DAYS",
         parse_int(0),
         90,
         "days of drift runs and results kept; 0 keeps everything",
     )
     alerts_days: int = setting(
         "retention.alerts_days",
-        "DRAFTWATCH_RETENTION_ALERTS_DAYS",
         parse_int(0),
         90,
         "days of finished notifications, resolved alerts and expired silences kept; 0 keeps all",
     )
     jobs_days: int = setting(
         "retention.jobs_days",
-        "DRAFTWATCH_RETENTION_JOBS_DAYS",
         parse_int(0),
         14,
         "days of job history kept; 0 keeps everything",
     )
     batches_days: int = setting(
         "retention.batches_days",
-        "DRAFTWATCH_RETENTION_BATCHES_DAYS",
         parse_int(0),
         7,
         "days of committed recorder batch ids kept (one row per batch: about 432,000 a day at 1,000 records/s); "

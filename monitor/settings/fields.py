@@ -1,7 +1,7 @@
-"""A setting is declared once, as a field of its room's section: name, environment variable, parser, default, help.
+"""A setting is declared once, as a field of its room's section: name, parser, default, help.
 
-The variable follows from the name by one rule (:func:`env_name`), so a reader who knows either
-knows the other; a spec that breaks the rule is refused where it is declared.
+Its environment variable follows from the name by one rule (:func:`env_name`), never typed by
+hand, so a reader who knows either knows the other.
 
 A section is a frozen, keyword-only dataclass; each field made with :func:`setting` carries its
 :class:`Spec` in the field's metadata, so the section is at once the typed value the room reads
@@ -12,7 +12,7 @@ constants, not settings.
 >>> from monitor.settings.parsers import parse_int
 >>> @dataclass(frozen=True, kw_only=True)
 ... class Batch:
-...     size: int = setting("batch.size", "DRAFTWATCH_BATCH_SIZE", parse_int(1), 100, "records per batch")
+...     size: int = setting("batch.size", parse_int(1), 100, "records per batch")
 >>> resolve(Batch, lambda spec: (spec.env, "7") if spec.env == "DRAFTWATCH_BATCH_SIZE" else None, Path("/d"))
 Batch(size=7)
 >>> resolve(Batch, lambda spec: (spec.env, "0"), Path("/d"))
@@ -49,10 +49,9 @@ def env_name(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Spec:
-    """One setting: its dotted name (also its place in ``draftwatch.toml``), variable, parser and help."""
+    """One setting: its dotted name (also its place in ``draftwatch.toml``), parser and help."""
 
     name: str
-    env: str
     parse: Parser
     help: str
     # Secret values (API tokens, webhook secrets) are never quoted in error messages.
@@ -63,17 +62,14 @@ class Spec:
     # read (after the variable) with a warning that names the variable to set instead.
     renamed_from: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        if self.env != env_name(self.name):
-            raise ValueError(
-                f"setting {self.name!r}: variable {self.env!r} breaks the naming rule; name it {env_name(self.name)!r} "
-                "(an old name users may have set goes in renamed_from=)"
-            )
+    @property
+    def env(self) -> str:
+        """Its environment variable (:func:`env_name`)."""
+        return env_name(self.name)
 
 
 def setting(
     name: str,
-    env: str,
     parse: Parser,
     default: Any,
     help: str,
@@ -89,7 +85,7 @@ def setting(
     """
     if (derive is None) == (default is dataclasses.MISSING):
         raise ValueError(f"setting {name!r}: give a default or derive=, not both or neither")
-    metadata = {_SPEC: Spec(name, env, parse, help, secret, derive, renamed_from)}
+    metadata = {_SPEC: Spec(name, parse, help, secret, derive, renamed_from)}
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -21,7 +21,6 @@ def parse_database_url(raw: Any) -> str:
 class DatabaseSettings:
     url: str = setting(
         "database.url",
-        "DRAFTWATCH_DATABASE_URL",
         parse_database_url,
         dataclasses.MISSING,
         "SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB (default: draftwatch.db in data_dir)",
@@ -29,7 +28,6 @@ class DatabaseSettings:
     )
     upgrade_on_start: bool = setting(
         "database.upgrade_on_start",
-        "DRAFTWATCH_DATABASE_UPGRADE_ON_START",
         parse_bool,
         True,
         "run the schema migrations when a service starts",
