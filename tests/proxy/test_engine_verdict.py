@@ -5,8 +5,9 @@ speculative one drafts with the n-gram drafter set to draft greedily: after any 
 the context (n = 1) it proposes the 8 that followed it. Where the answer copies its prompt (``copy``,
 a completion that has begun the copy) those drafts are accepted and speculation pays or ties; where
 it writes something new (``story``) nearly every draft is rejected and each step verifies 9 tokens
-to keep one, so speculation is slower (about 0.5x). Which of the two loses is read off llama.cpp's
-own ``timings.predicted_per_token_ms`` of the very responses (the truth), not assumed.
+to keep one, so speculation is slower (about 0.5x; copy measures about 1.35x). Which of the two
+loses is read off llama.cpp's own ``timings.predicted_per_token_ms`` of the very responses (the
+truth), not assumed.
 
 The sidecar holds every other request of a workload out (holdout share 0.5, target 12) and the
 drift run's ``drift.min_requests`` is lowered to 10 (default 30) so that one short run decides. The
@@ -49,7 +50,11 @@ GREEDY_NGRAM: tuple[str, ...] = (
     "--threads", "1",
 )  # fmt: skip
 PLAIN_ARGS: tuple[str, ...] = ("--threads", "1")
-WORDS = "apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, melons, peaches, mangoes, olives"
+# Longer than an answer (32 tokens), so that the whole answer is the copy and no new text dilutes the copy's gain.
+WORDS = (
+    "apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, melons, peaches, mangoes, olives, "
+    "carrots, onions, leeks, beets, radishes, turnips, peas, lentils, cabbages, spinach, celery, garlic"
+)
 PROMPTS: dict[str, list[str]] = {
     "copy": [
         f"Copy the list exactly.\nList: {WORDS}, {suffix}.\nCopy: apples, pears,"
@@ -64,6 +69,8 @@ PROMPTS: dict[str, list[str]] = {
 }
 PER_WORKLOAD = 24  # 12 held out, 12 speculative at a 0.5 share
 MAX_TOKENS = 32
+TRUE_LOSS = 0.8  # llama.cpp's own ratio below which story counts as a clear loss (measured 0.35-0.53x)
+TIE = 0.9  # and above which copy counts as paying or tied (measured 1.35x; 1.00-1.33x with a shorter list)
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +120,9 @@ def test_the_workload_llama_cpp_finds_slower_is_a_net_loss_and_is_routed(
         DRAFTWATCH_PROXY_ON_NET_LOSS="route",
         DRAFTWATCH_PROXY_ROUTE_MIN_DWELL_S="0",
         DRAFTWATCH_PROXY_ROUTE_REFRESH_S="0.2",
-        DRAFTWATCH_HOLDOUT_SHARE="0.5",
-        DRAFTWATCH_HOLDOUT_TARGET="12",
-        DRAFTWATCH_HOLDOUT_MAX_SHARE="0.5",
+        DRAFTWATCH_DECODER_HOLDOUT_SHARE="0.5",
+        DRAFTWATCH_DECODER_HOLDOUT_TARGET="12",
+        DRAFTWATCH_DECODER_HOLDOUT_MAX_SHARE="0.5",
         # Lowered from 30 so that 12 requests a side decide; the windows hold this run alone.
         DRAFTWATCH_DRIFT_MIN_REQUESTS="10",
         DRAFTWATCH_DRIFT_CURRENT_WINDOW="30m",
@@ -141,9 +148,10 @@ def test_the_workload_llama_cpp_finds_slower_is_a_net_loss_and_is_routed(
             verdicts = [verdict_of(r) for r in found.values()]
             switches = decide_routes(engine, settings.proxy, verdicts, now)
             report = {w: (round(ratios[w], 2), r.decision, r.effect, r.ci, r.n_ref, r.n_cur) for w, r in found.items()}
-            losing = [w for w, ratio in ratios.items() if ratio < 1]
-            # The premise, from llama.cpp alone: the greedy drafter makes story slower, and copy not.
-            assert losing == ["story"], report
+            # The premise, from llama.cpp alone: the greedy drafter makes story clearly slower, while copy pays or
+            # ties. A tie measures either side of 1.0 from run to run (0.999 under CI's load), so the premise asks for
+            # a margin rather than a sign.
+            assert ratios["story"] < TRUE_LOSS and ratios["copy"] > TIE, report
             assert found["story"].decision == "drift", report
             assert found["copy"].decision != "drift", report
             assert {(a.rule, a.labels.get("workload")) for a in list_alerts(engine)} >= {("net_loss", "story")}
