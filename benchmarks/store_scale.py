@@ -695,7 +695,7 @@ def measure_api(url: str, plan: Plan, repeats: int) -> list[tuple[str, list[floa
     """Seconds per GET, ``repeats`` times each, through the real app; plus the read behind /metrics."""
     import httpx
 
-    from monitor.api.metrics import read_figures
+    from monitor.api.reads.metrics import read_figures
     from monitor.config import Settings
     from monitor.store.engine import create_engine
 

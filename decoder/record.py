@@ -70,7 +70,7 @@ class Limit:
     """A field's bounds: ``ge``/``le`` for a number, ``min_length``/``max_length`` for a text or a list.
 
     Declared once, in :data:`LIMITS`: :meth:`RequestRecord.check` enforces them on every record, and the wire
-    schemas (``monitor/api/events.py``, ``monitor/api/adapters.py``) pass them to pydantic as they are, which is
+    schemas (``monitor/api/events.py``, ``monitor/api/ingest/adapters.py``) pass them to pydantic as they are, which is
     why the names are pydantic's ``Field`` arguments. ``allow_inf_nan=False``: the number must be finite.
     """
 

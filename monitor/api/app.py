@@ -25,15 +25,18 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from sqlalchemy.engine import Engine
 
-from monitor.api import alerts, drift, errors, generate, ingest, openai_chat, reads
-from monitor.api import metrics as prometheus  # the module of /metrics; `metrics` below is its Metrics
-from monitor.api.adapters import MODELS
+from monitor.api import errors
 from monitor.api.auth import TokenSet, require
-from monitor.api.controller_state import STATE_FILE
 from monitor.api.dates import DateMiddleware
-from monitor.api.decoding import DecodeWorker
+from monitor.api.decoding import generate, openai_chat
+from monitor.api.decoding.controller_state import STATE_FILE
+from monitor.api.decoding.worker import DecodeWorker
 from monitor.api.events import EventBatchIn, EventIn
+from monitor.api.ingest import routes as ingest
+from monitor.api.ingest.adapters import MODELS
 from monitor.api.limits import LimitsMiddleware
+from monitor.api.reads import alerts, drift, health, workloads
+from monitor.api.reads import metrics as prometheus  # the module of /metrics; `metrics` below is its Metrics
 from monitor.api.state import ApiState
 from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
@@ -152,7 +155,7 @@ def create_app(
     app.add_middleware(DateMiddleware)
     # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.
     served = (forward,) if settings.proxy.upstream else (generate, openai_chat)
-    for module in (ingest, *served, reads, prometheus, alerts, drift):
+    for module in (ingest, *served, workloads, health, prometheus, alerts, drift):
         app.include_router(module.router)
     _document_bodies(app)
     if not open_docs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -10,15 +11,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from sqlalchemy.engine import Engine
 
+from decoder.evaluation import SampleRow
 from monitor.api.auth import TokenSet
-from monitor.api.decoding import DecodeWorker
+from monitor.api.decoding.worker import DecodeWorker
 from monitor.config import Settings
 from monitor.ingest.capture import PromptCapture
 from monitor.ingest.recorder import Recorder
 from monitor.proxy.routing import Router
 
 if TYPE_CHECKING:  # /metrics (metrics.py) renders from ApiState: a run-time import would be a cycle
-    from monitor.api.metrics import Metrics
+    from monitor.api.reads.metrics import Metrics
 
 
 @dataclass(slots=True)
@@ -44,3 +46,10 @@ class ApiState:
 def api_state(request: Request) -> ApiState:
     state: ApiState = request.app.state.api
     return state
+
+
+def offer(request: Request, make: Callable[[], SampleRow | None]) -> None:
+    """Offer a request's row to the prompt sample when capture is on (``make`` runs only past the share gate)."""
+    capture = api_state(request).capture
+    if capture is not None:
+        capture.offer(make)

@@ -24,7 +24,7 @@ from decoder.cli import add_model_arguments, build_decoder
 from decoder.controller import SpeculationController
 from decoder.fetch import FetchError
 from decoder.loading import ModelLoadError
-from monitor.api.controller_state import STATE_FILE, save_controller
+from monitor.api.decoding.controller_state import STATE_FILE, save_controller
 from monitor.demo.processes import ProcessGroup, free_port
 from monitor.demo.receiver import Delivery, WebhookReceiver
 from monitor.demo.scenario import Scenario

@@ -50,13 +50,12 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from decoder.record import WORKLOAD_PATTERN, RequestRecord
-from monitor.api.adapters import reported
 from monitor.api.auth import Guard
-from monitor.api.capture import offer, proxied_row
 from monitor.api.errors import ApiError
 from monitor.api.events import record_from
-from monitor.api.state import ApiState, api_state
-from monitor.ingest.stacks import PARSERS, Stack, StackError
+from monitor.api.state import ApiState, api_state, offer
+from monitor.ingest.sample_rows import proxied_row
+from monitor.ingest.stacks import PARSERS, Stack, StackError, reported
 from monitor.ingest.stacks.report import StackReport
 from monitor.ingest.stacks.sglang import is_sglang_openai
 from monitor.proxy.asks import ask_sglang, cleaned_sglang_json, gathered_sglang

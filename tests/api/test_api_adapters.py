@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 from fastapi.testclient import TestClient
 
-from monitor.api.adapters import map_response
+from monitor.api.ingest.adapters import map_response
 from tests.api.conftest import INGEST, auth, recent, stored
 
 H = auth(INGEST)

@@ -9,7 +9,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from monitor.api.app import create_app
-from monitor.api.controller_state import STATE_FILE
+from monitor.api.decoding.controller_state import STATE_FILE
 from tests.api.conftest import INGEST, auth, make_settings
 from tests.api.test_api_decode import PROMPT, tiny_decoder
 

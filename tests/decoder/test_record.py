@@ -29,8 +29,8 @@ from decoder.record import (
     RequestRecord,
     quick_pass,
 )
-from monitor.api.adapters import AdapterFields
 from monitor.api.app import create_app
+from monitor.api.ingest.adapters import AdapterFields
 from monitor.ingest.scrape.targets import parse_targets
 from monitor.store.rows import validate
 from tests.api.conftest import INGEST, auth, make_settings

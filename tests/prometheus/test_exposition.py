@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from decoder.record import RequestRecord
 from monitor.api.app import create_app
-from monitor.api.metrics import MAX_LABEL_SETS, MAX_POSITIONS
+from monitor.api.reads.metrics import MAX_LABEL_SETS, MAX_POSITIONS
 from monitor.ingest.synthetic import synthetic_record
 from tests.api.conftest import INGEST, READ, auth, bodies, make_settings
 

@@ -3,7 +3,7 @@
 Each parser is a pure function from one response (a non-streamed body, or the final chunk of a
 stream) and what the caller knows of the deployment (``speculative``: whether it runs speculative
 decoding, ``None`` to infer it from the response; ``num_speculative_tokens``: its draft length, if
-known) to a :class:`StackReport`. The adapter endpoints (:mod:`monitor.api.adapters`) call them
+known) to a :class:`StackReport`. The adapter endpoints (:mod:`monitor.api.ingest.adapters`) call them
 with a posted response; a proxy calls them with the upstream's response and its own timings.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
 from monitor.ingest.stacks.llamacpp import LlamacppResponse, parse_llamacpp
-from monitor.ingest.stacks.report import Problem, Stack, StackError, StackReport
+from monitor.ingest.stacks.report import Problem, Stack, StackError, StackReport, reported
 from monitor.ingest.stacks.sglang import SglangResponse, parse_sglang
 from monitor.ingest.stacks.vllm import VllmResponse, parse_vllm
 
@@ -31,6 +31,7 @@ __all__ = [
     "parse_llamacpp",
     "parse_sglang",
     "parse_vllm",
+    "reported",
 ]
 
 

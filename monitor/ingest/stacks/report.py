@@ -99,6 +99,23 @@ class StackReport:
     ts_end: datetime | None = None
 
 
+def reported(report: StackReport) -> dict[str, Any]:
+    """The record's fields a stack's report gives, its counts and its own timings: the same for a posted
+    response (the adapters) and a proxied one."""
+    return {
+        "num_speculative_tokens": report.num_speculative_tokens or 0,
+        "prompt_tokens": report.prompt_tokens,
+        "output_tokens": report.output_tokens,
+        "num_spec_steps": report.steps or 0,
+        "num_draft_tokens": report.drafted,
+        "num_accepted_tokens": report.accepted,
+        "acceptance_histogram": list(report.histogram),
+        "accepted_per_position": list(report.per_position),
+        "ttft_ms": report.ttft_ms,
+        "latency_ms": report.latency_ms,
+    }
+
+
 def validated(model: type[M], response: Mapping[str, Any]) -> M:
     """``response`` read as ``model``; type and range faults become :class:`StackError`, without the values."""
     try:

@@ -1,30 +1,22 @@
-"""What the API hands the prompt sample (:mod:`monitor.ingest.capture`): a request's prompt and sampling settings.
+"""A request's row of the prompt sample (:mod:`monitor.ingest.capture`): its prompt and sampling settings.
 
 Only what the sidecar sees whole is taken: a proxied ``/v1/chat/completions`` (its ``messages``,
 each a text or text parts) or ``/v1/completions`` (one text ``prompt``), and the embedded decoder's
 ``/v1/generate`` and ``/v1/chat/completions``. A proxied request with anything else (images, tool
 calls, a batch of prompts, token ids) is not captured: replayed without it, it would be another prompt.
-Nothing here runs unless capture is on and the request passed its gate.
+Nothing here runs unless capture is on and the request passed its gate (the API's
+:func:`monitor.api.state.offer` calls it). Pure functions of the request: the proxy and the
+decoder's routes share them without reaching into each other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from fastapi import Request
-
 from decoder.evaluation import SampleRow
-from monitor.api.state import api_state
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
-
-
-def offer(request: Request, make: Callable[[], SampleRow | None]) -> None:
-    """Offer a request's row to the sample when capture is on (``make`` runs only past the share gate)."""
-    capture = api_state(request).capture
-    if capture is not None:
-        capture.offer(make)
 
 
 def decoded_row(prompt: str | list[dict[str, str]], options: Mapping[str, Any]) -> SampleRow:

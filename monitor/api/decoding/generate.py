@@ -1,6 +1,6 @@
 """``POST /v1/generate``: the embedded speculative decoder behind HTTP (when ``serve`` has a ``--target``).
 
-Requests go through the single decoder worker (:mod:`monitor.api.decoding`); the record of every
+Requests go through the single decoder worker (:mod:`monitor.api.decoding.worker`); the record of every
 finished request goes to the recorder (the decoder's sink) like any other record.
 """
 
@@ -13,11 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from decoder.record import RequestRecord
 from monitor.api.auth import GuardedRoute, require
-from monitor.api.capture import decoded_row, offer
-from monitor.api.decoding import DecodeWorker, Job, QueueFullError
+from monitor.api.decoding.worker import DecodeWorker, Job, QueueFullError
 from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, validation_error
 from monitor.api.events import Workload
-from monitor.api.state import api_state
+from monitor.api.state import api_state, offer
+from monitor.ingest.sample_rows import decoded_row
 
 guard = require("ingest")
 router = APIRouter(tags=["decode"], dependencies=[Depends(guard)], responses=guard.responses, route_class=GuardedRoute)

@@ -23,10 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from decoder.record import RequestRecord, validate_workload
 from monitor.api.auth import GuardedRoute
-from monitor.api.capture import decoded_row, offer
-from monitor.api.decoding import Job, stop_list
-from monitor.api.errors import ApiError, Problem, validation_error
-from monitor.api.generate import (
+from monitor.api.decoding.generate import (
     DECODE_ERRORS,
     MAX_NEW_TOKENS,
     Message,
@@ -36,6 +33,10 @@ from monitor.api.generate import (
     submit,
     worker_of,
 )
+from monitor.api.decoding.worker import Job, stop_list
+from monitor.api.errors import ApiError, Problem, validation_error
+from monitor.api.state import offer
+from monitor.ingest.sample_rows import decoded_row
 
 log = logging.getLogger(__name__)
 

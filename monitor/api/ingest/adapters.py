@@ -44,6 +44,7 @@ from monitor.ingest.stacks import (
     StackError,
     StackReport,
     VllmResponse,
+    reported,
 )
 from monitor.ingest.stacks.report import Lenient
 
@@ -212,19 +213,3 @@ def record_of(fields: AdapterFields, report: StackReport, loc: Loc) -> RequestRe
         "prompt_hash": fields.prompt_hash,
     }
     return record_from(record, loc)
-
-
-def reported(report: StackReport) -> dict[str, Any]:
-    """The record's fields a stack's report gives: its counts and its own timings."""
-    return {
-        "num_speculative_tokens": report.num_speculative_tokens or 0,
-        "prompt_tokens": report.prompt_tokens,
-        "output_tokens": report.output_tokens,
-        "num_spec_steps": report.steps or 0,
-        "num_draft_tokens": report.drafted,
-        "num_accepted_tokens": report.accepted,
-        "acceptance_histogram": list(report.histogram),
-        "accepted_per_position": list(report.per_position),
-        "ttft_ms": report.ttft_ms,
-        "latency_ms": report.latency_ms,
-    }

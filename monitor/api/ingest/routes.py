@@ -17,10 +17,10 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from decoder.record import RecordError
-from monitor.api.adapters import MODELS, STACKS, Stack, parse_adapter_events
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, validation_error
 from monitor.api.events import EventBatchIn, EventIn, loads, parse_body
+from monitor.api.ingest.adapters import MODELS, STACKS, Stack, parse_adapter_events
 from monitor.api.state import ApiState, api_state
 from monitor.ingest.recorder import RecorderClosedError
 

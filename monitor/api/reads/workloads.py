@@ -1,8 +1,8 @@
-"""Read and observe: per-workload aggregates and series, liveness and readiness (``/metrics``: metrics.py)."""
+"""Per-workload aggregates and series (``GET /v1/workloads``, ``/v1/workloads/{tag}/series``) and the ``read`` guard
+the other reads share (liveness and readiness: health.py; ``/metrics``: metrics.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
@@ -10,17 +10,14 @@ from typing import Annotated, Any, Final, Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from sqlalchemy import text
 
 from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import Problem, described, off_calendar, validation_error
-from monitor.api.state import ApiState, api_state
+from monitor.api.state import api_state
 from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, busiest, latest_verdicts
 from monitor.store import queries, scrape
-from monitor.store.migrate import current_revision
 from monitor.store.rollups import minute_after, minute_of
 from monitor.store.routing import RoutingEvent, latest_routing
 
@@ -31,7 +28,6 @@ read: Final[list[Any]] = [Depends(guard)]
 
 DEFAULT_RANGE: Final = timedelta(hours=1)
 MAX_POINTS: Final = 10_000
-UPSTREAM_PROBE_S: Final = 1.0  # readiness: how long an upstream has to take a connection
 SeriesMetric = Literal[
     "requests",
     "acceptance_rate_tokens",
@@ -167,70 +163,3 @@ async def series(
     return SeriesOut(
         workload=tag, since=start, until=end, step_s=int(delta.total_seconds()), metric=metric, points=rows
     )
-
-
-class Health(BaseModel):
-    status: str
-    checks: dict[str, Any] = {}
-
-
-@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
-async def healthz(request: Request) -> Health:
-    state = api_state(request)
-    if state.router is None:
-        return Health(status="ok")
-    # Proxy mode: the database's health is a figure of its own, never a reason to restart the proxy.
-    stats = state.recorder.stats()
-    database = {"ok": stats.database_available, "hung": stats.database_hung, "spool_pending": stats.spool_pending}
-    members = list(state.router.members())
-    # The replicas passive health has taken out of their pools (proxy.eject_after), by host:port.
-    out = [m.upstream.netloc for m in members if not m.up]
-    return Health(status="ok", checks={"database": database, "upstreams": {"members": len(members), "out": out}})
-
-
-@router.get(
-    "/readyz",
-    response_model=Health,
-    responses={503: {"model": Health, "description": "not ready; checks say why"}},
-    summary="Readiness: database reachable, schema at head, recorder not backed up",
-)
-async def readyz(request: Request) -> JSONResponse:
-    state = api_state(request)
-    if state.router is not None:
-        checks = await proxy_readiness(state)
-    else:
-        checks = await anyio.to_thread.run_sync(lambda: readiness(state))
-    ready = all(check["ok"] for check in checks.values())
-    body = Health(status="ready" if ready else "not_ready", checks=checks)
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
-
-
-async def proxy_readiness(state: ApiState) -> dict[str, dict[str, Any]]:
-    """Proxy mode: ready while a speculative pool's replica takes connections, whatever the database does.
-
-    A proxy that forwards must stay behind its load balancer while the monitor's database is away
-    or hangs (records spool meanwhile; ``/healthz`` and ``/metrics`` say how the database is), so
-    the database is not asked here, and nothing here waits on it.
-    """
-    assert state.router is not None
-    members = [m for d in state.router.deployments for m in d.speculative.members]
-    answers = await asyncio.gather(*(m.upstream.reachable(UPSTREAM_PROBE_S) for m in members))
-    return {"upstream": {"ok": any(answers), "reachable": sum(answers), "members": len(members)}}
-
-
-def readiness(state: ApiState) -> dict[str, dict[str, Any]]:
-    checks: dict[str, dict[str, Any]] = {}
-    try:
-        with state.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        revision = current_revision(state.engine)
-        checks["database"] = {"ok": True}
-        checks["schema"] = {"ok": revision == state.head_revision, "revision": revision, "head": state.head_revision}
-    except Exception as error:  # reported, not raised: this is what readiness is for
-        checks["database"] = {"ok": False, "error": type(error).__name__}
-        checks["schema"] = {"ok": False, "revision": None, "head": state.head_revision}
-    stats = state.recorder.stats()
-    limit = state.settings.recorder.queue_size
-    backed_up = stats.spool_pending or stats.queued >= 0.9 * limit
-    checks["recorder"] = {"ok": not backed_up, "queued": stats.queued, "spool_pending": stats.spool_pending}
-    return checks

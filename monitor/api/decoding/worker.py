@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from decoder.controller import SpeculationController
 from decoder.holdout import HoldoutPolicy
 from decoder.record import RequestRecord
-from monitor.api.controller_state import load_controller, save_controller
+from monitor.api.decoding.controller_state import load_controller, save_controller
 
 if TYPE_CHECKING:
     from decoder.speculative import Prompt, SpeculativeDecoder

@@ -76,8 +76,8 @@ from sqlalchemy.engine import Engine
 from decoder.record import MODES, RequestRecord
 from monitor.alerts.evaluate import Signal
 from monitor.alerts.queries import AlertItem, list_alerts
-from monitor.api import reads
 from monitor.api.auth import GuardedRoute
+from monitor.api.reads import workloads
 from monitor.api.state import ApiState, api_state
 from monitor.config import Settings
 from monitor.drift.queries import StoredResult, latest_results, latest_run
@@ -538,9 +538,9 @@ def own_figures(state: ApiState) -> Iterable[tuple[str, str, str, float]]:
 
 @router.get(
     "/metrics",
-    dependencies=reads.read,
+    dependencies=workloads.read,
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {}}}, **reads.READ_ERRORS},
+    responses={200: {"content": {"text/plain": {}}}, **workloads.READ_ERRORS},
     summary="Prometheus text format",
 )
 async def metrics(request: Request) -> PlainTextResponse:
