@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -27,22 +28,54 @@ SHELL: Final = 4
 COMMANDS: Final = ("monitor.commands", "decoder.cli", "dashboard.cli")
 # Arrows that still run up, each with what removes it. A fixed one must leave this list too.
 KNOWN_UPWARD: Final[set[tuple[str, str]]] = set()
+# The API room: its shell (the modules at monitor/api/) and its sub-rooms, one per concern. A sub-room
+# imports the shell and the rooms below, never a sibling; the shell's wiring imports the sub-rooms.
+API: Final = "monitor.api"
+API_SUB_ROOMS: Final = ("monitor.api.ingest", "monitor.api.decoding", "monitor.api.reads")
+API_WIRING: Final = ("monitor.api.app", "monitor.api.state")  # the routers; the decoder worker and /metrics held
+# Outside the API room only its shell is imported, but: the demo seeds the controller state that the
+# decoder's service resumes from (its file and format are that sub-room's).
+API_REACHED_INTO: Final = {("monitor.demo.run", "monitor.api.decoding.controller_state")}
 
 
-def imports() -> list[tuple[str, str]]:
-    """(importing module, imported module) for every absolute import of the project's packages."""
+def modules() -> dict[str, Path]:
+    """Every module of the project's packages, by its dotted name (a package by its own)."""
+    return {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for package in ("decoder", "monitor", "dashboard")
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def _at_load(body: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements that run when their module loads: not a function's, nor those under ``if TYPE_CHECKING``."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                yield from _at_load(node.body)
+            yield from _at_load(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, *(handler.body for handler in node.handlers), node.orelse, node.finalbody):
+                yield from _at_load(block)
+        elif isinstance(node, ast.With | ast.ClassDef):
+            yield from _at_load(node.body)
+
+
+def imports(at_load: bool = False) -> list[tuple[str, str]]:
+    """(importing module, imported module) for every absolute import of the project's packages; with
+    ``at_load`` only those that run when the importing module loads, the ones an import cycle breaks on."""
     found = []
-    for package in ("decoder", "monitor", "dashboard"):
-        for path in sorted((ROOT / package).rglob("*.py")):
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-                elif isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                else:
-                    continue
-                found += [(module, name) for name in names if name.split(".")[0] in ("decoder", "monitor", "dashboard")]
+    for module, path in modules().items():
+        tree = ast.parse(path.read_text())
+        for node in _at_load(tree.body) if at_load else ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [(module, name) for name in names if name.split(".")[0] in ("decoder", "monitor", "dashboard")]
     return found
 
 
@@ -53,6 +86,13 @@ def room(module: str) -> str:
 
 def is_command(module: str) -> bool:
     return any(module == c or module.startswith(c + ".") for c in COMMANDS)
+
+
+def api_part(module: str) -> str | None:
+    """The sub-room of the API room that ``module`` (or a name imported from it) is in, the shell, or None."""
+    if module != API and not module.startswith(API + "."):
+        return None
+    return next((sub for sub in API_SUB_ROOMS if module == sub or module.startswith(sub + ".")), API)
 
 
 def test_every_room_of_monitor_has_a_layer_and_at_most_two_modules_are_loose() -> None:
@@ -80,3 +120,38 @@ def test_the_decoder_stands_alone_and_only_the_shell_imports_commands() -> None:
             assert not imported.startswith(("monitor", "dashboard")), f"{importer} imports {imported}"
         if is_command(imported) and not is_command(importer):
             assert LAYERS.get(room(importer), -1) >= SHELL, f"{importer} imports the command module {imported}"
+
+
+def test_the_api_sub_rooms_import_the_shell_never_one_another() -> None:
+    for importer, imported in imports():
+        a, b = api_part(importer), api_part(imported)
+        if a in API_SUB_ROOMS and b in API_SUB_ROOMS:
+            assert a == b, f"{importer} imports {imported}: sub-rooms of the API meet only in the shell"
+        if a == API and b in API_SUB_ROOMS:
+            assert importer in API_WIRING, f"{importer} imports {imported}: only the shell's wiring imports sub-rooms"
+
+
+def test_outside_the_api_room_only_its_shell_is_imported() -> None:
+    known = modules()
+    reached = {(i, m) for i, m in imports() if m in known and api_part(i) is None and api_part(m) in API_SUB_ROOMS}
+    assert reached == API_REACHED_INTO
+
+
+def test_no_module_imports_itself_back_when_loading() -> None:
+    """No cycle among the imports that run when a module loads: every module loads, whichever is imported first."""
+    graph: dict[str, set[str]] = {module: set() for module in modules()}
+    for importer, imported in imports(at_load=True):
+        if imported in graph and imported != importer:
+            graph[importer].add(imported)
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError("an import cycle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module not in done:
+            for imported in sorted(graph[module]):
+                visit(imported, [*path, module])
+            done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
