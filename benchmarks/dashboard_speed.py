@@ -36,7 +36,7 @@ from monitor.ingest.synthetic import synthetic_record
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RequestRow
-from monitor.store.writer import write_batch
+from monitor.store.writes.writer import write_batch
 
 TITLE = "Dashboard (benchmarks/dashboard_speed.py)"
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"

@@ -498,7 +498,7 @@ def check_rollups(url: str, samples: int = 40) -> int:
     from monitor.store import rollups
     from monitor.store.engine import create_engine
     from monitor.store.models import RequestRow
-    from monitor.store.rows import from_row
+    from monitor.store.writes.rows import from_row
 
     engine = create_engine(url)
     bad = 0
@@ -751,7 +751,7 @@ def measure_retention(url: str, dsn: str, plan: Plan, writer_s: float) -> Retent
     from monitor.scheduler.retention import apply_retention
     from monitor.scheduler.settings import RetentionSettings
     from monitor.store.engine import create_engine
-    from monitor.store.writer import write_batch
+    from monitor.store.writes.writer import write_batch
 
     engine = create_engine(url)
     commits: list[tuple[float, float]] = []  # (start, seconds)

@@ -21,11 +21,12 @@ from monitor.alerts import queries as alert_queries
 from monitor.alerts.silences import Silence, list_silences
 from monitor.config import Settings, default_config_file
 from monitor.drift import queries as drift_queries
-from monitor.store import dashboard_queries as dq
 from monitor.store import evaluations as stored_evaluations
-from monitor.store import queries, routing, scrape
+from monitor.store import routing, scrape
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
+from monitor.store.reads import dashboard as dq
+from monitor.store.reads import queries
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any, Final
 
 from monitor.drift.queries import StoredResult
 from monitor.drift.verdict import HOW_TO_MEASURE, busiest, verdict_of
-from monitor.store.dashboard_queries import CurrentSetting, SpeedupInputs
-from monitor.store.types import WorkloadSummary
+from monitor.store.reads.dashboard import CurrentSetting, SpeedupInputs
+from monitor.store.reads.results import WorkloadSummary
 
 # Matches the drift tests' default minimum sample (drift.min_requests): below it nothing is concluded.
 MIN_REQUESTS: Final = 30

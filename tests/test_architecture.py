@@ -28,11 +28,20 @@ SHELL: Final = 4
 COMMANDS: Final = ("monitor.commands", "decoder.cli", "dashboard.cli")
 # Arrows that still run up, each with what removes it. A fixed one must leave this list too.
 KNOWN_UPWARD: Final[set[tuple[str, str]]] = set()
-# The API room: its shell (the modules at monitor/api/) and its sub-rooms, one per concern. A sub-room
-# imports the shell and the rooms below, never a sibling; the shell's wiring imports the sub-rooms.
+# Rooms cut into sub-rooms, one per concern, and the modules at the room's top that wire them in. A
+# sub-room imports its room's top and the rooms below, never a sibling; of the top only the wiring
+# imports a sub-room (none: the sub-rooms are imported from outside the room).
+SUB_ROOMS: Final = {
+    "monitor.api": ("monitor.api.ingest", "monitor.api.decoding", "monitor.api.reads"),
+    "monitor.store": ("monitor.store.writes", "monitor.store.reads"),
+}
+WIRING: Final = {
+    "monitor.api": ("monitor.api.app", "monitor.api.state"),  # the routers; the decoder worker and /metrics held
+    "monitor.store": (),
+}
+# The API's shell (the modules at monitor/api/) is all that the rooms outside it import.
 API: Final = "monitor.api"
-API_SUB_ROOMS: Final = ("monitor.api.ingest", "monitor.api.decoding", "monitor.api.reads")
-API_WIRING: Final = ("monitor.api.app", "monitor.api.state")  # the routers; the decoder worker and /metrics held
+API_SUB_ROOMS: Final = SUB_ROOMS[API]
 # Outside the API room only its shell is imported, but: the demo seeds the controller state that the
 # decoder's service resumes from (its file and format are that sub-room's).
 API_REACHED_INTO: Final = {("monitor.demo.run", "monitor.api.decoding.controller_state")}
@@ -88,11 +97,18 @@ def is_command(module: str) -> bool:
     return any(module == c or module.startswith(c + ".") for c in COMMANDS)
 
 
-def api_part(module: str) -> str | None:
-    """The sub-room of the API room that ``module`` (or a name imported from it) is in, the shell, or None."""
-    if module != API and not module.startswith(API + "."):
+def part(module: str) -> str | None:
+    """The sub-room that ``module`` (or a name imported from it) is in, its room's top, or None if its room has none."""
+    top = next((r for r in SUB_ROOMS if module == r or module.startswith(r + ".")), None)
+    if top is None:
         return None
-    return next((sub for sub in API_SUB_ROOMS if module == sub or module.startswith(sub + ".")), API)
+    return next((sub for sub in SUB_ROOMS[top] if module == sub or module.startswith(sub + ".")), top)
+
+
+def api_part(module: str) -> str | None:
+    """The sub-room of the API room that ``module`` is in, the shell, or None outside the API room."""
+    found = part(module)
+    return found if found is not None and room(found) == API else None
 
 
 def test_every_room_of_monitor_has_a_layer_and_at_most_two_modules_are_loose() -> None:
@@ -122,13 +138,24 @@ def test_the_decoder_stands_alone_and_only_the_shell_imports_commands() -> None:
             assert LAYERS.get(room(importer), -1) >= SHELL, f"{importer} imports the command module {imported}"
 
 
-def test_the_api_sub_rooms_import_the_shell_never_one_another() -> None:
+def test_sub_rooms_import_their_room_never_one_another() -> None:
     for importer, imported in imports():
-        a, b = api_part(importer), api_part(imported)
-        if a in API_SUB_ROOMS and b in API_SUB_ROOMS:
-            assert a == b, f"{importer} imports {imported}: sub-rooms of the API meet only in the shell"
-        if a == API and b in API_SUB_ROOMS:
-            assert importer in API_WIRING, f"{importer} imports {imported}: only the shell's wiring imports sub-rooms"
+        a, b = part(importer), part(imported)
+        if a is None or b is None or room(a) != room(b):
+            continue
+        top, subs = room(a), SUB_ROOMS[room(a)]
+        if a in subs and b in subs:
+            assert a == b, f"{importer} imports {imported}: sub-rooms of {top} meet only at its top"
+        if a == top and b in subs:
+            assert importer in WIRING[top], f"{importer} imports {imported}: only {top}'s wiring imports sub-rooms"
+
+
+def test_the_sub_rooms_listed_are_the_packages_of_their_room() -> None:
+    for top, subs in SUB_ROOMS.items():
+        folder = ROOT.joinpath(*top.split("."))
+        assert sorted(f"{top}.{p.parent.name}" for p in folder.glob("*/__init__.py")) == sorted(subs)
+        for module in (*subs, *WIRING[top]):
+            assert module in modules(), f"{module} is named in the house plan but does not exist"
 
 
 def test_outside_the_api_room_only_its_shell_is_imported() -> None:

@@ -11,8 +11,8 @@ from dashboard import charts, components, data
 from dashboard.components import Filters
 from dashboard.status import MIN_REQUESTS, VERDICT_LABELS
 from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, verdict_of
-from monitor.store.dashboard_queries import PairSummary
 from monitor.store.evaluations import StoredEvaluation
+from monitor.store.reads.dashboard import PairSummary
 
 st.title("Pairs")
 st.caption("Drafters and target/draft pairs side by side per workload, for choosing a pairing.")

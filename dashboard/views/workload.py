@@ -10,7 +10,7 @@ from dashboard import charts, components, data
 from dashboard.components import Filters
 from dashboard.status import MIN_REQUESTS
 from monitor.store.lengths import PROMPT_LABELS, SPAN_LABELS
-from monitor.store.types import LengthAcceptance
+from monitor.store.reads.results import LengthAcceptance
 
 st.title("Workload")
 WORKLOAD_KEY = "dw_workload"

@@ -20,7 +20,7 @@ from monitor.drift.models import DetectorStateRow
 from monitor.drift.page_hinkley import PageHinkley
 from monitor.drift.result import Decision, DriftResult
 from monitor.store.models import RequestRow
-from monitor.store.queries import Pair
+from monitor.store.reads.results import Pair
 
 log = logging.getLogger(__name__)
 DETECTOR = "page_hinkley"

@@ -36,7 +36,7 @@ from monitor.drift.stats import FloatArray
 from monitor.drift.traffic_mix import TrafficMixDrift
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
 from monitor.settings.parsers import format_duration
-from monitor.store.queries import Pair
+from monitor.store.reads.results import Pair
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from decoder.record import decode_ms_per_token
 from monitor.drift.stats import FloatArray
 from monitor.store.models import RequestRow, RollupMinuteRow
-from monitor.store.queries import Pair
+from monitor.store.reads.results import Pair
 from monitor.store.rollups import minute_of
 
 HASH_MODULUS: Final = 2_147_483_647  # 2**31 - 1, prime; products stay below 2**62 (BIGINT-safe)

@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection
 
 from monitor.drift.models import DriftBaselineRow
 from monitor.store.models import DeploymentEventRow
-from monitor.store.queries import Pair
+from monitor.store.reads.results import Pair
 from monitor.store.rollups import minute_after
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from decoder.record import RequestRecord
 from monitor.ingest.spool import Spool, SpooledBatch
 from monitor.log_safe import describe, traceback_text
-from monitor.store.writer import BatchOutcome, write_batch, write_batches
+from monitor.store.writes.writer import BatchOutcome, write_batch, write_batches
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ from monitor.ingest.batches import BatchSink, DeadLetter, DurableHook
 from monitor.ingest.settings import RecorderSettings
 from monitor.ingest.spool import Spool
 from monitor.log_safe import traceback_text
-from monitor.store.rows import validate
+from monitor.store.writes.rows import validate
 
 log = logging.getLogger(__name__)
 

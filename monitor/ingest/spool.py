@@ -8,7 +8,7 @@ Segments are named ``spool-<time_ns>-<pid>-<random>.jsonl`` so that sorting by n
 age. A process holds an exclusive ``flock`` on every segment it writes or replays, until it has
 replayed and deleted it; a segment nobody holds belonged to a process that died, and the next
 recorder to look claims it (:meth:`Spool.claim_orphans`). Replay is exactly-once because each batch
-id is written to the database in the batch's own transaction (see :mod:`monitor.store.writer`).
+id is written to the database in the batch's own transaction (see :mod:`monitor.store.writes.writer`).
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The store: engine and migrations, tables, the writer, rollups, and every read over requests and rollups."""
+"""The store: engine and migrations, the schema (tables, rollups, bins, lengths); sub-rooms writes/ and reads/."""

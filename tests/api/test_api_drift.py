@@ -12,7 +12,7 @@ from monitor.api.app import create_app
 from monitor.drift.run import run_drift
 from monitor.ingest.synthetic import synthetic_record
 from monitor.store.engine import create_engine
-from monitor.store.writer import write_batch
+from monitor.store.writes.writer import write_batch
 from tests.api.conftest import INGEST, READ, auth, make_settings
 
 

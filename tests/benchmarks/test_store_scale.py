@@ -26,7 +26,7 @@ from monitor.store import rollups
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RecorderBatchRow, RequestRow, RollupBinRow
-from monitor.store.rows import from_row, validate
+from monitor.store.writes.rows import from_row, validate
 
 INTS = set(COUNT_FIELDS)
 FLOATS = set(MEASURE_FIELDS)

@@ -25,7 +25,7 @@ from decoder.record import RequestRecord
 from monitor.alerts.models import AlertRow
 from monitor.drift.run import run_drift
 from monitor.notify.models import NotificationRow
-from monitor.store.writer import write_batch
+from monitor.store.writes.writer import write_batch
 from tests.drift.records import record, window_stream
 
 

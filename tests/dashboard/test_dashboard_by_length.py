@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from dashboard.timerange import DEFAULT_RANGE, time_range
-from monitor.store import queries
+from monitor.store.reads import queries
 from tests.dashboard.conftest import AppFactory, Store
 
 

@@ -19,10 +19,11 @@ from streamlit.testing.v1 import AppTest
 from dashboard import status
 from decoder.record import RequestRecord
 from monitor.drift.run import run_drift
-from monitor.store import dashboard_queries, queries
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
-from monitor.store.writer import write_batch
+from monitor.store.reads import dashboard as dashboard_queries
+from monitor.store.reads import queries
+from monitor.store.writes.writer import write_batch
 from tests.dashboard.conftest import AppFactory, Store
 
 DASH = "—"

@@ -19,9 +19,9 @@ from dashboard.timerange import DEFAULT_RANGE, time_range
 from monitor.alerts.queries import list_alerts
 from monitor.alerts.silences import list_silences
 from monitor.drift.queries import latest_results
-from monitor.store import queries
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
+from monitor.store.reads import queries
 from tests.dashboard.conftest import PAGES, AppFactory, Store
 from tests.dashboard.seed import seed
 

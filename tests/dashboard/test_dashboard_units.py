@@ -9,7 +9,7 @@ import pytest
 
 from dashboard import status, timerange
 from dashboard.timerange import RANGES, time_range
-from monitor.store.dashboard_queries import speedup_inputs
+from monitor.store.reads.dashboard import speedup_inputs
 from tests.dashboard.conftest import Store
 
 

@@ -32,7 +32,7 @@ from decoder.record import (
 from monitor.api.app import create_app
 from monitor.api.ingest.adapters import AdapterFields
 from monitor.ingest.scrape.targets import parse_targets
-from monitor.store.rows import validate
+from monitor.store.writes.rows import validate
 from tests.api.conftest import INGEST, auth, make_settings
 from tests.proxy.upstream import Upstream
 
@@ -281,7 +281,7 @@ def test_each_pooled_value_on_each_valid_record() -> None:
 
 
 # Every entrance a record comes in by refuses a record that breaks the contract, for the same reason:
-# the embedded decoder's (the record built and checked), the recorder's (monitor.store.rows.validate),
+# the embedded decoder's (the record built and checked), the recorder's (monitor.store.writes.rows.validate),
 # POST /v1/events, an adapter (POST /v1/events/llamacpp) and the proxy's record of a forwarded answer;
 # scrape takes no records, only a workload tag per target. A rule changed in decoder/record.py moves
 # them all, which is what these tests hold them to.

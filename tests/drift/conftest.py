@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
-from monitor.store.writer import write_batch
+from monitor.store.writes.writer import write_batch
 
 
 def store(engine: Engine, records: Sequence[RequestRecord]) -> None:

@@ -17,11 +17,11 @@ from sqlalchemy.engine import Engine
 from decoder.record import Mode
 from monitor.drift.sampling import sample_requests
 from monitor.ingest.synthetic import synthetic_record
-from monitor.store import dashboard_queries
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
-from monitor.store.types import Pair
-from monitor.store.writer import write_batch
+from monitor.store.reads import dashboard as dashboard_queries
+from monitor.store.reads.results import Pair
+from monitor.store.writes.writer import write_batch
 
 START = datetime(2026, 3, 1, tzinfo=UTC)
 PAIR = Pair("qwen-coder-1.5b", "model", "qwen-coder-0.5b")

@@ -12,9 +12,10 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
-from monitor.store import lengths, migrate, queries
-from monitor.store.rows import from_row
-from monitor.store.writer import REQUESTS, write_batch
+from monitor.store import lengths, migrate
+from monitor.store.reads import queries
+from monitor.store.writes.rows import from_row
+from monitor.store.writes.writer import REQUESTS, write_batch
 from tests.records import T0, api_record
 
 END = T0 + timedelta(hours=1)

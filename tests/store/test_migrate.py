@@ -102,7 +102,7 @@ def _speed_rollups(engine: Any) -> tuple[dict[tuple[str, str], tuple[int, float]
 
 
 def test_decode_speed_revision_recomputes_stored_rollups(db_url: str) -> None:
-    from monitor.store.writer import write_batch
+    from monitor.store.writes.writer import write_batch
     from tests.records import api_record
 
     engine = create_engine(db_url)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from decoder.record import RequestRecord
 from monitor.ingest.recorder import Recorder
 from monitor.ingest.settings import RecorderSettings
-from monitor.store import queries
+from monitor.store.reads import queries
 from tests.records import T0, stream
 
 END = T0 + timedelta(days=1)

@@ -15,7 +15,7 @@ from decoder.record import RecordError, RequestRecord
 from monitor.ingest.recorder import Recorder
 from monitor.ingest.settings import RecorderSettings
 from monitor.store.models import DeploymentEventRow, RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
-from monitor.store.rows import from_row
+from monitor.store.writes.rows import from_row
 from tests.records import T0, api_record, stream
 
 

@@ -85,8 +85,8 @@ from monitor.drift.result import DECISIONS
 from monitor.drift.verdict import VERDICTS, verdict_of
 from monitor.log_safe import describe
 from monitor.scheduler.health import health_signals
+from monitor.store.reads.results import Pair
 from monitor.store.scrape import ScrapedSummary, TargetHealth, scraped_summaries, target_health
-from monitor.store.types import Pair
 
 if TYPE_CHECKING:
     from monitor.proxy.routing import Router

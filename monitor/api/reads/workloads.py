@@ -17,7 +17,8 @@ from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import Problem, described, off_calendar, validation_error
 from monitor.api.state import api_state
 from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, busiest, latest_verdicts
-from monitor.store import queries, scrape
+from monitor.store import scrape
+from monitor.store.reads import queries
 from monitor.store.rollups import minute_after, minute_of
 from monitor.store.routing import RoutingEvent, latest_routing
 

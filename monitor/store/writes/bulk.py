@@ -26,7 +26,7 @@ from sqlalchemy import Table
 from sqlalchemy.engine import Connection
 
 from decoder.record import RequestRecord
-from monitor.store.rows import ROW_COLUMNS
+from monitor.store.writes.rows import ROW_COLUMNS
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 

@@ -20,8 +20,7 @@ from sqlalchemy.engine import Engine
 from decoder.record import decode_ms_per_token
 from monitor.store import bins, lengths
 from monitor.store.models import DeploymentEventRow, RequestRow, RollupBinRow, RollupMinuteRow
-from monitor.store.rollups import SUM_COLUMNS, minute_of
-from monitor.store.types import (
+from monitor.store.reads.results import (
     DeploymentEvent,
     LengthAcceptance,
     LengthBin,
@@ -32,6 +31,7 @@ from monitor.store.types import (
     Sums,
     WorkloadSummary,
 )
+from monitor.store.rollups import SUM_COLUMNS, minute_of
 
 __all__ = [
     "DeploymentEvent",

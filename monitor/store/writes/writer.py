@@ -22,7 +22,6 @@ from sqlalchemy.engine import Connection
 
 from decoder.record import RequestRecord
 from monitor.store import rollups
-from monitor.store.bulk import insert_requests, insert_returning, upsert_add
 from monitor.store.models import (
     ROLLUP_KEY,
     DeploymentEventRow,
@@ -32,6 +31,7 @@ from monitor.store.models import (
     RollupBinRow,
     RollupMinuteRow,
 )
+from monitor.store.writes.bulk import insert_requests, insert_returning, upsert_add
 
 _HOST: Final = socket.gethostname()
 

@@ -1,4 +1,4 @@
-"""Read-only queries the dashboard needs beyond :mod:`monitor.store.queries`.
+"""Read-only queries the dashboard needs beyond :mod:`monitor.store.reads.queries`.
 
 Like those, aggregates come from the per-minute rollups, so a page costs the same over a thousand
 records as over millions; the few per-request reads (current γ and mode, the cost ratios for the
@@ -29,8 +29,8 @@ from sqlalchemy.engine import Engine
 from decoder.controller import expected_speedup
 from monitor.store import bins
 from monitor.store.models import RequestRow, RollupBinRow, RollupMinuteRow
+from monitor.store.reads.results import Pair, Sums
 from monitor.store.rollups import SUM_COLUMNS, minute_of
-from monitor.store.types import Pair, Sums
 
 M = RollupMinuteRow
 B = RollupBinRow
