@@ -46,11 +46,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from monitor.drift.acceptance import AcceptanceDrift
-from monitor.drift.latency import LatencyRegression
-from monitor.drift.prompt_length import PromptLengthShift
+from monitor.drift.detectors.acceptance import AcceptanceDrift
+from monitor.drift.detectors.latency import LatencyRegression
+from monitor.drift.detectors.prompt_length import PromptLengthShift
+from monitor.drift.detectors.traffic_mix import TrafficMixDrift
 from monitor.drift.result import DriftResult, apply_bh
-from monitor.drift.traffic_mix import TrafficMixDrift
 
 GAMMA = 4
 LEVEL = 0.01

@@ -20,20 +20,20 @@ import numpy as np
 from sqlalchemy import insert
 from sqlalchemy.engine import Connection, Engine
 
-from monitor.drift.acceptance import AcceptanceDrift
-from monitor.drift.acceptance_by_length import acceptance_by_length
-from monitor.drift.detectors import update_detector
-from monitor.drift.latency import METRICS as LATENCY_METRICS
-from monitor.drift.latency import LatencyRegression
+from monitor.drift.detectors.acceptance import AcceptanceDrift
+from monitor.drift.detectors.acceptance_by_length import acceptance_by_length
+from monitor.drift.detectors.latency import METRICS as LATENCY_METRICS
+from monitor.drift.detectors.latency import LatencyRegression
+from monitor.drift.detectors.net_loss import NetLoss
+from monitor.drift.detectors.online import update_detector
+from monitor.drift.detectors.prompt_length import PromptLengthShift
+from monitor.drift.detectors.scraped import scraped_tests
+from monitor.drift.detectors.traffic_mix import TrafficMixDrift
 from monitor.drift.models import DriftResultRow, DriftRunRow
-from monitor.drift.net_loss import NetLoss
-from monitor.drift.prompt_length import PromptLengthShift
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, sample_requests, window_counts
-from monitor.drift.scraped import scraped_tests
 from monitor.drift.settings import DriftSettings
 from monitor.drift.stats import FloatArray
-from monitor.drift.traffic_mix import TrafficMixDrift
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
 from monitor.settings.parsers import format_duration
 from monitor.store.reads.results import Pair

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from sqlalchemy.engine import Engine
 
-from monitor.drift.acceptance import AcceptanceDrift
-from monitor.drift.acceptance_by_length import AcceptanceByLength, acceptance_by_length
+from monitor.drift.detectors.acceptance import AcceptanceDrift
+from monitor.drift.detectors.acceptance_by_length import AcceptanceByLength, acceptance_by_length
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.run import run_drift
 from tests.drift.conftest import store

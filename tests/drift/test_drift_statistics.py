@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.drift.acceptance import AcceptanceDrift
-from monitor.drift.latency import LatencyRegression
-from monitor.drift.net_loss import NetLoss
-from monitor.drift.page_hinkley import PageHinkley
-from monitor.drift.prompt_length import PromptLengthShift
+from monitor.drift.detectors.acceptance import AcceptanceDrift
+from monitor.drift.detectors.latency import LatencyRegression
+from monitor.drift.detectors.net_loss import NetLoss
+from monitor.drift.detectors.page_hinkley import PageHinkley
+from monitor.drift.detectors.prompt_length import PromptLengthShift
+from monitor.drift.detectors.traffic_mix import TrafficMixDrift
 from monitor.drift.result import DriftResult, apply_bh, benjamini_hochberg
-from monitor.drift.traffic_mix import TrafficMixDrift
 
 LEVEL = 0.01
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from sqlalchemy.engine import Engine
 
-from monitor.drift.net_loss import NetLoss
+from monitor.drift.detectors.net_loss import NetLoss
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.run import run_drift
 from monitor.store import migrate

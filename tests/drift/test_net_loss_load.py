@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.drift.net_loss import NetLoss
+from monitor.drift.detectors.net_loss import NetLoss
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.stats import FloatArray
 from monitor.drift.verdict import verdict_of

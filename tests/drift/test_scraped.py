@@ -12,8 +12,8 @@ from sqlalchemy.engine import Engine
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.queries import list_alerts
 from monitor.alerts.settings import AlertConfig, AlertSettings
+from monitor.drift.detectors.scraped import IntervalAcceptanceDrift
 from monitor.drift.run import run_drift
-from monitor.drift.scraped import IntervalAcceptanceDrift
 from monitor.store.scrape import ScrapeIntervalRow
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

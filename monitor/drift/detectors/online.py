@@ -16,8 +16,8 @@ import numpy as np
 from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
+from monitor.drift.detectors.page_hinkley import PageHinkley
 from monitor.drift.models import DetectorStateRow
-from monitor.drift.page_hinkley import PageHinkley
 from monitor.drift.result import Decision, DriftResult
 from monitor.store.models import RequestRow
 from monitor.store.reads.results import Pair

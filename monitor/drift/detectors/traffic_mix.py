@@ -24,9 +24,9 @@ from collections.abc import Mapping
 import numpy as np
 from scipy import stats as st
 
+from monitor.drift.detectors.windowed import WindowedTest
 from monitor.drift.result import DriftResult
 from monitor.drift.stats import distance_interval
-from monitor.drift.windowed import WindowedTest
 
 MIN_EXPECTED = 5.0
 

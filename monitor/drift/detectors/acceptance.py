@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
+from monitor.drift.detectors.windowed import WindowedTest
 from monitor.drift.result import DriftResult
 from monitor.drift.stats import FloatArray, mean_difference
-from monitor.drift.windowed import WindowedTest
 
 
 class AcceptanceDrift(WindowedTest):

@@ -5,7 +5,7 @@ it: when a quarter of the traffic has long prompts and their acceptance falls 15
 workload's mean falls under 4, below the acceptance floor. This test splits both windows' per-request
 acceptance rates by prompt length (:data:`monitor.store.lengths.PROMPT_EDGES`: under 256 tokens,
 256-1,024, 1,024-4,096, 4,096 and more) and compares each bucket on its own, with the acceptance
-test's statistic, effect and floor (:class:`monitor.drift.acceptance.AcceptanceDrift`: Mann–Whitney U,
+test's statistic, effect and floor (:class:`monitor.drift.detectors.acceptance.AcceptanceDrift`: Mann–Whitney U,
 mean difference with a bootstrap interval, 5 points). One result per bucket (metric
 ``acceptance_rate[prompt 1024-4096]``), all in the run's Benjamini–Hochberg family, so the
 run-wide false-discovery control is the one every other test has.
@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.drift.acceptance import AcceptanceDrift
+from monitor.drift.detectors.acceptance import AcceptanceDrift
 from monitor.drift.result import DriftResult
 from monitor.drift.stats import FloatArray
 from monitor.store.lengths import PROMPT_EDGES, PROMPT_LABELS, bounds, prompt_bucket

@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
+from monitor.drift.detectors.windowed import WindowedTest
 from monitor.drift.result import DriftResult
 from monitor.drift.stats import FloatArray, quantile_ratio
-from monitor.drift.windowed import WindowedTest
 
 METRICS = ("ms_per_token", "ttft_ms", "latency_ms")
 

@@ -4,7 +4,7 @@ Each test (acceptance, acceptance length, latency, prompt length, traffic mix) i
 with a ``compare(ref, cur)``; this base only holds and checks the settings they all take, so that
 a bad value is refused when the test is built, with its name and value, not deep in a run.
 
->>> from monitor.drift.acceptance import AcceptanceDrift
+>>> from monitor.drift.detectors.acceptance import AcceptanceDrift
 >>> AcceptanceDrift().floor, AcceptanceDrift(floor=0.02).floor
 (0.05, 0.02)
 >>> AcceptanceDrift(ci_level=95)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats as st
 
+from monitor.drift.detectors.windowed import WindowedTest
 from monitor.drift.result import DriftResult
 from monitor.drift.stats import (
     FloatArray,
@@ -33,7 +34,6 @@ from monitor.drift.stats import (
     psi,
     psi_bins,
 )
-from monitor.drift.windowed import WindowedTest
 
 
 class PromptLengthShift(WindowedTest):

@@ -2,7 +2,7 @@
 
 An engine that only exposes counters (scrape mode) gives one acceptance figure per target, series
 and interval: accepted / drafted tokens between two scrapes (or SGLang's gauge at the interval's
-end). The test is the per-request one (:class:`~monitor.drift.acceptance.AcceptanceDrift`: two-sided
+end). The test is the per-request one (:class:`~monitor.drift.detectors.acceptance.AcceptanceDrift`: two-sided
 Mann–Whitney U, effect = difference of means with a bootstrap interval) over those figures, with
 ``drift.min_requests`` counting intervals. Intervals that drafted fewer than ``MIN_DRAFTED`` tokens
 are left out: a nearly idle interval's rate is mostly noise. What that changes, and the A/A false
@@ -22,7 +22,7 @@ from typing import Final
 import numpy as np
 from sqlalchemy.engine import Connection
 
-from monitor.drift.acceptance import AcceptanceDrift
+from monitor.drift.detectors.acceptance import AcceptanceDrift
 from monitor.drift.result import DriftResult
 from monitor.drift.settings import DriftSettings
 from monitor.drift.stats import FloatArray
