@@ -35,11 +35,13 @@ SUB_ROOMS: Final = {
     "monitor.api": ("monitor.api.ingest", "monitor.api.decoding", "monitor.api.reads"),
     "monitor.store": ("monitor.store.writes", "monitor.store.reads"),
     "monitor.drift": ("monitor.drift.detectors",),
+    "monitor.ingest": ("monitor.ingest.capture", "monitor.ingest.scrape", "monitor.ingest.stacks"),
 }
 WIRING: Final = {
     "monitor.api": ("monitor.api.app", "monitor.api.state"),  # the routers; the decoder worker and /metrics held
     "monitor.store": (),
     "monitor.drift": ("monitor.drift.run",),  # runs every detector
+    "monitor.ingest": ("monitor.ingest.settings",),  # parses scrape's targets
 }
 # The API's shell (the modules at monitor/api/) is all that the rooms outside it import.
 API: Final = "monitor.api"

@@ -39,7 +39,7 @@ from monitor.api.reads import alerts, drift, health, workloads
 from monitor.api.reads import metrics as prometheus  # the module of /metrics; `metrics` below is its Metrics
 from monitor.api.state import ApiState
 from monitor.config import Settings
-from monitor.ingest.capture import PromptCapture
+from monitor.ingest.capture.sidecar import PromptCapture
 from monitor.ingest.recorder import Recorder
 from monitor.proxy import forward
 from monitor.proxy.routing import build_router, refresh_routes

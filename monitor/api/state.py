@@ -15,7 +15,7 @@ from decoder.evaluation import SampleRow
 from monitor.api.auth import TokenSet
 from monitor.api.decoding.worker import DecodeWorker
 from monitor.config import Settings
-from monitor.ingest.capture import PromptCapture
+from monitor.ingest.capture.sidecar import PromptCapture
 from monitor.ingest.recorder import Recorder
 from monitor.proxy.routing import Router
 

@@ -16,7 +16,7 @@ from decoder.record import validate_workload
 from monitor.commands.common import add_config_argument, settings_or_report
 
 if TYPE_CHECKING:
-    from monitor.ingest.capture import PromptSample
+    from monitor.ingest.capture.sample import PromptSample
     from monitor.ingest.settings import CaptureSettings
 
 DESCRIPTION: Final = (
@@ -81,7 +81,7 @@ def _with_sample(
     settings = settings_or_report(args, f"capture {command}")
     if settings is None:
         return 2
-    from monitor.ingest.capture import PromptSample
+    from monitor.ingest.capture.sample import PromptSample
 
     try:
         sample = PromptSample.existing(settings.capture.path)

@@ -228,8 +228,8 @@ def _store(args: argparse.Namespace, reports: Sequence[WorkloadReport], target: 
 
 
 def captured_rows(settings: Settings) -> list[SampleRow]:
-    """The prompt sample the sidecar keeps (monitor/ingest/capture.py), past its retention pruned first."""
-    from monitor.ingest.capture import PromptSample
+    """The prompt sample the sidecar keeps (monitor/ingest/capture/), past its retention pruned first."""
+    from monitor.ingest.capture.sample import PromptSample
 
     path = settings.capture.path
     try:

@@ -54,7 +54,7 @@ from monitor.api.auth import Guard
 from monitor.api.errors import ApiError
 from monitor.api.events import record_from
 from monitor.api.state import ApiState, api_state, offer
-from monitor.ingest.sample_rows import proxied_row
+from monitor.ingest.capture.rows import proxied_row
 from monitor.ingest.stacks import PARSERS, Stack, StackError, reported
 from monitor.ingest.stacks.report import StackReport
 from monitor.ingest.stacks.sglang import is_sglang_openai

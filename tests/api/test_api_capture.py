@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from decoder.evaluation import SampleRow, read_sample
 from monitor.api.app import create_app
 from monitor.commands.main import main
-from monitor.ingest.capture import DAY_S, PromptSample, sample_line
+from monitor.ingest.capture.sample import DAY_S, PromptSample, sample_line
 from tests.api.conftest import INGEST, READ, auth, make_settings
 from tests.api.test_api_decode import tiny_decoder
 from tests.proxy.upstream import Upstream, proxy_sidecar

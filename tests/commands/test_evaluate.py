@@ -59,7 +59,7 @@ def test_evaluate_reads_the_sidecars_prompt_sample(
     import time
 
     from decoder.evaluation import SampleRow
-    from monitor.ingest.capture import PromptSample, sample_line
+    from monitor.ingest.capture.sample import PromptSample, sample_line
 
     monkeypatch.setenv("DRAFTWATCH_DATA_DIR", str(tmp_path / "data"))
     argv = ["evaluate", "--target", "smollm2-135m", "--drafter", "ngram", "--captured", "--max-new-tokens", "4",

@@ -13,7 +13,7 @@ import pytest
 
 from decoder.evaluation import SAMPLING_RANGES, SampleRow, read_sample
 from monitor.commands.main import main
-from monitor.ingest.capture import DAY_S, PromptSample, sample_line
+from monitor.ingest.capture.sample import DAY_S, PromptSample, sample_line
 
 CAP = 5
 STREAM = 20  # requests considered per trial
@@ -154,7 +154,7 @@ def test_the_commands_export_status_and_purge(
 
 
 def test_a_sidecar_that_keeps_nothing_new_still_prunes_what_an_earlier_one_left(tmp_path: Path) -> None:
-    from monitor.ingest.capture import PromptCapture
+    from monitor.ingest.capture.sidecar import PromptCapture
     from monitor.ingest.settings import CaptureSettings
 
     path = tmp_path / "sample.db"

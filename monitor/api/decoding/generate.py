@@ -17,7 +17,7 @@ from monitor.api.decoding.worker import DecodeWorker, Job, QueueFullError
 from monitor.api.errors import BODY_TOO_LARGE, NOT_JSON, ApiError, Problem, described, validation_error
 from monitor.api.events import Workload
 from monitor.api.state import api_state, offer
-from monitor.ingest.sample_rows import decoded_row
+from monitor.ingest.capture.rows import decoded_row
 
 guard = require("ingest")
 router = APIRouter(tags=["decode"], dependencies=[Depends(guard)], responses=guard.responses, route_class=GuardedRoute)

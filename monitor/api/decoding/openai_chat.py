@@ -36,7 +36,7 @@ from monitor.api.decoding.generate import (
 from monitor.api.decoding.worker import Job, stop_list
 from monitor.api.errors import ApiError, Problem, validation_error
 from monitor.api.state import offer
-from monitor.ingest.sample_rows import decoded_row
+from monitor.ingest.capture.rows import decoded_row
 
 log = logging.getLogger(__name__)
 
