@@ -29,9 +29,11 @@ only the generations (``RECORDED_PATHS``, POSTed) are recorded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -49,7 +51,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from decoder.record import WORKLOAD_PATTERN, RequestRecord
+from decoder.record import LIMITS, WORKLOAD_PATTERN, RequestRecord
 from monitor.api.auth import Guard
 from monitor.api.errors import ApiError
 from monitor.api.events import record_from
@@ -63,7 +65,13 @@ from monitor.proxy.encoding import Decoder, accepted_upstream, codings, decoded
 from monitor.proxy.models import merged_models
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
-from monitor.proxy.upstream import UpstreamError, UpstreamResponse, UpstreamTimeoutError, UpstreamUnavailableError
+from monitor.proxy.upstream import (
+    UpstreamError,
+    UpstreamRefusedError,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +163,7 @@ class _Exchange:
         self.upstream_host = self.route.deployment.name
         self.inflight = self.route.member.acquire()
         self._released = False
+        self._moved = False
         self.streamed = bool(self.recording and self.payload and self.payload.get("stream") is True)
         # SGLang's OpenAI routes report the counts only when asked (monitor/proxy/asks.py); the answer is cleaned.
         self.sglang_added = frozenset[str]()
@@ -229,6 +238,26 @@ class _Exchange:
             self._released = True
             self.route.member.release()
 
+    def moved(self) -> bool:
+        """Take another replica of the same pool after this one refused the connection; False when there is none.
+
+        Nothing reached the refusing replica, so the request cannot run twice; it moves once only,
+        and the refusal still counts towards that replica's health (:meth:`Member.send`).
+        """
+        refused = self.route.member
+        pool = self.route.deployment.speculative if refused.pool == "speculative" else self.route.deployment.baseline
+        others = [m for m in pool.members if m is not refused]
+        if self._moved or not others:
+            return False
+        self._moved = True
+        self.release()
+        self.route = dataclasses.replace(self.route, member=pool.pick(others))
+        self.inflight = self.route.member.acquire()
+        self._released = False
+        log.info("upstream %s refused the connection; the request goes to %s", refused.upstream.netloc,
+                 self.route.member.upstream.netloc)  # fmt: skip
+        return True
+
     def saw_event(self, event: Mapping[str, Any] | None) -> None:
         now = time.perf_counter() - self.t0
         if self.ttft_s is None:
@@ -254,8 +283,8 @@ class _Exchange:
             # SGLang's /generate names no model: the deployment's address stands in for it.
             "target_model": (self.payload or {}).get("model") or f"{self.settings.kind}@{self.upstream_host}",
             "drafter": "upstream",
-            "temperature": _number((self.payload or {}).get("temperature"), 0.0, 0, 100),
-            "top_p": _number((self.payload or {}).get("top_p"), 1.0, 0, 1),
+            "temperature": _number((self.payload or {}).get("temperature"), "temperature", 0.0),
+            "top_p": _number((self.payload or {}).get("top_p"), "top_p", 1.0),
         }
         try:
             if report is None or error is not None:
@@ -410,7 +439,6 @@ async def _merged_models(request: Request, settings: ProxySettings, router: Rout
 
 async def _answer(request: Request, exchange: _Exchange) -> Response:
     """The upstream's answer to one request, as the client gets it; recorded, or handed to the relay that records it."""
-    upstream = exchange.route.member.upstream
     try:
         response, content = await _send(request, exchange)
     except UpstreamTimeoutError:
@@ -422,7 +450,8 @@ async def _answer(request: Request, exchange: _Exchange) -> Response:
         return openai_error(502, "the upstream's response was cut short", "upstream_unavailable")
     except UpstreamUnavailableError as error:
         exchange.record(None, error=f"upstream unreachable: {error}")
-        return openai_error(502, f"the upstream at {upstream.netloc} cannot be reached ({error})",
+        netloc = exchange.route.member.upstream.netloc
+        return openai_error(502, f"the upstream at {netloc} cannot be reached ({error})",
                             "upstream_unavailable")  # fmt: skip
     if exchange.recording and response.status < 400:  # a request the upstream refused is no traffic to evaluate on
         offer(request, lambda: proxied_row(exchange.path, exchange.payload, exchange.workload))
@@ -449,10 +478,14 @@ async def _answer(request: Request, exchange: _Exchange) -> Response:
 
 async def _send(request: Request, exchange: _Exchange) -> tuple[UpstreamResponse, bytes | None]:
     """The upstream's answer: an event stream still to relay (None), or a whole body, read and closed."""
-    member = exchange.route.member
     target = request.url.path.encode() + (b"?" + request.url.query.encode() if request.url.query else b"")
     while True:
-        response = await member.send(request.method, target, exchange.headers, exchange.body)
+        try:
+            response = await exchange.route.member.send(request.method, target, exchange.headers, exchange.body)
+        except UpstreamRefusedError:
+            if exchange.moved():
+                continue
+            raise
         if response.header("content-type").startswith("text/event-stream"):
             return response, None
         try:
@@ -672,7 +705,11 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _number(value: Any, default: float, low: float, high: float) -> float:
+def _number(value: Any, field: str, default: float) -> float:
+    """The client's ``field`` for the record where the record's bounds take it, else the default."""
+    limit = LIMITS[field]
+    low = -math.inf if limit.ge is None else limit.ge
+    high = math.inf if limit.le is None else limit.le
     if isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high:
         return float(value)
     return default

@@ -11,8 +11,11 @@ kept-alive connections without saying so) is readable, and is dropped before any
 A generation must never run twice, so a request goes out a second time only when the upstream
 cannot have started it: the connection could not be opened, or the request could not be written
 whole. Once it was written, a connection cut before the answer is a 502, not a retry: the
-upstream may have read the request and be generating. Errors become two kinds:
-:class:`UpstreamTimeoutError` (nothing within ``proxy.timeout_s``) and :class:`UpstreamUnavailableError`.
+upstream may have read the request and be generating. A refused connection is not tried again
+here (the replica is down: a second try would be refused too) but raised as
+:class:`UpstreamRefusedError`, which the proxy sends once to another replica of the pool. Errors
+become two kinds: :class:`UpstreamTimeoutError` (nothing within ``proxy.timeout_s``) and
+:class:`UpstreamUnavailableError`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class UpstreamUnavailableError(UpstreamError):
     """Refused, reset or cut: the upstream cannot be reached, or stopped in mid-answer."""
 
 
+class UpstreamRefusedError(UpstreamUnavailableError):
+    """The connection could not be opened: nothing was sent, so another replica may take the request."""
+
+
 class Upstream:
     def __init__(self, url: str, timeout_s: float) -> None:
         parts = urlsplit(url)
@@ -77,6 +84,9 @@ class Upstream:
             except httpcore.TimeoutException as error:
                 await connection.aclose()
                 raise UpstreamTimeoutError(type(error).__name__) from None
+            except httpcore.ConnectError as error:
+                await connection.aclose()
+                raise UpstreamRefusedError(type(error).__name__) from None
             except (httpcore.NetworkError, httpcore.ProtocolError) as error:
                 await connection.aclose()
                 if retries and not delivery.written:

@@ -14,7 +14,7 @@ import pytest
 
 from monitor.proxy.pool import Ejection, Pool
 from tests.api.conftest import READ, auth
-from tests.proxy.engine import sidecar
+from tests.proxy.engine import flushed, rows, sidecar
 from tests.proxy.upstream import Upstream, serving
 from tests.serving import free_port
 
@@ -77,10 +77,11 @@ def test_a_killed_member_is_ejected_traffic_goes_on_at_the_other_and_it_returns_
             with serving(a, port):
                 statuses = [client.post("/v1/chat/completions", json=CHAT).status_code for _ in range(4)]
                 assert statuses == [200] * 4 and len(a.seen) == len(b.seen) == 2
-            # Killed: its two failures in a row are two 502s, then it is out and every request is served.
+            # Killed: its two refused connections go to the other member, count as two failures in a row, and
+            # it is out.
             statuses = [client.post("/v1/chat/completions", json=CHAT).status_code for _ in range(12)]
-            assert sorted(statuses) == [200] * 10 + [502] * 2 and statuses[-8:] == [200] * 8
-            assert len(b.seen) == 12 and metric(url, netloc) == "0"
+            assert statuses == [200] * 12
+            assert len(b.seen) == 2 + 12 and metric(url, netloc) == "0"
             assert httpx.get(f"{url}/healthz").json()["checks"]["upstreams"] == {"members": 3, "out": [netloc]}
             with serving(a, port):
                 time.sleep(1.6)
@@ -104,6 +105,42 @@ def test_a_pool_whose_only_member_is_out_still_sends_to_it(tmp_path: Path, db_ur
         with serving(stub, port):
             assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
             assert metric(url, f"127.0.0.1:{port}") == "1"
+
+
+def test_a_refused_connection_goes_once_to_another_member_and_still_counts_towards_its_health(
+    tmp_path: Path, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    live = Upstream()
+    closed = f"127.0.0.1:{free_port()}"  # nothing listens: every connection is refused
+    caplog.set_level(logging.INFO, "monitor.proxy.forward")
+    env = {"DRAFTWATCH_PROXY_EJECT_AFTER": "3", "DRAFTWATCH_PROXY_EJECT_COOLDOWN_S": "600"}
+    with (
+        serving(live) as live_url,
+        sidecar(tmp_path, db_url, f"http://{closed},{live_url}", **env) as (url, app),
+        httpx.Client(base_url=url) as client,
+    ):
+        answers = [client.post("/v1/chat/completions", json=CHAT) for _ in range(7)]
+        streamed = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        # Refused three times in a row (each sent on to the live member): out of the pool.
+        assert metric(url, closed) == "0"
+        flushed(app)
+    assert [a.status_code for a in answers] == [200] * 7 and answers[0].json() == live.chat
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert len(live.seen) == 8
+    moved = [r.getMessage() for r in caplog.records if "refused the connection" in r.getMessage()]
+    assert moved == [f"upstream {closed} refused the connection; the request goes to {live_url[7:]}"] * 3
+    # Each record an answer (the stand-in's fixed ids keep one a route): the refusal is no failed request.
+    assert [r["error"] for r in rows(db_url)] == [None, None]
+
+
+def test_a_refused_connection_with_no_other_member_is_a_502(tmp_path: Path, db_url: str) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    with sidecar(tmp_path, db_url, f"http://{closed}") as (url, app), httpx.Client(base_url=url) as client:
+        answer = client.post("/v1/chat/completions", json=CHAT)
+        flushed(app)
+    assert answer.status_code == 502 and answer.json()["error"]["type"] == "upstream_unavailable"
+    assert answer.json()["error"]["message"] == f"the upstream at {closed} cannot be reached (ConnectError)"
+    assert [r["error"] for r in rows(db_url)] == ["upstream unreachable: ConnectError"]
 
 
 @pytest.mark.parametrize(("status", "ejected"), [(503, True), (502, True), (500, False), (429, False)])
