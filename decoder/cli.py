@@ -1,7 +1,7 @@
 """Sub-commands of the decoder: ``draftwatch models ...`` and ``draftwatch generate``.
 
 ``draftwatch evaluate`` decodes with the same model arguments (:func:`add_model_arguments`,
-:func:`build_decoder`) but lives in monitor/commands/evaluate.py, since its remote candidates are
+:func:`build_decoder`) but lives in monitor/commands/evaluate/, since its remote candidates are
 read by the sidecar's stack parsers.
 
 Registering them imports no torch: the model code loads when a command decodes, so ``--help`` and

@@ -15,7 +15,7 @@ predicts at least 1; the report puts the measured figures beside it and says whe
 recommendation is the measured best, which is how the prediction is checked.
 
 A candidate can also be a remote server (``CandidateResult.server``, measured by
-``monitor/commands/evaluate.py``): it has no prediction and no gamma of ours, and it takes no
+``monitor/commands/evaluate/servers.py``): it has no prediction and no gamma of ours, and it takes no
 part in the recommendation, which checks this controller's predictions against its own candidates.
 """
 

@@ -36,12 +36,14 @@ SUB_ROOMS: Final = {
     "monitor.store": ("monitor.store.writes", "monitor.store.reads"),
     "monitor.drift": ("monitor.drift.detectors",),
     "monitor.ingest": ("monitor.ingest.capture", "monitor.ingest.scrape", "monitor.ingest.stacks"),
+    "monitor.commands": ("monitor.commands.evaluate",),
 }
 WIRING: Final = {
     "monitor.api": ("monitor.api.app", "monitor.api.state"),  # the routers; the decoder worker and /metrics held
     "monitor.store": (),
     "monitor.drift": ("monitor.drift.run",),  # runs every detector
     "monitor.ingest": ("monitor.ingest.settings",),  # parses scrape's targets
+    "monitor.commands": (),  # main.py registers each sub-command group by its module's name
 }
 # The API's shell (the modules at monitor/api/) is all that the rooms outside it import.
 API: Final = "monitor.api"

@@ -16,7 +16,7 @@ from importlib.metadata import version
 # Modules that contribute sub-commands, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "decoder.cli",
-    "monitor.commands.evaluate",
+    "monitor.commands.evaluate.command",
     "monitor.commands.capture",
     "monitor.commands.db",
     "monitor.commands.serve",

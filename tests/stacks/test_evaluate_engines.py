@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from monitor.commands.evaluate import ServerVerdict, speedup_interval
+from monitor.commands.evaluate.servers import ServerVerdict, speedup_interval
 from monitor.commands.main import main
 from tests.proxy.upstream import fixture
 

@@ -21,7 +21,7 @@ import pytest
 from decoder.controller import wilson_interval
 from decoder.evaluation import SampleRow
 from decoder.fetch import fetch_preset
-from monitor.commands.evaluate import measure_servers
+from monitor.commands.evaluate.servers import measure_servers
 from monitor.commands.main import main
 from tests.stacks.llama_server import (
     BASE_ARGS,
