@@ -49,7 +49,7 @@ async def _models_of(deployment: Deployment, headers: Headers, limit: int) -> li
         try:
             content = await response.read()
         finally:
-            await response.aclose()
+            response.close()
     except UpstreamError as error:
         log.warning("/v1/models: upstream %s skipped: %s", member.upstream.netloc, error)
         return None

@@ -1,34 +1,36 @@
-"""The serving stack behind proxy mode: keep-alive connections, spoken to through httpcore.
+"""The serving stack behind proxy mode: keep-alive HTTP/1.1 connections of its own, read by httptools.
 
 httpx's client layers (URL merging, auth and redirect handling, cookies, event hooks) cost about
-0.4 ms a request on this machine, as much as the rest of the proxy, and httpcore's pool scans every
-connection (a ``poll`` system call each) whenever it assigns a request: at 32 concurrent clients
-that scan took a third of the proxy's time. The proxy needs neither, so it keeps its own stack of
-idle HTTP/1.1 connections (httpcore's, one per request in flight) and reuses the newest, after one
-look at it alone: an idle connection the upstream has closed meanwhile (llama-server closes
-kept-alive connections without saying so) is readable, and is dropped before anything is written.
+0.4 ms a request on this machine, and httpcore under them, h11's pure-Python parser behind anyio's
+cancel scopes and locks (a timeout scope and a lock per read and write), took more than half of the
+proxy's time at 32 concurrent clients. The proxy needs none of it: it writes one request head, and
+reads the answer with httptools' C parser (the one uvicorn serves with) on asyncio streams. Its
+idle connections are a stack, the newest reused first, after one look at it alone: an idle
+connection the upstream has closed meanwhile (llama-server closes kept-alive connections without
+saying so) has seen its end, and is dropped before anything is written.
 
 A generation must never run twice, so a request goes out a second time only when the upstream
-cannot have started it: the connection could not be opened, or the request could not be written
-whole. Once it was written, a connection cut before the answer is a 502, not a retry: the
-upstream may have read the request and be generating. A refused connection is not tried again
-here (the replica is down: a second try would be refused too) but raised as
-:class:`UpstreamRefusedError`, which the proxy sends once to another replica of the pool. Errors
-become two kinds: :class:`UpstreamTimeoutError` (nothing within ``proxy.timeout_s``) and
-:class:`UpstreamUnavailableError`.
+cannot have started it: the request could not be written whole. Once it was written, a connection
+cut before the answer is a 502, not a retry: the upstream may have read the request and be
+generating. A refused connection is not tried again here (the replica is down: a second try would
+be refused too) but raised as :class:`UpstreamRefusedError`, which the proxy sends once to another
+replica of the pool. Errors become two kinds: :class:`UpstreamTimeoutError` (nothing within
+``proxy.timeout_s``) and :class:`UpstreamUnavailableError`, each named as httpcore named it
+(``ConnectError``, ``ReadTimeout``, ...), which the records and logs keep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Final
 from urllib.parse import urlsplit
 
-import httpcore
+import httptools
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ KEEPALIVE: Final = 64
 KEEPALIVE_EXPIRY_S: Final = 30.0
 # Sends of a request that never reached the upstream whole, after the first (see the module docstring).
 RETRIES: Final = 1
+READ_SIZE: Final = 65536
 
 
 class UpstreamError(Exception):
@@ -61,56 +64,69 @@ class Upstream:
         parts = urlsplit(url)
         self.url = url
         self.netloc = parts.netloc.rpartition("@")[2]
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._origin = httpcore.Origin(parts.scheme.encode(), (parts.hostname or "").encode(), port)
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._prefix = parts.path.rstrip("/").encode()
-        t = timeout_s
-        self._timeouts = {"connect": min(10.0, t), "read": t, "write": t, "pool": t}
-        self._idle: list[httpcore.AsyncHTTPConnection] = []
+        self._connect_s = min(10.0, timeout_s)
+        self._timeout_s = timeout_s
+        self._idle: list[_Connection] = []
 
     async def send(self, method: str, target: bytes, headers: Headers, body: bytes) -> UpstreamResponse:
         """Send one request (``target``: path and query); the response's body is read as it arrives."""
-        o = self._origin
-        url = httpcore.URL(scheme=o.scheme, host=o.host, port=o.port, target=self._prefix + target)
-        sent = [(b"host", self.netloc.encode()), *headers, (b"content-length", str(len(body)).encode())]
+        target = self._prefix + target
+        if any(byte <= 0x20 or byte == 0x7F for byte in target):
+            raise UpstreamUnavailableError("LocalProtocolError")  # no request line can carry it
+        lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method.encode(), target, self.netloc.encode())]
+        lines += [b"%s: %s\r\n" % (name, value) for name, value in headers]
+        lines.append(b"content-length: %d\r\n\r\n" % len(body))
+        head = b"".join(lines)
         retries = RETRIES
         while True:
-            delivery = _Delivery()
-            extensions = {"timeout": self._timeouts, "trace": delivery.trace}
-            request = httpcore.Request(method, url, headers=sent, content=body, extensions=extensions)
-            connection = await self._take_idle() or self._connection()
+            connection = self._take_idle() or await self._connect()
             try:
-                response = await connection.handle_async_request(request)
-            except httpcore.TimeoutException as error:
-                await connection.aclose()
-                raise UpstreamTimeoutError(type(error).__name__) from None
-            except httpcore.ConnectError as error:
-                await connection.aclose()
-                raise UpstreamRefusedError(type(error).__name__) from None
-            except (httpcore.NetworkError, httpcore.ProtocolError) as error:
-                await connection.aclose()
-                if retries and not delivery.written:
+                await connection.write(head, body, self._timeout_s)
+            except UpstreamUnavailableError as error:
+                connection.close()
+                if retries:
                     retries -= 1
                     log.info("upstream %s: %s before the request was written; sending it once more",
-                             self.netloc, type(error).__name__)  # fmt: skip
+                             self.netloc, error)  # fmt: skip
                     continue
-                raise UpstreamUnavailableError(type(error).__name__) from None
-            return UpstreamResponse(response, functools.partial(self._release, connection))
+                raise
+            except BaseException:
+                connection.close()
+                raise
+            try:
+                return await UpstreamResponse.read_head(connection, method, self._timeout_s, self._keep)
+            except BaseException:
+                connection.close()
+                raise
 
-    async def _take_idle(self) -> httpcore.AsyncHTTPConnection | None:
+    def _take_idle(self) -> _Connection | None:
         """The newest idle connection still open; those the upstream closed (or expired) are dropped on the way."""
         while self._idle:
             connection = self._idle.pop()
-            if not connection.has_expired() and connection.is_idle():
+            if connection.reusable():
                 return connection
-            await connection.aclose()
+            connection.close()
         return None
+
+    async def _connect(self) -> _Connection:
+        try:
+            async with asyncio.timeout(self._connect_s):
+                reader, writer = await asyncio.open_connection(self._host, self._port, ssl=self._ssl)
+        except TimeoutError:
+            raise UpstreamTimeoutError("ConnectTimeout") from None
+        except OSError:
+            raise UpstreamRefusedError("ConnectError") from None
+        return _Connection(reader, writer)
 
     async def reachable(self, timeout_s: float) -> bool:
         """Whether the upstream takes a connection within ``timeout_s`` (readiness: nothing is sent on it)."""
         try:
             async with asyncio.timeout(timeout_s):
-                _, writer = await asyncio.open_connection(self._origin.host.decode(), self._origin.port)
+                _, writer = await asyncio.open_connection(self._host, self._port)
         except (OSError, TimeoutError):
             return False
         writer.close()
@@ -118,70 +134,170 @@ class Upstream:
             await writer.wait_closed()
         return True
 
-    def _connection(self) -> httpcore.AsyncHTTPConnection:
-        return httpcore.AsyncHTTPConnection(self._origin, keepalive_expiry=KEEPALIVE_EXPIRY_S, http1=True, http2=False)
-
-    async def _release(self, connection: httpcore.AsyncHTTPConnection) -> None:
-        if connection.is_idle() and len(self._idle) < KEEPALIVE:
+    def _keep(self, connection: _Connection) -> None:
+        if len(self._idle) < KEEPALIVE:
+            connection.idle_until = time.monotonic() + KEEPALIVE_EXPIRY_S
             self._idle.append(connection)
         else:
-            await connection.aclose()
+            connection.close()
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
         for connection in idle:
-            await connection.aclose()
+            connection.close()
 
 
-class _Delivery:
-    """Whether the request reached the socket whole, told by httpcore's trace events.
+class _Connection:
+    """One HTTP/1.1 connection to the upstream, between requests idle until ``idle_until``."""
 
-    httpcore swallows a failed write and goes on to read an answer (a server may refuse a request
-    early with one), so the error that ends the exchange does not say whether the request went out.
-    """
+    __slots__ = ("idle_until", "reader", "writer")
 
-    __slots__ = ("written",)
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_until = 0.0
+
+    def reusable(self) -> bool:
+        """Open, not expired, and its end not seen: an upstream that closed it idle has sent that end."""
+        return time.monotonic() < self.idle_until and not self.writer.is_closing() and not self.reader.at_eof()
+
+    async def write(self, head: bytes, body: bytes, timeout_s: float) -> None:
+        """The whole request onto the socket; :class:`UpstreamUnavailableError` when it could not be (nothing sent)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                self.writer.write(head + body if len(body) < READ_SIZE else head)
+                if len(body) >= READ_SIZE:
+                    self.writer.write(body)
+                await self.writer.drain()
+        except TimeoutError:
+            raise UpstreamTimeoutError("WriteTimeout") from None
+        except OSError:
+            raise UpstreamUnavailableError("WriteError") from None
+
+    async def read(self, timeout_s: float) -> bytes:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self.reader.read(READ_SIZE)
+        except TimeoutError:
+            raise UpstreamTimeoutError("ReadTimeout") from None
+        except OSError:
+            raise UpstreamUnavailableError("ReadError") from None
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Message:
+    """httptools' callbacks for one response: its headers, the body pieces not yet taken, and whether it ended."""
+
+    __slots__ = ("body", "complete", "head_done", "headers", "keep_alive", "parser")
 
     def __init__(self) -> None:
-        self.written = False
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
 
-    async def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        if event == "http11.send_request_body.complete":
-            self.written = True
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        # Asked here: once the message is complete the parser has reset, and says False.
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            raise UpstreamUnavailableError("RemoteProtocolError") from None
 
 
 class UpstreamResponse:
-    def __init__(self, response: httpcore.Response, release: Callable[[], Awaitable[None]]) -> None:
-        self._response = response
-        self._release = release
+    def __init__(
+        self,
+        connection: _Connection,
+        message: _Message,
+        timeout_s: float,
+        keep: Callable[[_Connection], None],
+        *,
+        head: bool,
+    ) -> None:
+        self._connection = connection
+        self._message = message
+        self._timeout_s = timeout_s
+        self._keep = keep
         self._closed = False
-        self.status = response.status
-        self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers]
+        self.status = message.parser.get_status_code()
+        self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.headers]
+        # A HEAD answer has no body, whatever its Content-Length says; one framed by neither a length nor
+        # chunks ends when the upstream closes the connection.
+        if head:
+            message.complete = True
+        names = {k.lower() for k, _ in self.headers}
+        self._until_close = "content-length" not in names and "transfer-encoding" not in names
+        self._reusable = not head
+
+    @classmethod
+    async def read_head(
+        cls,
+        connection: _Connection,
+        method: str,
+        timeout_s: float,
+        keep: Callable[[_Connection], None],
+    ) -> UpstreamResponse:
+        """Read until the response's head is in (the body read with it is kept for :meth:`chunks`)."""
+        message = _Message()
+        while not message.head_done:
+            data = await connection.read(timeout_s)
+            if not data:
+                raise UpstreamUnavailableError("RemoteProtocolError")  # closed without an answer
+            message.feed(data)
+        return cls(connection, message, timeout_s, keep, head=method == "HEAD")
 
     def header(self, name: str) -> str:
         return next((v for k, v in self.headers if k.lower() == name), "")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; a cut connection raises :class:`UpstreamUnavailableError`, silence a timeout."""
-        stream = self._response.aiter_stream()
+        message = self._message
         while True:
-            try:
-                chunk = await anext(stream)
-            except StopAsyncIteration:
+            if message.body:
+                pieces, message.body = message.body, []
+                for piece in pieces:
+                    yield piece
+            if message.complete:
                 return
-            except httpcore.TimeoutException as error:
-                raise UpstreamTimeoutError(type(error).__name__) from None
-            except (httpcore.NetworkError, httpcore.ProtocolError) as error:
-                raise UpstreamUnavailableError(type(error).__name__) from None
-            yield chunk
+            data = await self._connection.read(self._timeout_s)
+            if not data:
+                if not self._until_close:
+                    raise UpstreamUnavailableError("RemoteProtocolError")  # cut before the body's end
+                message.complete = True
+                self._reusable = False
+                continue
+            message.feed(data)
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
-    async def aclose(self) -> None:
-        """Close the body; a connection left reusable goes back to the idle ones."""
+    def close(self) -> None:
+        """Close the body; a connection left reusable (its answer read to the end) goes back to the idle ones.
+
+        It never waits, so a cancelled request (the client left) closes its connection all the same.
+        """
         if self._closed:
             return
         self._closed = True
-        await self._response.aclose()
-        await self._release()
+        message = self._message
+        if message.complete and not message.body and self._reusable and message.keep_alive:
+            self._keep(self._connection)
+        else:
+            self._connection.close()

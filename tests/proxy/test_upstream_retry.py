@@ -165,3 +165,15 @@ def test_an_idle_connection_the_upstream_closed_silently_is_replaced_without_an_
     assert second.json() == json.loads(stand_in._answer)
     # Each request went once, each on a connection of its own: none was sent on a closed one.
     assert (stand_in.posts, stand_in.connections) == (3, 3)
+
+
+def test_requests_one_after_another_share_one_kept_alive_connection(tmp_path: Path) -> None:
+    stand_in = StandIn()
+    with stand_in.running() as url, sidecar(tmp_path, url) as base, httpx.Client(base_url=base, timeout=30) as client:
+        answers = [client.post("/v1/chat/completions", json=chat()) for _ in range(5)]
+        # A HEAD's answer has no body, whatever its length says (this one sends one anyway): its connection
+        # is not reused.
+        head = client.head("/v1/models")
+        answers.append(client.post("/v1/chat/completions", json=chat()))
+    assert [r.status_code for r in answers] == [200] * 6 and (head.status_code, head.content) == (200, b"")
+    assert (stand_in.posts, stand_in.connections) == (6, 2)
