@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.results import write_section
 from decoder import load_model
 from decoder.cpu.row_stable import row_stable_passes
-from decoder.target_pass import target_logits
+from decoder.speculation.target_pass import target_logits
 
 PROMPT = "def quicksort(values):\n    " * 8
 

@@ -3,7 +3,7 @@
 Every level's models stay loaded together so that, for each prompt, every (level, method) pair
 runs back to back (interleaved), and a shared machine's drift hits all alike. Quality is the
 next-token agreement of each level with the float model, teacher-forced on the float model's own
-greedy continuations of the same prompts (decoder/quality.py), and the prompts' perplexity.
+greedy continuations of the same prompts (decoder/models/quality.py), and the prompts' perplexity.
 llama.cpp is an anchor when ``$LLAMA_SERVER`` names its server binary (benchmarks/llamacpp.py).
 """
 
@@ -19,9 +19,9 @@ from tqdm.auto import tqdm
 from benchmarks.llamacpp import LlamaServer, server_binary
 from benchmarks.runs import Cell, Outcome, controlled_decoder, decode_once
 from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
-from decoder.fetch import fetch_preset
-from decoder.loading import LoadedModel
-from decoder.quality import Agreement, agreement, chat_prompt_ids
+from decoder.models.fetch import fetch_preset
+from decoder.models.loading import LoadedModel
+from decoder.models.quality import Agreement, agreement, chat_prompt_ids
 from decoder.record import Mode
 
 LEVELS = ("none", "int8", "int4")

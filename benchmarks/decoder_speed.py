@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.results import write_section
 from benchmarks.runs import Cell, Outcome, controlled_decoder, decode_once
 from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, check_pair, load_model
-from decoder.loading import LoadedModel
-from decoder.quality import chat_prompt_ids
+from decoder.models.loading import LoadedModel
+from decoder.models.quality import chat_prompt_ids
 from decoder.record import Mode
 from decoder.workloads import builtin_workloads, copy_heavy_workloads
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("decoder.speculative").setLevel(logging.INFO)  # the pairs' calibrated costs
+    logging.getLogger("decoder.speculation.speculative").setLevel(logging.INFO)  # the pairs' calibrated costs
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = {w: p[: args.prompts] for w, p in builtin_workloads().items()}
@@ -231,7 +231,7 @@ def portfolio_main(args: argparse.Namespace, prompts: dict[str, list[str]]) -> i
         f"Greedy decoding, chat template, {args.max_new_tokens} new tokens at most, {per_workload} prompts a workload,"
         f" {args.repeats} run(s) per prompt and method, methods interleaved per prompt; every "
         "controller starts fresh with its pairs timed at start (the portfolio times both). The portfolio holds the "
-        "0.5B draft model and the n-gram drafter and picks one per request (decoder/controller.py).\n\n"
+        "0.5B draft model and the n-gram drafter and picks one per request (decoder/speculation/controller.py).\n\n"
         + table("qwen-coder-1.5b target: each drafter alone, and both", cells, "draftwatch plain", None)
     )
     return publish(args, "Drafter portfolio (benchmarks/decoder_speed.py --portfolio)", body)

@@ -29,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.decoder_speed import publish
-from decoder.fetch import cache_dir, fetch_preset
+from decoder.models.fetch import cache_dir, fetch_preset
 from monitor.demo.scenario import FULL
 
 TITLE = "Default demo (benchmarks/demo_run.py)"

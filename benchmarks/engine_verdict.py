@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     per_side = args.requests or (10 if args.quick else 30)
     workloads = args.workloads.split(",")
 
-    from decoder.fetch import fetch_preset
+    from decoder.models.fetch import fetch_preset
     from monitor.drift.run import run_drift
     from monitor.drift.verdict import verdict_of
     from monitor.store.engine import create_engine

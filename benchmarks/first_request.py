@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 from benchmarks.decoder_speed import publish
 from decoder import NgramDrafter, SpeculativeDecoder, load_model
-from decoder.controller import SpeculationController
 from decoder.record import RequestRecord, pooled_decode_ms_per_token
+from decoder.speculation.controller import SpeculationController
 from decoder.workloads import builtin_workloads
 
 TITLE = "A new workload's first request (benchmarks/first_request.py)"

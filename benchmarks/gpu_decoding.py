@@ -52,7 +52,7 @@ from decoder.cpu.attention import register
 from decoder.cpu.quantize import QUANTIZATIONS, Int4Linear, Int8Linear, Quantization, quantize_model
 from decoder.cpu.quantized_store import kernel_works
 from decoder.cpu.row_stable import RowStableLinear, make_row_stable, row_stable_passes
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 
 QWEN_1_5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
              "num_key_value_heads": 2, "vocab_size": 151936}  # fmt: skip

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from decoder.controller import SpeculationController
 from decoder.drafters.base import Drafter
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 from decoder.record import Mode
-from decoder.speculative import SpeculativeDecoder
+from decoder.speculation.controller import SpeculationController
+from decoder.speculation.speculative import SpeculativeDecoder
 
 
 @dataclass
@@ -94,5 +94,5 @@ def controlled_decoder(target: LoadedModel, drafter: Drafter | Sequence[Drafter]
     Several drafters make a portfolio: the controller picks one per request, each pair timed at start.
     """
     decoder = SpeculativeDecoder(target, drafter, controller=SpeculationController(seed=0))
-    decoder.calibrate()  # logged by decoder.speculative at INFO
+    decoder.calibrate()  # logged by decoder.speculation.speculative at INFO
     return decoder

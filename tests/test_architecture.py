@@ -45,6 +45,16 @@ WIRING: Final = {
     "monitor.ingest": ("monitor.ingest.settings",),  # parses scrape's targets
     "monitor.commands": (),  # main.py registers each sub-command group by its module's name
 }
+# The decoder's layers: the record's contract and the rules of a step (its top's base) import none of
+# its sub-rooms; the models, drafters and CPU back end never import the loop; only the top's drivers
+# (evaluate's candidates, the commands, the lazy public names in decoder/__init__.py) import it.
+DECODER_LAYERS: Final = {
+    **dict.fromkeys(("decoder.record", "decoder.holdout", "decoder.sampling", "decoder.verify"), 0),
+    **dict.fromkeys(("decoder.workloads", "decoder.extras"), 0),
+    **dict.fromkeys(("decoder.cpu", "decoder.models", "decoder.drafters"), 1),
+    "decoder.speculation": 2,
+    **dict.fromkeys(("decoder.evaluation", "decoder.cli", "decoder"), 3),
+}
 # The API's shell (the modules at monitor/api/) is all that the rooms outside it import.
 API: Final = "monitor.api"
 API_SUB_ROOMS: Final = SUB_ROOMS[API]
@@ -162,6 +172,20 @@ def test_the_sub_rooms_listed_are_the_packages_of_their_room() -> None:
         assert sorted(f"{top}.{p.parent.name}" for p in folder.glob("*/__init__.py")) == sorted(subs)
         for module in (*subs, *WIRING[top]):
             assert module in modules(), f"{module} is named in the house plan but does not exist"
+
+
+def decoder_layer(module: str) -> int:
+    """The layer of ``module`` in the decoder, by the longest name of DECODER_LAYERS it is in."""
+    return next(DECODER_LAYERS[name] for name in sorted(DECODER_LAYERS, key=len, reverse=True)
+                if module == name or module.startswith(name + "."))  # fmt: skip
+
+
+def test_the_decoder_s_layers_point_down() -> None:
+    known = modules()
+    assert all(name in known for name in DECODER_LAYERS)
+    for importer, imported in imports():
+        if importer.startswith("decoder") and imported.startswith("decoder"):
+            assert decoder_layer(imported) <= decoder_layer(importer), f"{importer} imports {imported}"
 
 
 def test_outside_the_api_room_only_its_shell_is_imported() -> None:

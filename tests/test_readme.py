@@ -66,9 +66,9 @@ def test_controller_paragraph_quotes_the_code() -> None:
     """The figures the README gives for the controller are the code's defaults."""
     from scipy.stats import norm
 
-    from decoder.calibration import CALIBRATION_ROUNDS
-    from decoder.controller import Priors, SpeculationController, wilson_upper
-    from decoder.speculative import REPLAN_STEPS, SpeculativeDecoder
+    from decoder.speculation.calibration import CALIBRATION_ROUNDS
+    from decoder.speculation.controller import Priors, SpeculationController, wilson_upper
+    from decoder.speculation.speculative import REPLAN_STEPS, SpeculativeDecoder
 
     text = " ".join(README.read_text().split())
     controller = SpeculationController()

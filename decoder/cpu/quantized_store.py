@@ -34,7 +34,7 @@ from decoder.cpu.quantize import (
     quantize_model,
     set_submodule,
 )
-from decoder.fetch import cache_dir
+from decoder.models.fetch import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from decoder.drafters.base import Proposal
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 from decoder.sampling import SamplingParams, logits_to_probs, sample
 
 

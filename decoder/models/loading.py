@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from decoder.cpu.row_stable import BLOCK_ROWS
-from decoder.fetch import cache_dir, fetch_preset, get_preset
-from decoder.presets import PRESETS
+from decoder.models.fetch import cache_dir, fetch_preset, get_preset
+from decoder.models.presets import PRESETS
 
 if TYPE_CHECKING:
     from decoder.cpu.quantize import Quantization

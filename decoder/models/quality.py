@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 
 
 @dataclass(slots=True)

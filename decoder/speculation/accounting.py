@@ -7,9 +7,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from decoder.controller import Observation
 from decoder.holdout import HoldoutReason
 from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, output_span, utc_now
+from decoder.speculation.controller import Observation
 
 
 @dataclass(slots=True)

@@ -23,12 +23,12 @@ from typing import Any, TypeVar
 import torch
 from tqdm.auto import trange
 
-from decoder.controller import Observation
 from decoder.cpu.row_stable import row_stable_passes
 from decoder.drafters.base import Drafter
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 from decoder.sampling import SamplingParams
-from decoder.target_pass import target_logits
+from decoder.speculation.controller import Observation
+from decoder.speculation.target_pass import target_logits
 
 # Said twice, so that an n-gram drafter finds a continuation to propose, as it would on code edits.
 CALIBRATION_TEXT = 2 * (

@@ -18,7 +18,7 @@ expected speedup of Leviathan et al. (2023), extended with the verification cost
   controller marks ``measure_t1`` runs its first step without drafts to measure it.
 
 Before the first request, the decoder times the pair's passes on a fixed text
-(decoder/calibration.py) and hands them to :meth:`SpeculationController.calibrate`, so even the
+(decoder/speculation/calibration.py) and hands them to :meth:`SpeculationController.calibrate`, so even the
 first request of a pair that cannot pay is planned plain, rather than speculating to find out.
 
 ``c``, ``v`` and ``t1`` are properties of the model pair, so all workloads share one set of cost
@@ -435,7 +435,7 @@ class SpeculationController:
         return Plan(mode, gamma, speedup, drafter=drafter)
 
     def calibrate(self, observation: Observation, drafter: str = UNNAMED) -> None:
-        """Add passes timed outside any request (decoder/calibration.py) to the pair's costs; alpha is untouched."""
+        """Add passes timed outside any request (calibration.py) to the pair's costs; alpha is untouched."""
         if observation.accepted or observation.judged:
             raise ValueError(
                 f"a calibration measures costs, not acceptance: got accepted={observation.accepted!r}, "

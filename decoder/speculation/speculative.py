@@ -24,17 +24,17 @@ from typing import Any
 
 import torch
 
-from decoder.accounting import RequestStats
-from decoder.calibration import CALIBRATION_ROUNDS, measure_pair_costs
-from decoder.controller import Observation, Plan, SpeculationController
 from decoder.cpu.row_stable import row_stable_passes
 from decoder.drafters.base import Drafter, drafter_label
 from decoder.holdout import HoldoutReason
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 from decoder.record import Mode, RequestRecord, validate_workload
 from decoder.sampling import SamplingParams, choose
-from decoder.stopping import Stopper, eos_token_ids
-from decoder.target_pass import target_logits
+from decoder.speculation.accounting import RequestStats
+from decoder.speculation.calibration import CALIBRATION_ROUNDS, measure_pair_costs
+from decoder.speculation.controller import Observation, Plan, SpeculationController
+from decoder.speculation.stopping import Stopper, eos_token_ids
+from decoder.speculation.target_pass import target_logits
 from decoder.verify import Verdict, verify_greedy, verify_sampled
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class SpeculativeDecoder:
     # Public API
 
     def calibrate(self, rounds: int = CALIBRATION_ROUNDS, only_unmeasured: bool = False) -> list[Observation]:
-        """Time each pair's passes (decoder/calibration.py) and give them to the controller.
+        """Time each pair's passes (decoder/speculation/calibration.py) and give them to the controller.
 
         Empty without a controller or a drafter. :meth:`calibrate_if_needed` is the usual entry.
         """

@@ -47,7 +47,7 @@ from monitor.store import migrate
 from monitor.store.engine import create_engine
 
 if TYPE_CHECKING:
-    from decoder.speculative import SpeculativeDecoder
+    from decoder.speculation.speculative import SpeculativeDecoder
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from decoder.cli import add_model_arguments, build_decoder
 from decoder.extras import refuse_without
-from decoder.fetch import FetchError
+from decoder.models.fetch import FetchError
 from monitor.commands.common import add_settings_arguments, settings_or_report
 from monitor.proxy.settings import PROXY_KINDS, parse_upstream
 
 if TYPE_CHECKING:
-    from decoder.speculative import SpeculativeDecoder
+    from decoder.speculation.speculative import SpeculativeDecoder
     from monitor.config import Settings
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.target is not None:
         if (refused := refuse_without("draftwatch serve --target", "decoder")) is not None:
             return refused
-        from decoder.loading import ModelLoadError
+        from decoder.models.loading import ModelLoadError
 
         try:
             decoder = build_decoder(args, progress=sys.stderr.isatty())

@@ -21,9 +21,9 @@ import httpx
 from tqdm.auto import tqdm
 
 from decoder.cli import add_model_arguments, build_decoder
-from decoder.controller import SpeculationController
-from decoder.fetch import FetchError
-from decoder.loading import ModelLoadError
+from decoder.models.fetch import FetchError
+from decoder.models.loading import ModelLoadError
+from decoder.speculation.controller import SpeculationController
 from monitor.api.decoding.controller_state import STATE_FILE, save_controller
 from monitor.demo.processes import ProcessGroup, free_port
 from monitor.demo.receiver import Delivery, WebhookReceiver
@@ -180,8 +180,8 @@ def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: 
     print(f"preparing {scenario.target}: fetch, convert and quantize once (minutes on the first run, "
           "seconds later), then time the pair", flush=True)  # fmt: skip
     # Before transformers' bars start, reading a GGUF file's tokenizer and building the model take a
-    # minute with nothing on screen; decoder.loading says what is going on at INFO.
-    logging.getLogger("decoder.loading").setLevel(logging.INFO)
+    # minute with nothing on screen; decoder.models.loading says what is going on at INFO.
+    logging.getLogger("decoder.models.loading").setLevel(logging.INFO)
     clock = time.monotonic()
     try:
         costs = prepare_pair(scenario, workdir)

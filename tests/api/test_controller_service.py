@@ -48,7 +48,7 @@ def test_unreadable_state_starts_afresh(tmp_path: Path, sqlite_url: str) -> None
 
 
 def test_the_pair_is_timed_at_start_before_any_request(tmp_path: Path, sqlite_url: str) -> None:
-    """The worker calibrates the pair's costs when it starts (decoder/calibration.py) and saves them for restarts."""
+    """The worker times the pair's costs at start (decoder/speculation/calibration.py) and saves them for restarts."""
     settings = make_settings(tmp_path, sqlite_url)
     decoder = tiny_decoder()
     with TestClient(create_app(settings, decoder=decoder)):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 from tests.decoder.tiny import tiny_model
 
 

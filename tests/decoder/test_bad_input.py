@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from decoder import LoadedModel, ModelLoadError, NgramDrafter, SpeculativeDecoder, TokenizerMismatchError, check_pair
-from decoder.fetch import FetchError, fetch_preset
-from decoder.loading import load_model
+from decoder.models.fetch import FetchError, fetch_preset
+from decoder.models.loading import load_model
 from tests.decoder.tiny import tiny_model, word_tokenizer
 
 
@@ -76,11 +76,11 @@ def test_mismatched_tokenizers_name_both_models(tiny_target: LoadedModel) -> Non
 def test_draft_larger_than_target_warns(
     tiny_target: LoadedModel, tiny_draft: LoadedModel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="decoder.loading"):
+    with caplog.at_level(logging.WARNING, logger="decoder.models.loading"):
         check_pair(tiny_draft, tiny_target)  # roles swapped: the "draft" is the bigger one
     assert "is not smaller than target" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="decoder.loading"):
+    with caplog.at_level(logging.WARNING, logger="decoder.models.loading"):
         check_pair(tiny_target, tiny_draft)
     assert caplog.text == ""
 

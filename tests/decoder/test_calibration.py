@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import decoder.speculative
+import decoder.speculation.speculative
 from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculationController, SpeculativeDecoder
-from decoder.calibration import CALIBRATION_TEXT, measure_pair_costs
-from decoder.controller import Observation
+from decoder.speculation.calibration import CALIBRATION_TEXT, measure_pair_costs
+from decoder.speculation.controller import Observation
 
 
 @pytest.mark.parametrize("kind", ["model", "ngram"])
@@ -59,7 +59,7 @@ def test_the_decoder_calibrates_once_before_the_first_planned_request(
         timed.append(measure_pair_costs(*args, **kwargs))  # type: ignore[arg-type]
         return timed[-1]
 
-    monkeypatch.setattr(decoder.speculative, "measure_pair_costs", counting)
+    monkeypatch.setattr(decoder.speculation.speculative, "measure_pair_costs", counting)
     controller = SpeculationController(seed=0)
     speculative = SpeculativeDecoder(
         tiny_target, ModelDrafter(tiny_draft, tiny_target.vocab_size), controller=controller

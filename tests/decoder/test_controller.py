@@ -12,11 +12,11 @@ import pytest
 from scipy.stats import binom
 
 from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder
-from decoder.controller import UNNAMED, Observation, Plan, SpeculationController, expected_speedup
 from decoder.drafters.base import Proposal
 from decoder.holdout import HoldoutPolicy
 from decoder.sampling import SamplingParams
-from decoder.speculative import REPLAN_STEPS
+from decoder.speculation.controller import UNNAMED, Observation, Plan, SpeculationController, expected_speedup
+from decoder.speculation.speculative import REPLAN_STEPS
 
 
 def measured(alpha: float, c: float, b_over_t1: float = 0.05, steps: int = 20, gamma: int = 4) -> Observation:
@@ -86,7 +86,7 @@ def test_verification_cost_is_measured_per_pass_size() -> None:
 
 
 def pass_costs(c: float, v1: float) -> Observation:
-    """What decoder/calibration.py would time for a pair with these costs: t1 = 100 ms, v(k) = 1 + k (v1 - 1)."""
+    """What decoder/speculation/calibration.py times for a pair of these costs: t1 = 100 ms, v(k) = 1 + k (v1 - 1)."""
     sized_ms = {k: 3 * 100 * (1 + k * (v1 - 1)) for k in range(1, 9)}
     return Observation(
         draft_tokens=3 * 8,

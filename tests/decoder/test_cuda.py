@@ -17,7 +17,7 @@ from decoder import ModelDrafter, NgramDrafter, SpeculativeDecoder, load_model
 from decoder.cpu.attention import NAME as ROWWISE
 from decoder.cpu.quantize import QUANTIZATIONS, QuantizedLinear
 from decoder.cpu.row_stable import RowStableLinear
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 from tests.decoder.tiny import perturbed_copy, tiny_model, word_tokenizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

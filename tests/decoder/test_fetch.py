@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from decoder.fetch import fetch_preset, is_fetched, preset_path
-from decoder.presets import PRESETS
+from decoder.models.fetch import fetch_preset, is_fetched, preset_path
+from decoder.models.presets import PRESETS
 from monitor.commands.main import main
 
 pytestmark = pytest.mark.models

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from decoder.accounting import RequestStats
 from decoder.record import OUTPUT_SPAN_EDGES, RecordError
+from decoder.speculation.accounting import RequestStats
 from tests.decoder.test_record import valid
 
 

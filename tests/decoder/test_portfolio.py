@@ -7,9 +7,9 @@ import json
 import pytest
 
 from decoder import LoadedModel, ModelDrafter, NgramDrafter, SpeculativeDecoder
-from decoder.controller import Observation, SpeculationController
 from decoder.drafters import drafter_label
 from decoder.holdout import HoldoutPolicy
+from decoder.speculation.controller import Observation, SpeculationController
 from tests.decoder.test_controller import measured
 
 NO_HOLDOUT = HoldoutPolicy(share=0.0, max_share=0.0, target=0)

@@ -27,7 +27,7 @@ from decoder.cpu.quantize import (
     int8_dequantized,
     quantize_model,
 )
-from decoder.quality import agreement
+from decoder.models.quality import agreement
 from tests.decoder.tiny import perturbed_copy, random_prompt, tiny_model
 
 
@@ -125,7 +125,7 @@ def test_agreement_of_a_model_with_itself_is_complete() -> None:
 def test_quantized_smollm_is_lossless_and_cached(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Decoding from the cached copy as well: int8 layers read straight from the file crashed the kernel."""
     import decoder.cpu.quantized_store as store
-    from decoder.loading import load_model
+    from decoder.models.loading import load_model
 
     monkeypatch.setattr(store, "cache_dir", lambda: tmp_path)  # a fresh quantized cache; converted models stay shared
     first = load_model("smollm2-135m", progress=False, quantize=mode)

@@ -11,8 +11,8 @@ import torch
 from transformers import DynamicCache
 
 from decoder import LoadedModel, ModelDrafter, NgramDrafter, Proposal, SamplingParams, SpeculativeDecoder
-from decoder.accounting import RequestStats
-from decoder.speculative import _Sequence, prefill, speculative_step
+from decoder.speculation.accounting import RequestStats
+from decoder.speculation.speculative import _Sequence, prefill, speculative_step
 from tests.decoder.tiny import random_prompt, tiny_model
 
 

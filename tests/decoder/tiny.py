@@ -12,7 +12,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from decoder.loading import LoadedModel
+from decoder.models.loading import LoadedModel
 
 WORDS = ["<eos>", *[chr(ord("a") + i) for i in range(15)]]
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from benchmarks.demo_run import PHASES, Run
-from decoder.controller import Observation, SpeculationController
+from decoder.speculation.controller import Observation, SpeculationController
 from monitor.commands.main import build_parser
 from monitor.config import Settings
 from monitor.demo.receiver import WebhookReceiver

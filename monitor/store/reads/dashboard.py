@@ -26,7 +26,7 @@ from typing import Any, Final
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Engine
 
-from decoder.controller import expected_speedup
+from decoder.speculation.controller import expected_speedup
 from monitor.store import bins
 from monitor.store.models import RequestRow, RollupBinRow, RollupMinuteRow
 from monitor.store.reads.results import Pair, Sums
@@ -77,7 +77,7 @@ class PairSummary:
 
 @dataclass(frozen=True, slots=True)
 class SpeedupInputs:
-    """The inputs of :func:`decoder.controller.expected_speedup`, measured over recent requests.
+    """The inputs of :func:`decoder.speculation.controller.expected_speedup`, measured over recent requests.
 
     ``alpha`` is accepted drafts over drafts the target judged (a step stops judging at its first
     rejection); ``c`` is draft ms per drafted token over ``t1``, the ms of a one-token target pass;
