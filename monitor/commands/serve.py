@@ -8,6 +8,7 @@ chooses from per request) before it starts listening.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from typing import TYPE_CHECKING, Any
@@ -170,6 +171,9 @@ def _serve(args: argparse.Namespace) -> int:
     # Access lines carry method, path and status only: no query, no bodies, no Authorization header.
     # uvicorn's logging setup replaces the logger's handlers but keeps its filters.
     logging.getLogger("uvicorn.access").addFilter(PathOnly())
+    # What is imported and built by now lives as long as the process: frozen, the collector's full passes
+    # no longer walk it (under proxied load they took 85-120 ms each, 10-13 ms frozen: the proxy's p99).
+    gc.freeze()
     try:
         uvicorn.run(
             app,
