@@ -2,7 +2,7 @@
 
 ``record(rec)`` validates and enqueues (a bounded queue; a few microseconds on the caller's thread). A
 background thread takes batches off the queue and writes each in one transaction (see
-:mod:`monitor.store.writer`). When the database is unreachable a batch is appended to the spool
+:mod:`monitor.store.writes.writer`). When the database is unreachable a batch is appended to the spool
 (:mod:`monitor.ingest.spool`) instead, and the spool is replayed in order, exactly once, when the database
 is back; segments left by a crashed process are replayed on the next start. Nothing is dropped
 silently: a full queue follows an explicit policy, and a record the database refuses for good (it
