@@ -579,7 +579,7 @@ class _Relay:
                             self.report = gathered_sglang(before, parsed_event)
                         if _ends_answer(parsed_event):  # a client may stop reading here: recorded before it reads
                             await self._settled()
-                        if exchange.strip_usage and _usage_only(data):
+                        if exchange.strip_usage and _usage_only(parsed_event):
                             continue
                         cleaned = cleaned_sglang_json(data, exchange.sglang_added) if exchange.sglang_added else data
                         if cleaned != data:
@@ -675,8 +675,8 @@ def _ends_answer(event: Mapping[str, Any] | None) -> bool:
     return event is not None and (event.get("type") == "response.completed" or event.get("stop") is True)
 
 
-def _usage_only(data: bytes) -> bool:
-    event = _json_object(data)
+def _usage_only(event: Mapping[str, Any] | None) -> bool:
+    """The usage chunk asked for here (no choices): read from the event already parsed, not parsed again."""
     return event is not None and event.get("choices") == [] and "usage" in event
 
 
