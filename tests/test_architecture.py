@@ -37,6 +37,7 @@ SUB_ROOMS: Final = {
     "monitor.drift": ("monitor.drift.detectors",),
     "monitor.ingest": ("monitor.ingest.capture", "monitor.ingest.scrape", "monitor.ingest.stacks"),
     "monitor.commands": ("monitor.commands.evaluate",),
+    "monitor.proxy": ("monitor.proxy.forward",),
 }
 WIRING: Final = {
     "monitor.api": ("monitor.api.app", "monitor.api.state"),  # the routers; the decoder worker and /metrics held
@@ -44,6 +45,7 @@ WIRING: Final = {
     "monitor.drift": ("monitor.drift.run",),  # runs every detector
     "monitor.ingest": ("monitor.ingest.settings",),  # parses scrape's targets
     "monitor.commands": (),  # main.py registers each sub-command group by its module's name
+    "monitor.proxy": (),  # the API's app wires the pass-through in; the top is what it stands on
 }
 # The decoder's layers: the record's contract and the rules of a step (its top's base) import none of
 # its sub-rooms; the models, drafters and CPU back end never import the loop; only the top's drivers

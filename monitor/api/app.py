@@ -41,7 +41,7 @@ from monitor.api.state import ApiState
 from monitor.config import Settings
 from monitor.ingest.capture.sidecar import PromptCapture
 from monitor.ingest.recorder import Recorder
-from monitor.proxy import forward
+from monitor.proxy.forward import routes as forward
 from monitor.proxy.routing import build_router, refresh_routes
 from monitor.store import migrate
 from monitor.store.engine import create_engine

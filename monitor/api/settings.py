@@ -8,7 +8,7 @@ from typing import Any, Final, NamedTuple
 from monitor.settings.fields import setting
 from monitor.settings.parsers import parse_int, parse_seconds, parse_share, parse_str
 
-# proxy: the pass-through routes of proxy mode, once any token has it (see monitor/proxy/forward.py).
+# proxy: the pass-through routes of proxy mode, once any token has it (see monitor/proxy/forward/).
 API_SCOPES: Final = ("ingest", "read", "admin", "proxy")
 API_TOKEN_MIN_LENGTH: Final = 16
 

@@ -349,7 +349,7 @@ def test_a_cross_field_rule_refuses_the_same_record_at_every_entrance(
     refusals["/v1/events/llamacpp"] = _refused_over_http(client.post("/v1/events/llamacpp", json=adapter,
                                                                      headers=_INGEST_HEADERS))  # fmt: skip
     stub.chat = _llamacpp_answer(accepted=90)
-    with caplog.at_level(logging.WARNING, logger="monitor.proxy.forward"):
+    with caplog.at_level(logging.WARNING, logger="monitor.proxy.forward.exchange"):
         answered = client.post("/v1/chat/completions", json={"model": "qwen.gguf", "messages": []})
     assert answered.status_code == 200 and answered.json() == stub.chat  # the monitor never fails a request
     assert client.app.state.api.proxy_unrecorded == 1  # type: ignore[attr-defined]

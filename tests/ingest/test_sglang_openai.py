@@ -18,7 +18,7 @@ import pytest
 
 from monitor.ingest.stacks import StackError, parse_sglang
 from monitor.proxy.asks import ask_sglang, cleaned_sglang, cleaned_sglang_json, gathered_sglang
-from monitor.proxy.forward import stack_of
+from monitor.proxy.forward.exchange import stack_of
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks" / "sglang"
 

@@ -112,7 +112,7 @@ def test_a_refused_connection_goes_once_to_another_member_and_still_counts_towar
 ) -> None:
     live = Upstream()
     closed = f"127.0.0.1:{free_port()}"  # nothing listens: every connection is refused
-    caplog.set_level(logging.INFO, "monitor.proxy.forward")
+    caplog.set_level(logging.INFO, "monitor.proxy.forward.exchange")
     env = {"DRAFTWATCH_PROXY_EJECT_AFTER": "3", "DRAFTWATCH_PROXY_EJECT_COOLDOWN_S": "600"}
     with (
         serving(live) as live_url,

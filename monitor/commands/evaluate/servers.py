@@ -192,7 +192,7 @@ def _ask(http: httpx.Client, url: str, row: SampleRow, max_new_tokens: int, seed
     """One prompt sent to a server, its answer read by the sidecar's parser for that engine, as a record."""
     from monitor.ingest.stacks import PARSERS, StackError
     from monitor.proxy.asks import ask_sglang
-    from monitor.proxy.forward import stack_of
+    from monitor.proxy.forward.exchange import stack_of
 
     flag = "--plain-server" if plain else "--server"
     sampling = {"max_tokens": row.max_new_tokens or max_new_tokens, "temperature": row.temperature,

@@ -1,0 +1,131 @@
+"""The relay of a streamed answer: each event passed on as it completes, read once, and the stream's one end.
+
+The end (the record, the upstream request closed, the replica released) runs once however the
+stream ends: its last event, a cut upstream, or a client that leaves, even before the first event.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import anyio
+from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
+
+from monitor.proxy.asks import cleaned_sglang_json, gathered_sglang
+from monitor.proxy.encoding import Decoder
+from monitor.proxy.forward.events import (
+    ends_answer,
+    event_data,
+    event_end,
+    is_done,
+    json_object,
+    remember,
+    usage_only,
+)
+from monitor.proxy.forward.exchange import Exchange
+from monitor.proxy.upstream import UpstreamError, UpstreamResponse
+
+
+class Relay:
+    """One relayed event stream and its end (record, close, release), which runs once however the stream ends."""
+
+    def __init__(self, exchange: Exchange, response: UpstreamResponse, applied: list[str] | None) -> None:
+        self.exchange = exchange
+        self.response = response
+        self.decoder = Decoder(applied, exchange.settings.max_body_bytes) if applied else None
+        # A coding not read here (an upstream that ignored Accept-Encoding): the bytes pass, unrecorded.
+        self.opaque = applied is None
+        self.report: dict[str, Any] | None = None
+        self.finish: str | None = None
+        self.error: str | None = None
+        self.events = self._events()
+
+    def settle(self) -> None:
+        if self.opaque:
+            self.exchange.unreadable("the stream's content coding cannot be read")
+            return
+        failed = self.error is not None or self.response.status >= 400 or self.report is None
+        self.exchange.record(None if failed else self.report, finish=self.finish, error=self.error)
+
+    async def _settled(self) -> None:
+        self.settle()
+        await self.exchange.on_disk()
+
+    async def end(self) -> None:
+        """Settle as a disconnect unless the stream ended first, then close the upstream request (shielded)."""
+        if not self.exchange.settled:
+            self.error = self.error or "client disconnected"
+            self.settle()
+        await self.events.aclose()
+        self.response.close()
+
+    async def _events(self) -> AsyncGenerator[bytes]:
+        """Pass the upstream's events on as each completes; keep the last report and finish reason for the record."""
+        exchange = self.exchange
+        pending = b""
+        try:
+            async for raw in self.response.chunks():
+                if self.opaque:
+                    yield raw
+                    continue
+                pending += self.decoder.feed(raw) if self.decoder is not None else raw
+                while (end := event_end(pending)) is not None:
+                    event, pending = pending[:end], pending[end:]
+                    data = event_data(event)
+                    if data is not None:
+                        parsed_event = json_object(data)
+                        exchange.saw_event(parsed_event)
+                        before = self.report
+                        self.report, self.finish = remember(parsed_event, self.report, self.finish)
+                        if exchange.sglang_added and parsed_event is not None:  # SGLang's counts and usage: two events
+                            self.report = gathered_sglang(before, parsed_event)
+                        if ends_answer(parsed_event):  # a client may stop reading here: recorded before it reads
+                            await self._settled()
+                        if exchange.strip_usage and usage_only(parsed_event):
+                            continue
+                        cleaned = cleaned_sglang_json(data, exchange.sglang_added) if exchange.sglang_added else data
+                        if cleaned != data:
+                            if cleaned is None:
+                                continue
+                            event = b"data: " + cleaned + b"\n\n"
+                    elif is_done(event):
+                        await self._settled()  # before the client reads the end: what it has seen is recorded by then
+                    yield event
+            if pending:
+                yield pending
+        except (UpstreamError, zlib.error) as cut:
+            self.error = f"upstream stream cut: {cut}" if isinstance(cut, UpstreamError) else "stream undecodable"
+            await self._settled()  # before the client reads the error event, as before a [DONE]
+            message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
+            yield f"data: {json.dumps(message)}\n\n".encode()
+        except BaseException:  # the client went away (cancellation, a closed generator) or the server stops
+            self.error = "client disconnected"
+            raise
+        await self._settled()  # the body's end (a stream without [DONE]) goes out after this
+
+
+class RelayResponse(StreamingResponse):
+    """A relayed stream whose end runs whatever happens, also when the client leaves before its first event.
+
+    Then the events' generator never starts, so its ``finally`` would never run: no record, and the
+    replica's in-flight count never released.
+    """
+
+    def __init__(self, relay: Relay, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(relay.events, status)
+        self.raw_headers = headers
+        self._relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass  # settled below, as a disconnect
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._relay.end()
