@@ -1,16 +1,25 @@
-"""An ASGI app on real HTTP in this process (uvicorn on a free loopback port), for clients that speak real HTTP."""
+"""Real HTTP for tests: an ASGI app on uvicorn in this process, or a ``draftwatch serve`` process of its own."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.types import ASGIApp
+
+from tests.api.conftest import TOKENS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -37,3 +46,33 @@ def serving(app: ASGIApp, port: int | None = None, **options: Any) -> Iterator[s
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def serve_process(tmp_path: Path, db_url: str, port: int, *options: str, **env: str) -> subprocess.Popen[bytes]:
+    """``draftwatch [options] serve`` on ``port`` with ``env`` on top, once it answers ready; output in one pipe."""
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"),
+        "DRAFTWATCH_DATABASE_URL": db_url,
+        "DRAFTWATCH_API_TOKENS": TOKENS,
+        **env,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "monitor.commands", *options, "serve", "--port", str(port), "--no-scheduler"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError("draftwatch serve did not become ready")

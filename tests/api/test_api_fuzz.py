@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import status_code_conformance
 
 from tests.api.conftest import ADMIN, auth
-from tests.api.test_api_serve_process import start
-from tests.serving import free_port
+from tests.serving import free_port, serve_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = schemathesis.openapi.from_path(ROOT / "docs" / "openapi.json")
@@ -29,7 +28,7 @@ EXAMPLES = 25  # per operation: 19 operations, about 20 s in all
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = tmp_path_factory.mktemp("fuzz")
     port = free_port()
-    process = start(home, f"sqlite:///{home / 'draftwatch.db'}", port)
+    process = serve_process(home, f"sqlite:///{home / 'draftwatch.db'}", port)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,40 +12,8 @@ from sqlalchemy import func, select
 
 from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow, RollupMinuteRow
-from tests.api.conftest import ADMIN, INGEST, TOKENS, auth, bodies, records
-from tests.serving import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start(tmp_path: Path, db_url: str, port: int, *options: str, **env: str) -> subprocess.Popen[bytes]:
-    """``draftwatch [options] serve`` on ``port`` with ``env`` on top, once it answers ready; output in one pipe."""
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),
-        "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"),
-        "DRAFTWATCH_DATABASE_URL": db_url,
-        "DRAFTWATCH_API_TOKENS": TOKENS,
-        **env,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "monitor.commands", *options, "serve", "--port", str(port), "--no-scheduler"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise AssertionError("draftwatch serve did not become ready")
+from tests.api.conftest import ADMIN, INGEST, auth, bodies, records
+from tests.serving import free_port, serve_process
 
 
 def test_kill_minus_9_loses_no_acknowledged_event(tmp_path: Path, db_url: str) -> None:
@@ -73,7 +38,7 @@ def test_kill_minus_9_loses_no_acknowledged_event(tmp_path: Path, db_url: str) -
                     with lock:
                         acknowledged.extend(r["request_id"] for r in batch)
 
-    server = start(tmp_path, db_url, port)
+    server = serve_process(tmp_path, db_url, port)
     threads = [threading.Thread(target=load, args=(n,)) for n in range(3)]
     for thread in threads:
         thread.start()
@@ -87,7 +52,7 @@ def test_kill_minus_9_loses_no_acknowledged_event(tmp_path: Path, db_url: str) -
         thread.join(15)
     assert len(acknowledged) >= 1500, "the load never got going"
 
-    server = start(tmp_path, db_url, port)  # replays whatever the dead process spooled
+    server = serve_process(tmp_path, db_url, port)  # replays whatever the dead process spooled
     try:
         again = bodies(records(50, prefix="w0-b0"))  # a client retrying after the crash
         response = httpx.post(url, json={"events": again}, headers=auth(ADMIN), timeout=10)
@@ -111,7 +76,7 @@ def test_kill_minus_9_loses_no_acknowledged_event(tmp_path: Path, db_url: str) -
 def test_access_log_shows_method_path_and_status_not_the_query(tmp_path: Path, sqlite_url: str) -> None:
     # A query string can carry what a client should never have put in a URL (a token, say).
     port = free_port()
-    server = start(tmp_path, sqlite_url, port, "--log-level", "INFO")
+    server = serve_process(tmp_path, sqlite_url, port, "--log-level", "INFO")
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", params={"token": "query-value-41a"}).status_code == 200
     finally:

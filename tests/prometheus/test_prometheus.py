@@ -48,9 +48,8 @@ from monitor.store.routing import RoutingEvent, record_switch
 from monitor.store.scrape import ScrapeIntervalRow
 from monitor.store.types import Fence
 from tests.api.conftest import INGEST, READ, TOKENS, auth, bodies
-from tests.api.test_api_serve_process import start
 from tests.drift.records import window_stream
-from tests.serving import free_port
+from tests.serving import free_port, serve_process
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs/grafana/draftwatch.json"
@@ -270,7 +269,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
     port = free_port()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DRAFTWATCH_SCHEDULER_DRIFT_INTERVAL", env["DRAFTWATCH_SCHEDULER_DRIFT_INTERVAL"])
-        server = start(tmp, db_url, port)
+        server = serve_process(tmp, db_url, port)
     sidecar = f"http://127.0.0.1:{port}"
     process, prom = start_prometheus(tmp, port)
     stuck = None

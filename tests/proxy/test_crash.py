@@ -16,15 +16,11 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from sqlalchemy import select
 
-from monitor.store.engine import create_engine
-from monitor.store.models import RequestRow
-from tests.api.test_api_serve_process import start
 from tests.ingest.test_recorder_durable import spooled_ids
-from tests.proxy.engine import sidecar
+from tests.proxy.engine import rows, sidecar
 from tests.proxy.upstream import Upstream, serving
-from tests.serving import free_port
+from tests.serving import free_port, serve_process
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -32,7 +28,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 def answer_then_kill(tmp_path: Path, db_url: str, upstream: str, spool_before_reply: bool) -> None:
     """One whole and one streamed answer, read to their last byte, then kill -9 at once."""
     port = free_port()
-    sidecar = start(
+    sidecar = serve_process(
         tmp_path,
         db_url,
         port,
@@ -62,16 +58,11 @@ def test_a_kill_right_after_the_answer_keeps_its_record_only_with_spool_before_r
         answer_then_kill(tmp_path, db_url, upstream, spool_before_reply=False)
         answer_then_kill(tmp_path, db_url, upstream, spool_before_reply=True)
     # The restart claims the spool the dead process left; its clean stop replays it.
-    restarted = start(tmp_path, db_url, free_port())
+    restarted = serve_process(tmp_path, db_url, free_port())
     restarted.send_signal(signal.SIGTERM)
     restarted.wait(30)
 
-    engine = create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            stored = Counter(conn.execute(select(RequestRow.workload)).scalars())
-    finally:
-        engine.dispose()
+    stored = Counter(row["workload"] for row in rows(db_url))
     # Off: the answered requests' records were in memory, within the flush interval, and died with it.
     assert stored["off-whole"] == stored["off-stream"] == 0
     # On: both were fsync'd before the client's last byte, and are stored once.
