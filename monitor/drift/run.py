@@ -24,7 +24,7 @@ from monitor.drift.detectors.acceptance import AcceptanceDrift
 from monitor.drift.detectors.acceptance_by_length import acceptance_by_length
 from monitor.drift.detectors.latency import METRICS as LATENCY_METRICS
 from monitor.drift.detectors.latency import LatencyRegression
-from monitor.drift.detectors.net_loss import NetLoss
+from monitor.drift.detectors.net_loss import NetLoss, Population
 from monitor.drift.detectors.online import update_detector
 from monitor.drift.detectors.prompt_length import PromptLengthShift
 from monitor.drift.detectors.scraped import scraped_tests
@@ -33,7 +33,6 @@ from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, sample_requests, window_counts
 from monitor.drift.settings import DriftSettings
-from monitor.drift.stats import FloatArray
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
 from monitor.settings.parsers import format_duration
 from monitor.store.reads.results import Pair
@@ -203,9 +202,8 @@ def _net_loss(
         start, end = windows.cur_start, windows.cur_end
         size = config.sample_size
         holdout = sample_requests(conn, workload, pair, start, end, size, mode="holdout", any_drafter=True)
-    spec_ms, spec_ctx, spec_load = _decode_speed(spec)
-    hold_ms, hold_ctx, hold_load = _decode_speed(holdout)
-    measured = test.measured(spec_ms, spec_ctx, hold_ms, hold_ctx, spec_load, hold_load)
+    speculative = _decode_speed(spec)
+    measured = test.measured(speculative, _decode_speed(holdout))
     if measured.decision != "insufficient_data":
         return measured
     # Too little comparable holdout for the workload: compare with all of the target's plain decoding.
@@ -223,18 +221,17 @@ def _net_loss(
             mode=("holdout", "plain"),
             any_drafter=True,
         )
-    plain_ms, plain_ctx, plain_load = _decode_speed(plain)
-    estimated = test.estimated(spec_ms, spec_ctx, plain_ms, plain_ctx, spec_load, plain_load)
+    estimated = test.estimated(speculative, _decode_speed(plain))
     if estimated.decision == "insufficient_data" and "inconclusive" in measured.detail:
         return measured  # the workload's own baseline is there, at another load: say so
     return estimated
 
 
-def _decode_speed(sample: Sample) -> tuple[FloatArray, FloatArray, FloatArray]:
+def _decode_speed(sample: Sample) -> Population:
     """Decode ms per token, context length and upstream load of the requests that have a decode speed."""
     speed = sample.decode_ms_per_token
     known = np.isfinite(speed)
-    return speed[known], sample.context_tokens[known], sample.upstream_inflight[known]
+    return Population(speed[known], sample.context_tokens[known], sample.upstream_inflight[known])
 
 
 def run_drift(

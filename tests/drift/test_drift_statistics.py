@@ -8,7 +8,7 @@ import pytest
 
 from monitor.drift.detectors.acceptance import AcceptanceDrift
 from monitor.drift.detectors.latency import LatencyRegression
-from monitor.drift.detectors.net_loss import NetLoss
+from monitor.drift.detectors.net_loss import NetLoss, Population
 from monitor.drift.detectors.page_hinkley import PageHinkley
 from monitor.drift.detectors.prompt_length import PromptLengthShift
 from monitor.drift.detectors.traffic_mix import TrafficMixDrift
@@ -73,14 +73,17 @@ def test_net_loss_needs_the_upper_bound_below_one() -> None:
     def ctx(n: int) -> np.ndarray:
         return rng.integers(50, 500, n).astype(float)
 
-    slower = test.measured(rng.lognormal(3.3, 0.2, 400), ctx(400), rng.lognormal(3.0, 0.2, 100), ctx(100))
+    def requests(mu: float, n: int) -> Population:
+        return Population(rng.lognormal(mu, 0.2, n), ctx(n))
+
+    slower = test.measured(requests(3.3, 400), requests(3.0, 100))
     assert slower.effect < 1 and slower.ci[1] < 1 and decide(slower) == "drift"  # type: ignore[index,operator]
-    faster = test.measured(rng.lognormal(2.7, 0.2, 400), ctx(400), rng.lognormal(3.0, 0.2, 100), ctx(100))
+    faster = test.measured(requests(2.7, 400), requests(3.0, 100))
     assert faster.effect > 1 and decide(faster) == "no_drift"  # type: ignore[operator]
-    few = test.measured(rng.lognormal(3, 0.2, 400), ctx(400), rng.lognormal(3, 0.2, 5), ctx(5))
+    few = test.measured(requests(3, 400), requests(3, 5))
     assert few.decision == "insufficient_data"
     # Estimate: flagged, no p-value, decided by the interval alone.
-    est = test.estimated(rng.lognormal(3.3, 0.2, 400), ctx(400), rng.lognormal(3.0, 0.2, 100), ctx(100))
+    est = test.estimated(requests(3.3, 400), requests(3.0, 100))
     assert est.p is None and est.detail["estimate"] and est.decision == "drift" and est.ci[1] < 1  # type: ignore[index]
 
 

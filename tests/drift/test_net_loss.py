@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from sqlalchemy.engine import Engine
 
-from monitor.drift.detectors.net_loss import NetLoss
+from monitor.drift.detectors.net_loss import NetLoss, Population
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.run import run_drift
 from monitor.store import migrate
@@ -88,7 +88,7 @@ def test_under_equal_speed_the_measured_form_alarms_at_most_at_its_level() -> No
         ctx_spec, ctx_hold = rng.integers(50, 700, 200), rng.integers(50, 700, 40)
         spec = 20 * (1 + ctx_spec / 2000) * rng.lognormal(0, 0.15, 200)
         hold = 20 * (1 + ctx_hold / 2000) * rng.lognormal(0, 0.15, 40)
-        result = apply_bh([test.measured(spec, ctx_spec, hold, ctx_hold)], level=0.01)[0]
+        result = apply_bh([test.measured(Population(spec, ctx_spec), Population(hold, ctx_hold))], level=0.01)[0]
         alarms += result.decision == "drift"
     assert alarms <= 10
 
@@ -104,7 +104,7 @@ def test_strata_remove_a_length_mix_difference() -> None:
         return 10 * (1 + ctx / 100) * rng.lognormal(0, 0.05, len(ctx))
 
     spec, hold = cost(ctx_spec) / 1.25, cost(ctx_hold)  # speculation 1.25x faster at every length
-    result = NetLoss().measured(spec, ctx_spec, hold, ctx_hold)
+    result = NetLoss().measured(Population(spec, ctx_spec), Population(hold, ctx_hold))
     assert result.effect == pytest.approx(1.25, rel=0.04)
     assert (result.n_ref, result.detail["strata"]) == (60, 4)  # the 10 out-of-range ones left out
     assert float(np.mean(hold) / np.mean(spec)) > 2.5  # unstratified, length passes for speed

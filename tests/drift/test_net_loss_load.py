@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.drift.detectors.net_loss import NetLoss
+from monitor.drift.detectors.net_loss import NetLoss, Population
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.stats import FloatArray
 from monitor.drift.verdict import verdict_of
@@ -36,23 +36,19 @@ def ms_per_token(rng: np.random.Generator, load: FloatArray) -> FloatArray:
     return cost
 
 
-def traffic(seed: int, plain_load: float = PLAIN_LOAD) -> dict[str, FloatArray]:
+def traffic(seed: int, plain_load: float = PLAIN_LOAD) -> tuple[Population, Population]:
+    """The speculative requests, then the holdout's."""
     rng = np.random.default_rng(seed)
     spec_load, hold_load = np.full(N_SPEC, float(SPEC_LOAD)), np.full(N_PLAIN, float(plain_load))
-    return {
-        "spec": ms_per_token(rng, spec_load),
-        "spec_ctx": rng.integers(100, 600, N_SPEC).astype(float),
-        "holdout": ms_per_token(rng, hold_load),
-        "holdout_ctx": rng.integers(100, 600, N_PLAIN).astype(float),
-        "spec_load": spec_load,
-        "holdout_load": hold_load,
-    }
+    spec_ms, spec_ctx = ms_per_token(rng, spec_load), rng.integers(100, 600, N_SPEC).astype(float)
+    hold_ms, hold_ctx = ms_per_token(rng, hold_load), rng.integers(100, 600, N_PLAIN).astype(float)
+    return Population(spec_ms, spec_ctx, spec_load), Population(hold_ms, hold_ctx, hold_load)
 
 
-def decide(data: dict[str, FloatArray], *, with_loads: bool) -> DriftResult:
-    args = dict(data) if with_loads else {k: v for k, v in data.items() if not k.endswith("_load")}
+def decide(data: tuple[Population, Population], *, with_loads: bool) -> DriftResult:
+    spec, holdout = data if with_loads else (p._replace(load=None) for p in data)
     # One result in the run, so BH's q is its p: the decision the drift run would store.
-    (result,) = apply_bh([NetLoss(n_boot=200).measured(**args)], level=LEVEL)
+    (result,) = apply_bh([NetLoss(n_boot=200).measured(spec, holdout)], level=LEVEL)
     return result.replace(workload="chat")
 
 

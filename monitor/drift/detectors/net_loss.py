@@ -37,10 +37,10 @@ top; the estimate has no p-value, its false-alarm rate is what the interval rule
 
 >>> rng = np.random.default_rng(6)
 >>> spec, hold = rng.lognormal(3.2, 0.2, 300), rng.lognormal(3.0, 0.2, 60)   # speculation ~20 % slower
->>> r = NetLoss().measured(spec, np.full(300, 200.0), hold, np.full(60, 200.0))
+>>> r = NetLoss().measured(Population(spec, np.full(300, 200.0)), Population(hold, np.full(60, 200.0)))
 >>> round(r.effect, 2), r.ci[1] < 1, r.passes_floor
 (0.8, True, True)
->>> est = NetLoss().estimated(spec, np.full(300, 200.0), hold, np.full(60, 200.0))
+>>> est = NetLoss().estimated(Population(spec, np.full(300, 200.0)), Population(hold, np.full(60, 200.0)))
 >>> round(est.effect, 2), est.p is None, est.decision
 (0.8, True, 'drift')
 """
@@ -48,7 +48,7 @@ top; the estimate has no p-value, its false-alarm rate is what the interval rule
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import stats as st
@@ -80,6 +80,27 @@ def load_level(inflight: FloatArray) -> np.ndarray[Any, np.dtype[np.int64]]:
     return levels
 
 
+class Population(NamedTuple):
+    """Requests of one kind (speculative, or the plain ones compared with them), one entry each.
+
+    ``ms``: decode ms per token; ``ctx``: context length (prompt + output tokens); ``load``: requests in
+    flight at the replica when it started (None where no request says).
+    """
+
+    ms: FloatArray
+    ctx: FloatArray
+    load: FloatArray | None = None
+
+    @property
+    def levels(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Each request's load level (:func:`load_level`), all one unknown level without loads."""
+        return load_level(np.full(len(self.ms), np.nan) if self.load is None else np.asarray(self.load, float))
+
+    def as_floats(self) -> Population:
+        """The same requests as float arrays."""
+        return Population(np.asarray(self.ms, float), np.asarray(self.ctx, float), self.load)
+
+
 @dataclass(frozen=True, slots=True)
 class Strata:
     """Speculative and plain ms-per-token values grouped by load level and context-length stratum."""
@@ -91,22 +112,13 @@ class Strata:
     n_spec: int  # speculative requests offered, kept in a stratum or not
 
     @classmethod
-    def split(
-        cls,
-        spec: FloatArray,
-        spec_ctx: FloatArray,
-        plain: FloatArray,
-        plain_ctx: FloatArray,
-        spec_load: FloatArray | None = None,
-        plain_load: FloatArray | None = None,
-    ) -> Strata:
+    def split(cls, speculative: Population, compared: Population) -> Strata:
+        spec, spec_ctx, spec_level = speculative.ms, speculative.ctx, speculative.levels
         # Common support: a plain request far longer or shorter than any speculative one says
         # nothing about what the speculative traffic would have cost without speculation.
         low, high = spec_ctx.min() / SUPPORT, spec_ctx.max() * SUPPORT
-        inside = (plain_ctx >= low) & (plain_ctx <= high)
-        spec_level = load_level(np.full(len(spec), np.nan) if spec_load is None else np.asarray(spec_load, float))
-        plain_level = load_level(np.full(len(plain), np.nan) if plain_load is None else np.asarray(plain_load, float))
-        plain, plain_ctx, plain_level = plain[inside], plain_ctx[inside], plain_level[inside]
+        inside = (compared.ctx >= low) & (compared.ctx <= high)
+        plain, plain_ctx, plain_level = compared.ms[inside], compared.ctx[inside], compared.levels[inside]
         kept: list[tuple[FloatArray, FloatArray, int]] = []
         all_edges: list[float] = []
         for level in np.unique(spec_level):
@@ -185,55 +197,29 @@ class NetLoss:
         self.n_boot = n_boot
         self.ci_level = ci_level
 
-    def measured(
-        self,
-        spec: FloatArray,
-        spec_ctx: FloatArray,
-        holdout: FloatArray,
-        holdout_ctx: FloatArray,
-        spec_load: FloatArray | None = None,
-        holdout_load: FloatArray | None = None,
-    ) -> DriftResult:
+    def measured(self, spec: Population, holdout: Population) -> DriftResult:
         """Speculative against holdout requests of the same workload and window; n_ref is the holdout."""
-        strata = self._strata(spec, spec_ctx, holdout, holdout_ctx, spec_load, holdout_load)
+        strata = self._strata(spec, holdout)
         if isinstance(strata, DriftResult):
             return strata
         z, p = strata.van_elteren()
         return self._result(strata, z, p, "no_drift", "measured: holdout vs speculative decode ms per token")
 
-    def estimated(
-        self,
-        spec: FloatArray,
-        spec_ctx: FloatArray,
-        plain: FloatArray,
-        plain_ctx: FloatArray,
-        spec_load: FloatArray | None = None,
-        plain_load: FloatArray | None = None,
-    ) -> DriftResult:
+    def estimated(self, spec: Population, plain: Population) -> DriftResult:
         """Speculative requests against the target's plain and holdout requests; flagged, no p-value."""
-        strata = self._strata(spec, spec_ctx, plain, plain_ctx, spec_load, plain_load)
+        strata = self._strata(spec, plain)
         if isinstance(strata, DriftResult):
             return strata
         result = self._result(strata, None, None, "no_drift", "estimate: the target's plain decoding vs speculative")
         decision: Decision = "drift" if result.passes_floor else "no_drift"
         return result.replace(decision=decision, detail={**result.detail, "estimate": True})
 
-    def _strata(
-        self,
-        spec: FloatArray,
-        spec_ctx: FloatArray,
-        plain: FloatArray,
-        plain_ctx: FloatArray,
-        spec_load: FloatArray | None,
-        plain_load: FloatArray | None,
-    ) -> Strata | DriftResult:
+    def _strata(self, speculative: Population, compared: Population) -> Strata | DriftResult:
         """The strata, or an ``insufficient_data`` result that says why there is no like-for-like comparison."""
-        spec, plain = np.asarray(spec, dtype=float), np.asarray(plain, dtype=float)
+        spec, plain = speculative.ms, compared.ms
         if len(spec) < self.min_requests or len(plain) < self.min_holdout:
             return insufficient(self.test, self.metric, len(plain), len(spec), self.min_holdout)
-        strata = Strata.split(
-            spec, np.asarray(spec_ctx, dtype=float), plain, np.asarray(plain_ctx, dtype=float), spec_load, plain_load
-        )
+        strata = Strata.split(speculative.as_floats(), compared.as_floats())
         used_spec, used_plain = strata.used()
         if used_spec >= self.min_requests and used_plain >= self.min_holdout and strata.coverage >= MIN_COVERAGE:
             return strata
