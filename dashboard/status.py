@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from monitor.drift.queries import StoredResult
-from monitor.drift.verdict import HOW_TO_MEASURE, busiest, verdict_of
+from monitor.drift.verdict import NOT_TESTED, busiest, verdict_of
 from monitor.store.reads.dashboard import CurrentSetting, SpeedupInputs
 from monitor.store.reads.results import WorkloadSummary
 
@@ -65,7 +65,7 @@ class OverviewRow:
     findings: str = ""
     # Is speculation paying: the newest drift run's verdict (monitor.drift.verdict) and why.
     verdict: str = "not_measured"
-    verdict_reason: str = HOW_TO_MEASURE
+    verdict_reason: str = NOT_TESTED
 
     def replace(self, **changes: Any) -> OverviewRow:
         return dataclasses.replace(self, **changes)

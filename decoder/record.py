@@ -294,6 +294,11 @@ class RequestRecord:
     # Requests in flight at the serving stack's replica when this one started, itself included (proxy
     # mode): the load a comparison of speculative with plain decoding must match.
     upstream_inflight: int | None = None
+    # The mode was read off the response, not declared: a serving stack's answer without draft counts
+    # from a deployment whose role nobody declared is stored plain, though its drafter may only have
+    # proposed nothing (an n-gram drafter without a match). Such requests are not a baseline: the
+    # speedup's plain populations leave them out.
+    mode_inferred: bool = False
 
     # Derived figures: computed, never stored twice.
 
@@ -355,6 +360,8 @@ class RequestRecord:
                 f"{self.holdout_reason!r} needs mode holdout (got {self.mode!r}) "
                 f"and one of {', '.join(HOLDOUT_REASONS)}",
             )
+        if self.mode_inferred and self.mode != "plain":
+            raise RecordError("mode_inferred", f"is only set on a plain request (got mode {self.mode!r})")
         if self.finish_reason not in FINISH_REASONS:
             raise RecordError("finish_reason", f"{self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
         for name, limit in LIMITS.items():
@@ -437,8 +444,9 @@ class RequestRecord:
         for name in ("drafted_by_span", "accepted_by_span"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), list):
                 raise RecordError(name, f"must be a list or null, got {getattr(self, name)!r}")
-        if not isinstance(self.stopped_mid_step, bool):
-            raise RecordError("stopped_mid_step", f"must be a bool, got {self.stopped_mid_step!r}")
+        for name in ("stopped_mid_step", "mode_inferred"):
+            if not isinstance(getattr(self, name), bool):
+                raise RecordError(name, f"must be a bool, got {getattr(self, name)!r}")
 
     def _check_counts(self, name: str, total: int, total_name: str) -> None:
         counts = getattr(self, name)
@@ -604,6 +612,9 @@ def quick_pass(r: RequestRecord) -> bool:
         return False
     stopped = r.stopped_mid_step
     if stopped is not False and stopped is not True:
+        return False
+    inferred = r.mode_inferred
+    if inferred is not False and (inferred is not True or mode != "plain"):
         return False
     if mode == "speculative" and steps and gamma and drafted > steps * gamma:
         return False

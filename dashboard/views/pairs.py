@@ -10,7 +10,7 @@ import streamlit as st
 from dashboard import charts, components, data
 from dashboard.components import Filters
 from dashboard.status import MIN_REQUESTS, VERDICT_LABELS
-from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, verdict_of
+from monitor.drift.verdict import NOT_TESTED, Verdict, verdict_of
 from monitor.store.evaluations import StoredEvaluation
 from monitor.store.reads.dashboard import PairSummary
 
@@ -77,7 +77,7 @@ def rows_of(f: Filters, found: list[PairSummary]) -> list[dict[str, Any]]:
 def _verdict_cells(v: Verdict | None) -> dict[str, Any]:
     """The drift run's verdict of the pair, its interval, and why; a dash with the reason where there is none."""
     if v is None:
-        return {"Pays?": "not measured", "Interval": "—", "Why": HOW_TO_MEASURE}
+        return {"Pays?": "not measured", "Interval": "—", "Why": NOT_TESTED}
     interval = f"[{v.ci[0]:.2f}, {v.ci[1]:.2f}]" if v.ci else "—"
     return {"Pays?": VERDICT_LABELS[v.verdict], "Interval": interval, "Why": v.reason}
 

@@ -222,9 +222,18 @@ def _net_loss(
             any_drafter=True,
         )
     estimated = test.estimated(speculative, _decode_speed(plain))
-    if estimated.decision == "insufficient_data" and "inconclusive" in measured.detail:
-        return measured  # the workload's own baseline is there, at another load: say so
-    return estimated
+    # Where the workload's own baseline is there at another load, that is what the verdict says.
+    chosen = measured if estimated.decision == "insufficient_data" and "inconclusive" in measured.detail else estimated
+    if chosen.decision != "insufficient_data":
+        return chosen
+    sides = {
+        "speculative": len(spec), "speculative_timed": len(speculative.ms), "min_speculative": config.min_requests,
+        "holdout": len(holdout), "holdout_timed": int(np.isfinite(holdout.decode_ms_per_token).sum()),
+        "plain": len(plain), "plain_timed": int(np.isfinite(plain.decode_ms_per_token).sum()),
+        "min_plain": config.min_holdout,
+    }  # fmt: skip
+    # What each side held, so that the verdict names the side that is missing and what would fill it.
+    return chosen.replace(detail={**chosen.detail, "sides": sides})
 
 
 def _decode_speed(sample: Sample) -> Population:

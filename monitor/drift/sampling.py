@@ -134,7 +134,8 @@ def sample_requests(
     and plain traffic may be recorded with drafter ``none``). ``mode`` is one mode or several.
     ``only_pair`` says the caller knows this is the workload's only pair and no mode is asked for:
     the ids are then picked from the ``(workload, ts_start)`` index alone (on SQLite a covering
-    index scan, several times faster than visiting every row of the window). Error requests are
+    index scan, several times faster than visiting every row of the window). A mode asked for
+    leaves out plain requests whose mode was inferred (``mode_inferred``). Error requests are
     dropped after the pick, so the sample can fall short of ``limit`` by their share.
     """
     r = RequestRow
@@ -153,6 +154,9 @@ def sample_requests(
             inner = inner.where(r.mode == mode)
         elif mode is not None:
             inner = inner.where(r.mode.in_(mode))
+        if mode is not None:
+            # A mode asked for is a population of its own: a plain one holds no request merely read as plain.
+            inner = inner.where(r.mode_inferred.is_(False))
     inner = inner.order_by(hashed).limit(limit)
     query = select(*_COLUMNS).where(r.id.in_(inner.scalar_subquery()), r.finish_reason != "error")
     rows = conn.execute(query).all()

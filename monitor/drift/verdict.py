@@ -3,10 +3,12 @@
 * ``pays``: the interval's lower bound is above 1: speculation is faster, beyond doubt at the test's level.
 * ``net_loss``: the test decided ``drift`` (measured: q below the level and the upper bound below 1;
   estimate: the upper bound below 1): speculation is slower than plain decoding.
-* ``inconclusive``: neither, with why: too few requests on a side, strata that do not overlap
-  (speculative and plain requests ran at different loads or context lengths), or an interval that
-  holds 1.
-* ``not_measured``: no plain requests at all; the speedup cannot be measured until a baseline exists.
+* ``inconclusive``: neither, with why: too few requests on a side (which side, and what would fill
+  it), strata that do not overlap (speculative and plain requests ran at different loads or context
+  lengths), or an interval that holds 1.
+* ``not_measured``: one side has no request with a decode time: no speculative requests, or no
+  plain ones. The reason names the side and the next step for what the run saw: a baseline to add
+  only where the target has no plain request at all, never where one is configured and answering.
 
 >>> from monitor.drift.result import DriftResult
 >>> r = DriftResult(test="net_loss", metric="speedup", n_ref=40, n_cur=120, statistic=-3.0, p=0.001, effect=0.45,
@@ -30,11 +32,22 @@ from monitor.drift.result import DriftResult
 
 VerdictName = Literal["pays", "net_loss", "inconclusive", "not_measured"]
 VERDICTS: Final = ("pays", "net_loss", "inconclusive", "not_measured")
-# What a deployment without plain requests is told, wherever the verdict is shown.
+# What a target without any plain request is told.
 HOW_TO_MEASURE: Final = (
     "not measured: no plain requests to compare with. Serve the same model without speculation and add it as a "
     "baseline (draftwatch serve --upstream SPEC_URL --baseline-upstream PLAIN_URL), or let the embedded decoder's "
     "holdout run (decoder.holdout_share)"
+)
+# What a workload the newest drift run did not test is told, wherever the verdict is shown.
+NOT_TESTED: Final = (
+    "not measured: the newest drift run tested no speculative requests of this workload (none in its windows, "
+    "or no run yet); a run compares them with plain requests of the same model, from a baseline "
+    "(--baseline-upstream) or the embedded decoder's holdout"
+)
+# Where a side's requests have no decode time: what gives them one.
+UNTIMED: Final = (
+    "a non-streamed answer without the engine's own timings has none: stream the requests, or have the engine "
+    "report its timings (vLLM: --enable-per-request-metrics)"
 )
 
 
@@ -88,13 +101,18 @@ def verdict_of(result: DriftResult) -> Verdict:
     base = Verdict(result.workload or "", result.pair, "inconclusive", "", n_speculative=result.n_cur,
                    n_plain=result.n_ref)  # fmt: skip
     if result.decision == "insufficient_data" or result.ci is None or result.effect is None:
+        if "inconclusive" in result.detail:
+            return replace(base, reason=f"{result.detail['inconclusive']}: {NO_OVERLAP}")
+        sides = result.detail.get("sides")
+        if isinstance(sides, dict):
+            missing = _missing_side(sides)
+            if missing is not None:
+                return replace(base, verdict="not_measured", reason=missing)
+            return replace(base, reason=_too_few(sides))
         if result.n_ref == 0:
             return replace(base, verdict="not_measured", reason=HOW_TO_MEASURE)
-        why = result.detail.get("inconclusive") or (
-            f"too few requests: {result.n_cur} speculative and {result.n_ref} plain with a decode time "
-            f"({result.note or 'a minimum per side'})"
-        )
-        return replace(base, reason=str(why))
+        return replace(base, reason=f"too few requests: {result.n_cur} speculative and {result.n_ref} plain with a "
+                                    f"decode time ({result.note or 'a minimum per side'})")  # fmt: skip
     measured = not result.detail.get("estimate", False)
     low, high = result.ci
     base = replace(base, speedup=result.effect, ci=(low, high), measured=measured)
@@ -110,6 +128,58 @@ def verdict_of(result: DriftResult) -> Verdict:
 def latest_verdicts(engine: Engine) -> list[Verdict]:
     """The verdict of every workload and pair in the newest drift run."""
     return [verdict_of(stored.result) for stored in latest_results(engine, test="net_loss")]
+
+
+# Where both sides are there but at different loads or context lengths.
+NO_OVERLAP: Final = (
+    "no like-for-like comparison yet; a baseline that takes requests at the speculative replicas' load "
+    "(proxy.baseline_policy = member) and traffic of the same lengths on both sides give one"
+)
+
+
+def _missing_side(sides: dict[str, Any]) -> str | None:
+    """Why a side is missing and what would fill it; None when both sides have requests with a decode time.
+
+    >>> _missing_side({"speculative": 0, "speculative_timed": 0, "holdout": 20, "holdout_timed": 20,
+    ...                "plain": 64, "plain_timed": 64})[:60]
+    'not measured: no speculative requests of this workload in th'
+    >>> _missing_side({"speculative": 20, "speculative_timed": 20, "holdout": 0, "holdout_timed": 0,
+    ...                "plain": 0, "plain_timed": 0}) == HOW_TO_MEASURE
+    True
+    """
+    if not sides.get("speculative_timed"):
+        if not sides.get("speculative"):
+            return ("not measured: no speculative requests of this workload in the window, only plain ones "
+                    "(it is served by the baseline, or speculation is off for it); it is measured again once "
+                    "speculative requests of it arrive")  # fmt: skip
+        return f"not measured: {sides['speculative']} speculative requests, none with a decode time; {UNTIMED}"
+    if sides.get("holdout_timed") or sides.get("plain_timed"):
+        return None
+    plain = int(sides.get("holdout", 0)) + int(sides.get("plain", 0))
+    if plain == 0:
+        return HOW_TO_MEASURE
+    return f"not measured: {plain} plain requests of the target, none with a decode time; {UNTIMED}"
+
+
+def _too_few(sides: dict[str, Any]) -> str:
+    """Which side is short of the test's minimum, and what would fill it.
+
+    >>> _too_few({"speculative": 40, "speculative_timed": 40, "min_speculative": 30, "holdout": 6,
+    ...           "holdout_timed": 6, "plain": 6, "plain_timed": 6, "min_plain": 30})[:72]
+    'too few plain requests: 6 of the workload and 6 of the target with a dec'
+    """
+    spec, plain, own = sides["speculative_timed"], sides["plain_timed"], sides["holdout_timed"]
+    low_spec, low_plain = spec < sides["min_speculative"], max(plain, own) < sides["min_plain"]
+    figures = (f"{spec} speculative (of {sides['min_speculative']}) and {own} plain of the workload, {plain} of "
+               f"the target (of {sides['min_plain']}) with a decode time")  # fmt: skip
+    if low_plain and not low_spec:
+        return (f"too few plain requests: {own} of the workload and {plain} of the target with a decode time "
+                f"(the test needs {sides['min_plain']}); more of the workload's traffic, or a larger holdout "
+                "share (decoder.holdout_target, decoder.holdout_max_share), fills the plain side")  # fmt: skip
+    if low_spec and not low_plain:
+        return (f"too few speculative requests: {figures}; the current window widens up to "
+                "drift.max_current_window to find them, or more traffic fills it")  # fmt: skip
+    return f"too few requests on both sides: {figures}; more of the workload's traffic fills both"
 
 
 def _interval(result: DriftResult) -> str:

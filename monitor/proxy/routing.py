@@ -62,6 +62,19 @@ class Deployment:
         """What the logs call it: its first replica's host:port."""
         return self.speculative.members[0].upstream.netloc
 
+    @property
+    def speculative_role(self) -> bool | None:
+        """What the parsers are told of the speculative pool's answers: speculative, plain, or None (infer it).
+
+        With a baseline the roles are declared by the configuration: the pool behind ``upstream`` is
+        the speculative one, so a request it answered without drafting (an n-gram drafter that found
+        no match) still paid for speculation and is recorded as speculative with 0 drafts. Inferring
+        it from the response would count such requests as plain: selection on the outcome, which
+        made an n-gram deployment's net loss look like no comparison at all. Without a baseline
+        nothing declares it but ``proxy.speculative``.
+        """
+        return True if self.baseline else self.settings.deployment_speculative
+
 
 @dataclass(frozen=True, slots=True)
 class Route:

@@ -30,6 +30,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.engine import Dialect
@@ -129,6 +130,8 @@ class RequestRow(Base):
     # NULL where not measured apart from queueing, and before migration 0010.
     decode_ms: Mapped[float | None] = mapped_column(Float)
     upstream_inflight: Mapped[int | None] = mapped_column(Integer)
+    # False before migration 0012, when no record said so.
+    mode_inferred: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     ingested_at: Mapped[datetime]
 
     __table_args__ = (

@@ -205,6 +205,8 @@ def record_of(fields: AdapterFields, report: StackReport, loc: Loc) -> RequestRe
         "target_version": fields.target_version,
         "draft_version": fields.draft_version,
         "mode": fields.mode or report.mode,
+        # Neither mode nor speculative was sent: plain only because the response carried no draft counts.
+        "mode_inferred": fields.mode is None and fields.speculative is None and report.mode == "plain",
         **reported(report),
         "temperature": fields.temperature,
         "top_p": fields.top_p,

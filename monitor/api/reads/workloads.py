@@ -16,7 +16,7 @@ from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.errors import Problem, described, off_calendar, validation_error
 from monitor.api.state import api_state
-from monitor.drift.verdict import HOW_TO_MEASURE, Verdict, busiest, latest_verdicts
+from monitor.drift.verdict import NOT_TESTED, Verdict, busiest, latest_verdicts
 from monitor.store import scrape
 from monitor.store.reads import queries
 from monitor.store.rollups import minute_after, minute_of
@@ -130,7 +130,7 @@ async def workloads(
 def _verdict_fields(workload: str, verdicts: list[Verdict], routes: dict[str, RoutingEvent]) -> dict[str, Any]:
     """Is speculation paying here: the newest drift run's verdict (the busiest pair's, every pair's), the routing."""
     mine = [v for v in verdicts if v.workload == workload]
-    main = busiest(mine).get(workload) or Verdict(workload, None, "not_measured", HOW_TO_MEASURE)
+    main = busiest(mine).get(workload) or Verdict(workload, None, "not_measured", NOT_TESTED)
     route = routes.get(workload)
     return {
         "verdict": main.to_json(),

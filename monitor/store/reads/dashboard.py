@@ -230,7 +230,8 @@ def speedup_inputs(
     the baseline whatever their drafter). None when no speculative request drafted anything.
     """
     spec_where = [R.workload == workload, R.ts_start >= start, R.ts_start < end, R.mode == "speculative"]
-    plain_where = [R.workload == workload, R.ts_start >= start, R.ts_start < end, R.mode.in_(["plain", "holdout"])]
+    plain_where = [R.workload == workload, R.ts_start >= start, R.ts_start < end, R.mode.in_(["plain", "holdout"]),
+                   R.mode_inferred.is_(False)]  # fmt: skip
     if pair is not None:
         spec_where += [R.target_model == pair.target_model, R.drafter == pair.drafter]
         spec_where.append(R.draft_model.is_(None) if pair.draft_model is None else R.draft_model == pair.draft_model)

@@ -129,6 +129,7 @@ def copy_line(rec: RequestRecord, ingested: str) -> str:
                 _text(_spans(rec.accepted_by_span)),
                 _number(rec.decode_ms),
                 _text(None if rec.upstream_inflight is None else str(rec.upstream_inflight)),
+                "t" if rec.mode_inferred else "f",
                 ingested,
             )
         )
@@ -198,6 +199,7 @@ def sqlite_row(rec: RequestRecord, ingested: str) -> tuple[Any, ...]:
         _spans(rec.accepted_by_span),
         rec.decode_ms,
         rec.upstream_inflight,
+        int(rec.mode_inferred),
         ingested,
     )
 
