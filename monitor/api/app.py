@@ -90,7 +90,9 @@ def create_app(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tried.wait(), SCHEMA_WAIT_S)
             if not tried.is_set():
-                log.warning("schema upgrade not done within %g s (database hung?); starting without it", SCHEMA_WAIT_S)
+                log.warning("the database is not answering (the schema upgrade has not returned within %g s): serving "
+                            "without it, records spool until it answers; the upgrade goes on in the background",
+                            SCHEMA_WAIT_S)  # fmt: skip
         await anyio.to_thread.run_sync(recorder.start)
         if decoder is not None:
             decoder.sink = recorder.record

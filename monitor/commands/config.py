@@ -11,6 +11,7 @@ from typing import Any
 from monitor.commands.common import add_config_argument, config_file, settings_or_report
 from monitor.commands.settings_doc import format_default
 from monitor.config import ConfigError, Settings, all_specs, sources
+from monitor.settings.masking import mask_urls
 
 MASK = "*** (set)"
 
@@ -21,7 +22,7 @@ def register(subparsers: Any) -> None:
         help="show the effective settings and where each came from",
         description="Settings come from the environment (DRAFTWATCH_*), then draftwatch.toml ($DRAFTWATCH_CONFIG "
         "or ./draftwatch.toml), then the defaults. `config show` prints each setting's value as a service "
-        "started here would resolve it, and its source; secrets (tokens, webhook secrets) are masked.",
+        "started here would resolve it, and its source; secrets (tokens, webhook secrets, URL passwords) are masked.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = actions.add_parser("show", help="print every setting, its value and its source (secrets masked)")
@@ -41,7 +42,9 @@ def _show(args: argparse.Namespace) -> int:
         return 2
     rows = []
     for path, spec in all_specs():
-        shown = MASK if spec.secret and _value(settings, path) else format_default(_value(settings, path))
+        value = _value(settings, path)
+        # Not only the secrets: any URL may carry user:password@ (an upstream's, the database's).
+        shown = MASK if spec.secret and value else mask_urls(format_default(value))
         rows.append({"setting": spec.name, "value": shown, "source": found[spec.name], "env": spec.env})
     if args.json:
         print(json.dumps(rows, indent=2))

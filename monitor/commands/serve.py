@@ -11,19 +11,25 @@ import argparse
 import gc
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING, Any, Final
 
 from decoder.cli import add_model_arguments, build_decoder
 from decoder.extras import refuse_without
 from decoder.models.fetch import FetchError
 from monitor.commands.common import add_settings_arguments, settings_or_report
-from monitor.proxy.settings import PROXY_KINDS, parse_upstream
+from monitor.config import ConfigError
+from monitor.proxy.settings import PROXY_KINDS, parse_upstreams
+from monitor.settings.masking import quoted
 
 if TYPE_CHECKING:
     from decoder.speculation.speculative import SpeculativeDecoder
     from monitor.config import Settings
 
 log = logging.getLogger(__name__)
+
+# On the way out: how long a scheduler still starting (its first lease request held by a hung database) is waited for.
+SCHEDULER_START_WAIT_S: Final = 15.0
 
 
 class PathOnly(logging.Filter):
@@ -51,24 +57,24 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default=None, help="address to bind (default: api.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port to bind (default: api.port, 8321)")
     add_settings_arguments(parser)
+    # Read as the settings read them (comma-separated, checked whole) in _serve, not by argparse: a bad
+    # URL is then one line naming the flag, not the usage text.
     parser.add_argument(
         "--upstream",
-        type=_upstream,
         default=None,
         metavar="URL",
         action="append",
-        help="proxy mode: forward to this serving stack, e.g. http://127.0.0.1:8080; repeat it for a pool balanced "
-        "by least outstanding requests (default: proxy.upstream)",
+        help="proxy mode: forward to this serving stack, e.g. http://127.0.0.1:8080; several (repeated, or "
+        "comma-separated) make a pool balanced by least outstanding requests (default: proxy.upstream)",
     )
     parser.add_argument(
         "--baseline-upstream",
-        type=_upstream,
         default=None,
         metavar="URL",
         action="append",
         help="the same model served WITHOUT speculation: the plain baseline that measures, per workload, whether "
-        "speculation pays (the verdict in /v1/workloads, the drift run's net_loss, the dashboard); repeatable "
-        "(default: proxy.baseline_upstream; see proxy.baseline_policy and proxy.on_net_loss)",
+        "speculation pays (the verdict in /v1/workloads, the drift run's net_loss, the dashboard); repeatable or "
+        "comma-separated (default: proxy.baseline_upstream; see proxy.baseline_policy and proxy.on_net_loss)",
     )
     parser.add_argument(
         "--upstream-kind",
@@ -102,11 +108,30 @@ def mode_of(settings: Settings, decoder: SpeculativeDecoder | None) -> str:
             f"on a net loss: {proxy.on_net_loss}")  # fmt: skip
 
 
-def _upstream(raw: str) -> str:
-    try:
-        return parse_upstream(raw)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def _upstreams(flag: str, given: list[str] | None) -> tuple[str, ...] | None:
+    """The URLs of a repeated ``flag``, each value in the forms of its setting; None when it was not given.
+
+    >>> _upstreams("--upstream", ["http://a:1,http://b:2/", "http://c:3"])
+    ('http://a:1', 'http://b:2', 'http://c:3')
+    >>> _upstreams("--upstream", ["http://ada:s3cret@a:99999"])
+    Traceback (most recent call last):
+    ...
+    monitor.settings.parsers.ConfigError: --upstream='http://ada:***@a:99999': port 99999: expected a port 1-65535
+    """
+    if given is None:
+        return None
+    urls: list[str] = []
+    for raw in given:
+        try:
+            found = parse_upstreams(raw)
+        except ValueError as error:
+            raise ConfigError(f"{flag}={quoted(raw)}: {error}") from None
+        if not found:
+            raise ConfigError(f"{flag}={quoted(raw)}: expected a base URL, such as http://127.0.0.1:8080")
+        urls += found
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{flag}: expected each base URL once, got {quoted(urls)}")
+    return tuple(urls)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -115,11 +140,17 @@ def _serve(args: argparse.Namespace) -> int:
     from monitor.api.app import create_app
     from monitor.api.auth import check_bind
 
+    try:
+        upstream = _upstreams("--upstream", args.upstream)
+        baseline_upstream = _upstreams("--baseline-upstream", args.baseline_upstream)
+    except ConfigError as error:
+        print(f"draftwatch serve: {error}", file=sys.stderr)
+        return 2
     overrides = {
         "api.host": args.host,
         "api.port": args.port,
-        "proxy.upstream": args.upstream,
-        "proxy.baseline_upstream": args.baseline_upstream,
+        "proxy.upstream": upstream,
+        "proxy.baseline_upstream": baseline_upstream,
     }
     settings = settings_or_report(args, "serve", {**overrides, "proxy.kind": args.upstream_kind})
     if settings is None:
@@ -127,6 +158,11 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.proxy.baseline_upstream and not settings.proxy.upstream:
         print("draftwatch serve: --baseline-upstream needs --upstream (the speculative stack it is compared with)",
               file=sys.stderr)  # fmt: skip
+        return 2
+    if settings.proxy.has_baseline and settings.proxy.speculative == "false":
+        print("draftwatch serve: proxy.speculative=false with a plain baseline: the baseline declares the pool behind "
+              "--upstream speculative (its requests are compared with the baseline's); leave proxy.speculative at "
+              "auto or set it to true", file=sys.stderr)  # fmt: skip
         return 2
     if settings.proxy.routes and not settings.proxy.upstream:
         print("draftwatch serve: proxy.routes needs --upstream (proxy.upstream), the pool of the models no route "
@@ -158,8 +194,12 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.no_scheduler:
         from monitor.scheduler.service import SchedulerService
 
-        # Any number of sidecars may run it: the lease elects one leader among them.
-        scheduler = SchedulerService(settings).start()
+        # Any number of sidecars may run it: the lease elects one leader among them. Its start asks the database
+        # for the lease, which a hung one holds for the connect timeout: on a thread of its own, that wait overlaps
+        # the API's start-up (which waits as long for the schema upgrade) instead of coming before it.
+        scheduler = SchedulerService(settings)
+        starting = threading.Thread(target=scheduler.start, name="draftwatch-scheduler-start", daemon=True)
+        starting.start()
     app = create_app(settings, decoder=decoder)
     print(
         f"draftwatch serve: listening on http://{settings.api.host}:{settings.api.port} ({mode_of(settings, decoder)}, "
@@ -187,5 +227,12 @@ def _serve(args: argparse.Namespace) -> int:
         )
     finally:
         if scheduler is not None:
-            scheduler.stop()
+            # Stopped once started, or its start would go on after the stop; a start the database holds
+            # longer than this ends with the process.
+            starting.join(SCHEDULER_START_WAIT_S)
+            if starting.is_alive():
+                log.warning("the scheduler had not started after %g s (database not answering); not stopping it",
+                            SCHEDULER_START_WAIT_S)  # fmt: skip
+            else:
+                scheduler.stop()
     return 0

@@ -335,6 +335,7 @@ class Recorder:
         self.close()
 
     def stats(self) -> RecorderStats:
+        """The figures as they stand; never waits (``/healthz`` reads them on the proxy's event loop)."""
         counts = self._sink.counts
         return RecorderStats(
             queued=len(self._pending),

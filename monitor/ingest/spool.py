@@ -88,6 +88,10 @@ class Spool:
         self._lock = threading.Lock()
         self._active: Segment | None = None
         self._sealed: list[Segment] = []
+        # Whether any segment is held, republished under the lock after every change and read without
+        # it: the lock is held across fsync, and a reader on the event loop (/healthz, /metrics) must
+        # never wait for a disk.
+        self._pending = False
 
     def append(self, batch_id: str, records: Sequence[RequestRecord]) -> None:
         """Append one batch and fsync it; when this returns, the batch survives a crash."""
@@ -95,14 +99,15 @@ class Spool:
         with self._lock:
             if self._active is None:
                 self._active = self._create_segment()
+                self._publish()
             handle = self._active.handle
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
 
     def has_pending(self) -> bool:
-        with self._lock:
-            return self._active is not None or bool(self._sealed)
+        """Whether segments wait for replay; never waits (not on the lock an fsync holds)."""
+        return self._pending
 
     def claim_orphans(self) -> int:
         """Take over segments no live process holds (their writer died); returns how many."""
@@ -120,6 +125,7 @@ class Spool:
                     self._sealed.append(segment)
                     claimed += 1
             self._sealed.sort(key=lambda s: s.name)
+            self._publish()
         return claimed
 
     def seal(self) -> list[Segment]:
@@ -154,6 +160,7 @@ class Spool:
         with self._lock:
             if segment in self._sealed:
                 self._sealed.remove(segment)
+            self._publish()
         if segment.bad_lines and not _only_torn_tail(segment.path):
             target = segment.path.with_suffix(".corrupt")
             log.error("spool %s had corrupt lines; kept as %s for inspection", segment.name, target.name)
@@ -171,8 +178,13 @@ class Spool:
                 segments.append(self._active)
             self._active = None
             self._sealed = []
+            self._publish()
         for segment in segments:
             segment.handle.close()
+
+    def _publish(self) -> None:
+        # With the lock held: one plain store, which a reader sees whole without the lock.
+        self._pending = self._active is not None or bool(self._sealed)
 
     def _create_segment(self) -> Segment:
         name = f"{PREFIX}{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}"

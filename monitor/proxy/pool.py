@@ -4,14 +4,20 @@ Each member counts the requests it has in flight. :meth:`Pool.pick` takes the me
 fewest (the next in turn among equals, so that idle replicas share a trickle of traffic), and the
 count at that moment, the request itself included, is the load the request ran at: the record keeps
 it (``upstream_inflight``) so that speculative and plain requests are compared at matched load.
+The turn is kept per set of members offered: the speculative pool's own (what passes through,
+``/v1/models``, ``/tokenize``, and the generations of ``proxy.baseline_policy = share``) and its
+members with the baseline's (the generations of ``member``) take turns apart, so that a client
+listing the models before each completion cannot decide which of the two serves it.
 
 Passive health (:class:`Ejection`): a member whose requests fail ``after`` times in a row (refused,
 reset, timed out, or answered with the 502/503/504 of an engine that cannot serve) leaves the pool
 for ``cooldown_s``, so that the requests meanwhile go to replicas that answer instead of failing
 too. Then it is tried again, on trial: its next failure sends it out at once, its first answer
 brings it back. With every member out the pool does not fail closed: the one due back first is
-tried, since a request that might be served beats one refused for sure. Only what the proxy sees
-counts (no probe traffic): an idle pool learns nothing, and needs nothing either.
+tried, since a request that might be served beats one refused for sure; and once one of them
+answers, whatever put the whole pool out (an engine-wide 503, the network between) has passed for
+the others too, so they are back on trial at once rather than left idle for their cool-down. Only
+what the proxy sees counts (no probe traffic): an idle pool learns nothing, and needs nothing either.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class Member:
     failures: int = 0
     out_until: float = 0.0
     up: bool = True
+    # Its pool's members, itself included (set by the pool).
+    peers: Sequence[Member] = field(default=(), repr=False)
 
     def acquire(self) -> int:
         """Count one more request in flight; the load it starts at, itself included."""
@@ -97,6 +105,24 @@ class Member:
             self.up = True
             log.info("upstream %s is back in the %s pool: it answered after its cool-down", self.upstream.netloc,
                      self.pool)  # fmt: skip
+            self._others_on_trial()
+
+    def _others_on_trial(self) -> None:
+        """With none of the others up, the fault was the pool's: those still out are tried again now.
+
+        Each is on trial (its failures in a row one short of ``after``): one more failure sends it out
+        for a whole cool-down again. A member that failed alone while another served stays out.
+        """
+        others = [m for m in self.peers if m is not self]
+        if not others or any(m.up for m in others):
+            return
+        now = time.monotonic()
+        back = [m for m in others if m.out_until > now]
+        for member in back:
+            member.out_until = 0.0
+        if back:
+            log.info("upstream %s answered while the rest of the %s pool was out: %s back on trial",
+                     self.upstream.netloc, self.pool, ", ".join(m.upstream.netloc for m in back))  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -105,7 +131,12 @@ class Pool:
 
     name: PoolName
     members: list[Member] = field(default_factory=list)
-    _turn: int = 0
+    # The next in turn among equals, per set of members offered (see the module docstring).
+    _turns: dict[tuple[Member, ...], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for member in self.members:
+            member.peers = self.members
 
     @classmethod
     def of(cls, name: PoolName, urls: Sequence[str], timeout_s: float, ejection: Ejection = Ejection()) -> Pool:
@@ -123,9 +154,13 @@ class Pool:
         now = time.monotonic()
         serving = [m for m in members if m.out_until <= now] or [min(members, key=lambda m: m.out_until)]
         least = min(m.inflight for m in serving)
-        self._turn += 1
         candidates = [m for m in serving if m.inflight == least]
-        return candidates[self._turn % len(candidates)]
+        if len(candidates) == 1:
+            return candidates[0]
+        offered = tuple(members)
+        turn = self._turns.get(offered, 0)
+        self._turns[offered] = turn + 1
+        return candidates[turn % len(candidates)]
 
     async def aclose(self) -> None:
         for member in self.members:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
+from urllib.parse import urlsplit
 
 from decoder.record import WORKLOAD_PATTERN
 from monitor.settings.fields import setting
+from monitor.settings.masking import quoted
 from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_str, parse_tables
 
 PROXY_KINDS: Final = ("auto", "vllm", "sglang", "llamacpp", "openai")
@@ -25,10 +29,66 @@ class WorkloadRule(NamedTuple):
 
 
 def parse_upstream(raw: Any) -> str:
+    """A base URL to forward to: http(s), a host, a port 1-65535, a path prefix, ``user:password@`` (sent as Basic).
+
+    Everything is checked here, at load, rather than when the proxy first connects: a URL the proxy
+    could not reach, or one with a part it would drop (a query, a fragment), is a setting's error.
+
+    >>> parse_upstream("http://ada:s3cret@[::1]:8443/v1/")
+    'http://ada:s3cret@[::1]:8443/v1'
+    >>> parse_upstream("http://127.0.0.1:99999")
+    Traceback (most recent call last):
+    ...
+    ValueError: port 99999: expected a port 1-65535
+    """
     url = parse_str(raw).rstrip("/")
-    if not url.startswith(("http://", "https://")) or "?" in url or "#" in url:
+    if not url.startswith(("http://", "https://")):
         raise ValueError("expected an http:// or https:// base URL, such as http://127.0.0.1:8080")
+    if any(not " " < char < "\x7f" for char in url):
+        raise ValueError("expected a URL of printable ASCII, no blanks: percent-encode other characters")
+    if "," in url:  # only a list's item can hold one: a string of several is split at its commas first
+        raise ValueError("expected one base URL per item, not several joined by ','")
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed "[", or brackets around what is no address
+        raise ValueError(_IPV6_EXPECTED) from None
+    if "@" in url.removeprefix(f"{parts.scheme}://{parts.netloc}"):
+        raise ValueError("expected '@' only to end user:password (percent-encode / ? # @ in a password)")
+    if "?" in url or "#" in url:
+        raise ValueError("expected no query or fragment: the proxy appends each request's own path and query")
+    user_info, at, host_port = parts.netloc.rpartition("@")
+    if at and not user_info:
+        raise ValueError("expected user:password before '@'")
+    _check_host_and_port(host_port)
     return url
+
+
+_IPV6_EXPECTED: Final = "expected an IPv6 address in brackets, such as http://[::1]:8080"
+# A host name (letters, digits, "-", "." and "_" as container names have them) or an IPv4 address.
+_HOST_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _check_host_and_port(host_port: str) -> None:
+    if host_port.startswith("["):
+        address, closed, rest = host_port[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            raise ValueError(_IPV6_EXPECTED)
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            raise ValueError(_IPV6_EXPECTED) from None
+        port = rest[1:] if rest else None
+    else:
+        host, colon, port_text = host_port.partition(":")
+        if ":" in port_text:  # an IPv6 address without its brackets
+            raise ValueError(_IPV6_EXPECTED)
+        if not host:
+            raise ValueError("expected a host, such as http://127.0.0.1:8080")
+        if not _HOST_NAME.fullmatch(host):
+            raise ValueError(f"host {host!r}: expected a host name or an IP address")
+        port = port_text if colon else None
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"port {port if port.isdigit() else repr(port)}: expected a port 1-65535")
 
 
 def parse_upstreams(raw: Any) -> tuple[str, ...]:
@@ -76,7 +136,7 @@ def parse_routes(raw: Any) -> tuple[ModelRoute, ...]:
     routes: list[ModelRoute] = []
     for number, entry in enumerate(parse_tables(raw, "{model, upstream, kind, baseline_upstream} tables"), start=1):
         if not isinstance(entry, dict):
-            raise ValueError(f"route {number}: expected a table with model and upstream, got {entry!r}")
+            raise ValueError(f"route {number}: expected a table with model and upstream, got {quoted(entry)}")
         unknown = sorted(set(entry) - set(ROUTE_KEYS))
         if unknown:
             close = difflib.get_close_matches(unknown[0], ROUTE_KEYS, n=1)
@@ -87,7 +147,7 @@ def parse_routes(raw: Any) -> tuple[ModelRoute, ...]:
                 raise ValueError(f"route {number}: {key} is missing: each route needs model and upstream")
         model = entry["model"]
         if not isinstance(model, str) or not model.strip():
-            raise ValueError(f"route {number}: model={model!r}: expected a model name or a glob such as 'qwen*'")
+            raise ValueError(f"route {number}: model={quoted(model)}: expected a model name or a glob such as 'qwen*'")
         values: dict[str, Any] = {}
         for key, parse in (("upstream", parse_upstreams), ("baseline_upstream", parse_upstreams),
                            ("kind", parse_choice(PROXY_KINDS))):  # fmt: skip
@@ -95,7 +155,7 @@ def parse_routes(raw: Any) -> tuple[ModelRoute, ...]:
                 try:
                     values[key] = parse(entry[key])
                 except ValueError as error:
-                    raise ValueError(f"route {number}: {key}={entry[key]!r}: {error}") from None
+                    raise ValueError(f"route {number}: {key}={quoted(entry[key])}: {error}") from None
         if not values["upstream"]:
             raise ValueError(f"route {number}: upstream=[]: expected at least one base URL")
         routes.append(ModelRoute(model.strip(), **values))
@@ -132,7 +192,9 @@ class ProxySettings:
         parse_upstreams,
         (),
         "base URLs of the speculative serving stack to forward to (proxy mode), e.g. http://127.0.0.1:8080; several "
-        "(a TOML list, or comma-separated) make a pool balanced by least outstanding requests; none: no proxy",
+        "(a TOML list, or comma-separated) make a pool balanced by least outstanding requests; none: no proxy. A "
+        "URL's path is a prefix of every forwarded path; its user:password@ goes to that upstream as HTTP Basic "
+        "Authorization unless the client sends an Authorization of its own, and is masked wherever it is shown",
     )
     routes: tuple[ModelRoute, ...] = setting(
         "proxy.routes",
@@ -160,8 +222,8 @@ class ProxySettings:
         "proxy.baseline_upstream",
         parse_upstreams,
         (),
-        "base URLs of the same model served without speculation: the baseline that measures whether speculation "
-        "pays, per workload (see proxy.baseline_policy); none: the speedup is not measured",
+        "base URLs (as proxy.upstream's) of the same model served without speculation: the baseline that measures "
+        "whether speculation pays, per workload (see proxy.baseline_policy); none: the speedup is not measured",
     )
     baseline_policy: str = setting(
         "proxy.baseline_policy",
@@ -202,8 +264,10 @@ class ProxySettings:
         "proxy.speculative",
         parse_choice(("auto", "true", "false")),
         "auto",
-        "whether the upstream decodes speculatively: true stores a request that drafted nothing as speculative "
-        "with 0 drafts and refuses a response without counts; auto infers it per response",
+        "whether the upstream decodes speculatively, where no baseline declares it (with a baseline the upstream "
+        "pool is speculative, as true): true stores a request that drafted nothing as speculative with 0 drafts and "
+        "refuses a response without counts; auto infers it per response, so an n-gram drafter's request that found "
+        "no match is stored plain (flagged mode_inferred, kept out of the speedup estimate); false: plain",
     )
     timeout_s: float = setting(
         "proxy.timeout_s",

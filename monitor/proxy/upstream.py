@@ -22,13 +22,14 @@ replica of the pool. Errors become two kinds: :class:`UpstreamTimeoutError` (not
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -68,6 +69,7 @@ class Upstream:
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._prefix = parts.path.rstrip("/").encode()
+        self._authorization = basic_authorization(url)
         self._connect_s = min(10.0, timeout_s)
         self._timeout_s = timeout_s
         self._idle: list[_Connection] = []
@@ -76,9 +78,13 @@ class Upstream:
         """Send one request (``target``: path and query); the response's body is read as it arrives."""
         target = self._prefix + target
         if any(byte <= 0x20 or byte == 0x7F for byte in target):
-            raise UpstreamUnavailableError("LocalProtocolError")  # no request line can carry it
+            # The caller's fault, not the upstream's: no UpstreamError, which would count against the replica's
+            # health (the proxy's entry answers such a client itself, monitor/proxy/forward/routes.py).
+            raise ValueError("no request line can carry this target")
         lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method.encode(), target, self.netloc.encode())]
         lines += [b"%s: %s\r\n" % (name, value) for name, value in headers]
+        if self._authorization is not None and not any(name.lower() == b"authorization" for name, _ in headers):
+            lines.append(b"authorization: %s\r\n" % self._authorization)  # a client's own credentials are what it means
         lines.append(b"content-length: %d\r\n\r\n" % len(body))
         head = b"".join(lines)
         retries = RETRIES
@@ -145,6 +151,19 @@ class Upstream:
         idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
+
+
+def basic_authorization(url: str) -> bytes | None:
+    """The HTTP Basic ``Authorization`` value of a base URL's ``user:password@`` (percent-decoded), or None.
+
+    >>> basic_authorization("http://ada:p%40ss@h:8080"), basic_authorization("http://h:8080")
+    (b'Basic YWRhOnBAc3M=', None)
+    """
+    user_info, at, _ = urlsplit(url).netloc.rpartition("@")
+    if not at:
+        return None
+    user, _, password = user_info.partition(":")
+    return b"Basic " + base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode())
 
 
 class _Connection:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from monitor.settings.masking import quoted
 from monitor.settings.parsers import ConfigError, Parser
 
 _SPEC: Final = "draftwatch.setting"
@@ -109,6 +110,6 @@ def resolve(section: type[T], lookup: Lookup, data_dir: Path) -> T:
         try:
             values[name] = spec.parse(raw)
         except ValueError as error:
-            shown = "'<redacted>'" if spec.secret else repr(raw)
+            shown = "'<redacted>'" if spec.secret else quoted(raw)
             raise ConfigError(f"{source}={shown}: {error}") from None
     return section(**values)

@@ -175,6 +175,8 @@ def parse_tables(raw: Any, what: str) -> list[Any]:
             raw = json.loads(raw) if raw.strip() else []
         except json.JSONDecodeError:
             raise ValueError(f"expected a JSON list of {what}") from None
+        except RecursionError:  # json.loads recurses once a level; no real list of tables nests that deep
+            raise ValueError(f"expected a JSON list of {what}, not nested thousands deep") from None
     if not isinstance(raw, list):
         raise ValueError(f"expected a list of {what}")
     return raw

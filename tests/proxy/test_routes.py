@@ -226,3 +226,19 @@ def test_routes_come_from_the_file_in_order_with_their_kinds_and_pools(tmp_path:
                                                                               None, ())  # fmt: skip
     assert (llama.upstream, llama.kind, llama.baseline_upstream) == (("http://c:1",), "sglang", ("http://e:1",))
     assert str(qwen) == "qwen* -> [http://a:1 http://b:1] (proxy.kind)"
+
+
+def test_v1_models_of_one_id_goes_to_the_deployment_that_models_route_names(tmp_path: Path, db_url: str) -> None:
+    default, qwen, org = Engine(), Engine(), Engine()
+    with (
+        serving_app(default.app()) as default_url,
+        serving_app(qwen.app()) as qwen_url,
+        serving_app(org.app()) as org_url,
+    ):
+        table = routes({"model": "qwen-*", "upstream": qwen_url}, {"model": "Org/*", "upstream": org_url})
+        with sidecar(tmp_path, db_url, default_url, DRAFTWATCH_PROXY_ROUTES=table) as (url, _):
+            for model in ("qwen-coder", "Org/Model-7B", "Org%2FModel-7B", "mistral"):
+                assert httpx.get(f"{url}/v1/models/{model}", timeout=30).status_code == 200, model
+    assert [p for _, p, _, _ in qwen.seen] == ["/v1/models/qwen-coder"]
+    assert [p for _, p, _, _ in org.seen] == ["/v1/models/Org/Model-7B"] * 2  # an escaped slash names it too
+    assert [p for _, p, _, _ in default.seen] == ["/v1/models/mistral"]

@@ -31,6 +31,7 @@ async def healthz(request: Request) -> Health:
     if state.router is None:
         return Health(status="ok")
     # Proxy mode: the database's health is a figure of its own, never a reason to restart the proxy.
+    # Read on the event loop that forwards every request: stats() takes no lock held across a disk write.
     stats = state.recorder.stats()
     database = {"ok": stats.database_available, "hung": stats.database_hung, "spool_pending": stats.spool_pending}
     members = list(state.router.members())

@@ -8,8 +8,12 @@ which reads a request's body and a whole answer as one JSON object too (``json_o
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
+
+# A JSON object in UTF-8 (RFC 8259 section 8.1), a byte order mark tolerated.
+_OBJECT_START: Final = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\n\r]*\{")
 
 
 def remember(
@@ -79,8 +83,12 @@ def is_done(event: bytes) -> bool:
 
 
 def json_object(content: bytes) -> dict[str, Any] | None:
+    # Anything else (an upload, a JSON array) is no object, told without decoding it: a large body that
+    # failed as UTF-8 was copied whole into the error, holding the event loop.
+    if not _OBJECT_START.match(content):
+        return None
     try:
         value = json.loads(content)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes, read as no JSON
         return None
     return value if isinstance(value, dict) else None

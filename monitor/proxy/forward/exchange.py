@@ -33,7 +33,7 @@ from monitor.ingest.stacks.report import StackReport
 from monitor.ingest.stacks.sglang import is_sglang_openai
 from monitor.proxy.asks import ask_sglang
 from monitor.proxy.encoding import accepted_upstream, decoded
-from monitor.proxy.forward.events import carries_text, json_object
+from monitor.proxy.forward.events import carries_text
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
 
@@ -94,7 +94,15 @@ def stack_of(kind: str, path: str, report: Mapping[str, Any]) -> Stack | None:
 class Exchange:
     """One proxied request: what was asked, what came back, and the record made of it."""
 
-    def __init__(self, state: ApiState, router: Router, request: Request, body: bytes) -> None:
+    def __init__(
+        self,
+        state: ApiState,
+        router: Router,
+        request: Request,
+        body: bytes,
+        payload: dict[str, Any] | None,
+        model: object,
+    ) -> None:
         self.state = state
         self.settings = state.settings.proxy
         self.path: str = request.scope["path"]
@@ -109,12 +117,10 @@ class Exchange:
         self._recorded = False
         # The record's fsync to the spool, under recorder.spool_before_reply: the answer ends only after it.
         self._on_disk: Future[bool] | None = None
-        # A compressed body goes upstream as it came; its fields are read from a decoded copy.
-        encoding = request.headers.get("content-encoding", "")
-        readable = decoded(body, encoding, self.settings.max_body_bytes) if encoding else body
-        self.payload = json_object(readable) if readable is not None else None
+        # The body goes upstream as it came; ``payload`` is what the entry read of it (a compressed one decoded,
+        # a large one off the event loop), ``model`` what routes it (monitor/proxy/forward/routes.py).
+        self.payload = payload
         self.workload = workload_of(request, self.payload, self.settings)
-        model = (self.payload or {}).get("model")
         self.route = router.choose(self.workload, model) if self.recording else router.passing(model)
         # Read as its deployment's kind says ([[proxy.routes]] kind).
         self.settings = self.route.deployment.settings
@@ -274,7 +280,7 @@ class Exchange:
             raise ValueError(f"proxy.kind={self.settings.kind!r}: the response carries no usage to record")
         self.route.member.stack = stack
         baseline = self.route.baseline
-        parsed = PARSERS[stack](report, speculative=False if baseline else self.settings.deployment_speculative)
+        parsed = PARSERS[stack](report, speculative=False if baseline else self.route.deployment.speculative_role)
         if baseline and parsed.drafted:
             raise ValueError(
                 f"the baseline upstream {self.route.member.upstream.netloc} drafted {parsed.drafted} tokens: "
@@ -292,7 +298,7 @@ class Exchange:
 
         Both take their times from one reading of the clock (``fields``' ts_start and ts_end, whose
         difference is the latency), their mode from the routing (the baseline's requests are held
-        out; a failed one keeps the deployment's mode) and go through the record's contract as every
+        out; a failed one takes the pool's declared role) and go through the record's contract as every
         entrance does (:func:`monitor.api.events.record_from`).
         """
         latency_ms = (fields["ts_end"] - fields["ts_start"]) / timedelta(milliseconds=1)
@@ -300,13 +306,16 @@ class Exchange:
         if parsed is not None and not self.streamed and parsed.ttft_ms is not None:
             # A non-streamed response arrives whole: the stack's own TTFT is the only one there is.
             ttft_ms = parsed.ttft_ms
-        deployed = "speculative" if self.settings.deployment_speculative else "plain"
+        role = self.route.deployment.speculative_role
+        mode = "holdout" if self.route.baseline else (parsed.mode if parsed else "speculative" if role else "plain")
         return record_from(
             {
                 **fields,
                 "request_id": (parsed and parsed.request_id) or _new_id(),
                 **(reported(parsed) if parsed else {}),
-                "mode": "holdout" if self.route.baseline else (parsed.mode if parsed else deployed),
+                "mode": mode,
+                # Nothing declared the pool's role: plain only because the answer carried no draft counts.
+                "mode_inferred": mode == "plain" and role is None,
                 "holdout_reason": self.route.holdout_reason,
                 "ttft_ms": ttft_ms,
                 "latency_ms": latency_ms,

@@ -1,10 +1,19 @@
 """Proxy mode's entry: which requests are the engine's, the forwarded routes, and the answer to each.
 
 :class:`ProxyMiddleware` sends every path but draftwatch's own to :func:`forward`, which checks the
-proxy's token, makes the :class:`~monitor.proxy.forward.exchange.Exchange`, sends it upstream
-(once more to another replica when the first refused the connection) and answers with the whole
-body or the relay (:mod:`monitor.proxy.forward.relay`); a client that leaves cancels the upstream
-request.
+proxy's token, refuses what no engine could be sent (answered here, never counted against a
+replica), reads the body, makes the :class:`~monitor.proxy.forward.exchange.Exchange`, sends it
+upstream (once more to another replica when the first refused the connection) and answers with the
+whole body or the relay (:mod:`monitor.proxy.forward.relay`); a client that leaves cancels the
+upstream request.
+
+The request target goes upstream as the client sent it (its ``raw_path`` and query), percent-escapes
+and all: decoded, ``%3F`` would become a query and ``%20`` a space that breaks the request line.
+Which route a request is (a generation, recorded; ``/v1/models``) is read from its path without
+repeated or trailing slashes and, for the engine's known routes, in any case: the engine decides what
+``//v1/chat/completions`` means (vLLM and SGLang answer 404, or redirect a trailing slash; a gateway
+in front, such as nginx, merges the slashes and serves it), so it is forwarded as sent and recorded as
+the generation it names, a failed one where the engine refused it, as any refused generation is.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import asyncio
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
+from urllib.parse import quote
 from weakref import WeakKeyDictionary
 
 from fastapi import APIRouter, Request
@@ -25,13 +35,14 @@ from monitor.api.errors import ApiError
 from monitor.api.state import api_state, offer
 from monitor.ingest.capture.rows import proxied_row
 from monitor.proxy.asks import cleaned_sglang_json
-from monitor.proxy.encoding import codings, decoded
+from monitor.proxy.encoding import TooLargeError, bounded, codings, decoded
 from monitor.proxy.forward.events import json_object
 from monitor.proxy.forward.exchange import (
     HOP_HEADERS,
     NATIVE_PATHS,
     OPENAI_PATHS,
     PROXY_TOKEN_HEADER,
+    RECORDED_PATHS,
     Exchange,
     client_headers,
 )
@@ -48,6 +59,12 @@ from monitor.proxy.upstream import (
 )
 
 FORWARDED_PATHS: Final = (*OPENAI_PATHS, *NATIVE_PATHS, "/v1/models")
+MODEL_PREFIX: Final = "/v1/models/"
+# An origin-form request target (RFC 9112 section 3.2.1): a path, then visible ASCII only.
+_TARGET: Final = re.compile(rb"/[\x21-\x7e]*")
+# Bodies up to this size are read on the event loop (the fast path); larger ones, and every compressed
+# one (a small body may inflate a thousandfold), in a worker thread.
+INLINE_BODY_BYTES: Final = 1 << 20
 
 router = APIRouter()
 
@@ -73,9 +90,30 @@ async def forward(request: Request) -> Response:
         except ApiError as refused:  # in the shape the engine's clients parse
             kind = _AUTH_ERRORS.get(refused.status, "invalid_request_error")
             return openai_error(refused.status, refused.message, kind, refused.code, refused.headers)
-    if router.routes and request.method == "GET" and request.scope["path"] == "/v1/models":
+    scope = request.scope
+    target = _target(scope)
+    malformed = _malformed(request.method, target)
+    if malformed is not None:
+        # Answered here, before a replica is picked: the client's own mistake never counts against its health.
+        return openai_error(400, malformed, "invalid_request_error", "invalid_request_target")
+    path = _route_path(scope["path"])
+    if router.routes and request.method == "GET" and path == "/v1/models":
         return await _merged_models(request, state.settings.proxy, router)
-    exchange = Exchange(state, router, request, await request.body())
+    body = await request.body()
+    limit = state.settings.proxy.max_body_bytes
+    try:
+        payload = await _payload(body, request.headers.get("content-encoding", ""), limit)
+    except TooLargeError:
+        return openai_error(413, f"the decoded body exceeds {limit} bytes", "invalid_request_error", "body_too_large")
+    model = (payload or {}).get("model")
+    if path.lower().startswith(MODEL_PREFIX):
+        model = path[len(MODEL_PREFIX) :]  # /v1/models/{id} goes where a request for that model would
+    elif request.method == "POST" and path in RECORDED_PATHS and not isinstance(model, str | None):
+        # As the OpenAI API, vLLM and SGLang answer it (their schemas take a string): a model that can be
+        # neither routed by nor recorded under is the client's mistake, told before it reaches a replica.
+        return openai_error(400, "model must be a string", "invalid_request_error", "invalid_model")
+    routed = request if path == scope["path"] else Request({**scope, "path": path}, request.receive)
+    exchange = Exchange(state, router, routed, body, payload, model)
     response: Response | None = None
     left = False
     task = asyncio.current_task()
@@ -94,7 +132,7 @@ async def forward(request: Request) -> Response:
     # Only the awaits below can be interrupted: the watcher is cancelled before any other.
     watcher = asyncio.ensure_future(watch())
     try:
-        response = await _answer(request, exchange)
+        response = await _answer(request, exchange, target)
         await exchange.on_disk()  # a whole answer: its body is sent after this
     except asyncio.CancelledError:
         if not left:  # the server stops
@@ -111,6 +149,47 @@ async def forward(request: Request) -> Response:
     return Response(status_code=499) if response is None else response
 
 
+def _target(scope: Scope) -> bytes:
+    """The request target as the client sent it: its raw path (percent-escapes kept) and query."""
+    path = scope.get("raw_path") or quote(scope["path"]).encode()  # raw_path is optional in ASGI
+    query = scope["query_string"]
+    return path + b"?" + query if query else path
+
+
+def _malformed(method: str, target: bytes) -> str | None:
+    """Why no engine could be sent this request, or None."""
+    if method == "CONNECT":
+        return "CONNECT is not served: this is an engine's API, not a tunnel"
+    if not _TARGET.fullmatch(target):
+        return "the request target must be a path of visible ASCII characters (RFC 9112)"
+    return None
+
+
+def _route_path(path: str) -> str:
+    """The path routes are told apart by: no repeated or trailing slash, one of the engine's known routes in lower case.
+
+    >>> _route_path("//v1/chat/completions/"), _route_path("/V1/Models"), _route_path("/v1/models/Qwen//7B")
+    ('/v1/chat/completions', '/v1/models', '/v1/models/Qwen/7B')
+    """
+    collapsed = "/" + "/".join(segment for segment in path.split("/") if segment)
+    lowered = collapsed.lower()
+    return lowered if lowered in FORWARDED_PATHS else collapsed
+
+
+async def _payload(body: bytes, content_encoding: str, limit: int) -> dict[str, Any] | None:
+    """The body as one JSON object (None when it is not one); :class:`TooLargeError` when it decodes past ``limit``."""
+    if not content_encoding and len(body) <= INLINE_BODY_BYTES:
+        return json_object(body)
+    return await asyncio.to_thread(_read, body, content_encoding, limit)
+
+
+def _read(body: bytes, content_encoding: str, limit: int) -> dict[str, Any] | None:
+    # zlib lets go of the GIL while it inflates, so the event loop serves meanwhile. The JSON scanner does
+    # not: a large body's parse still holds the loop for its own length, though no longer with the inflating.
+    readable = bounded(body, content_encoding, limit) if content_encoding else body
+    return json_object(readable) if readable is not None else None
+
+
 async def _merged_models(request: Request, settings: ProxySettings, router: Router) -> Response:
     """Every deployment's models in one list (monitor/proxy/forward/models.py); 502 when none answered."""
     merged = await merged_models(router.deployments, client_headers(request, settings), settings.max_body_bytes)
@@ -119,10 +198,10 @@ async def _merged_models(request: Request, settings: ProxySettings, router: Rout
     return JSONResponse(merged)
 
 
-async def _answer(request: Request, exchange: Exchange) -> Response:
+async def _answer(request: Request, exchange: Exchange, target: bytes) -> Response:
     """The upstream's answer to one request, as the client gets it; recorded, or handed to the relay that records it."""
     try:
-        response, content = await _send(request, exchange)
+        response, content = await _send(request, exchange, target)
     except UpstreamTimeoutError:
         exchange.record(None, error="upstream timed out")
         silence = f"the upstream sent nothing within {exchange.settings.timeout_s:g} s"
@@ -158,10 +237,8 @@ async def _answer(request: Request, exchange: Exchange) -> Response:
     return _whole(b"" if head else content, response.status, headers, head=head)
 
 
-async def _send(request: Request, exchange: Exchange) -> tuple[UpstreamResponse, bytes | None]:
+async def _send(request: Request, exchange: Exchange, target: bytes) -> tuple[UpstreamResponse, bytes | None]:
     """The upstream's answer: an event stream still to relay (None), or a whole body, read and closed."""
-    query = request.scope["query_string"]
-    target = exchange.path.encode() + (b"?" + query if query else b"")
     while True:
         try:
             response = await exchange.route.member.send(request.method, target, exchange.headers, exchange.body)

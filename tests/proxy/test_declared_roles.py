@@ -1,0 +1,173 @@
+"""Which requests are speculative is declared by the deployment, not read off the answer (issue 36).
+
+An n-gram drafter proposes nothing where the prompt holds no match, and llama.cpp's answer then
+carries no draft counts. Behind a proxy with a plain baseline the pool behind ``proxy.upstream``
+is speculative by declaration: those requests paid for speculation and are stored speculative with
+0 drafts, so that the verdict answers "does turning speculation on pay" rather than "is it fast
+when it drafts". Without a baseline, ``proxy.speculative = auto`` infers the mode per answer: a
+zero-draft answer is stored plain but flagged ``mode_inferred``, and no speedup counts it as a
+baseline. The stand-ins answer as llama-server b11434 does (tests/fixtures/stacks/llamacpp/); the
+real llama-server's n-gram drafter is tested in tests/proxy/test_proxy_llama_server.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from monitor.commands.main import main
+from monitor.drift.run import run_drift
+from monitor.drift.verdict import HOW_TO_MEASURE, verdict_of
+from monitor.store.engine import create_engine
+from tests.proxy.engine import flushed, rows, sidecar
+from tests.proxy.upstream import Upstream, fixture, serving
+
+DRAFTING = fixture("llamacpp", "real-b11434-chat-draft")["response"]
+# The same answer from a request the n-gram drafter found no match for: llama.cpp leaves both counts out.
+NOT_DRAFTING = copy.deepcopy(DRAFTING)
+del NOT_DRAFTING["timings"]["draft_n"], NOT_DRAFTING["timings"]["draft_n_accepted"]
+PER_WORKLOAD = 40
+# Lowered from 30 so that one short run decides; the windows hold this run alone.
+DRIFT = {"DRAFTWATCH_DRIFT_MIN_REQUESTS": "10", "DRAFTWATCH_DRIFT_CURRENT_WINDOW": "30m",
+         "DRAFTWATCH_DRIFT_MAX_CURRENT_WINDOW": "30m", "DRAFTWATCH_DRIFT_REFERENCE_WINDOW": "1h"}  # fmt: skip
+
+
+class LlamaServerStandIn(Upstream):
+    """llama-server's chat answers: drafting only where the prompt says ``copy``, ``slowdown`` x plain's decode time.
+
+    Each answer has an id of its own (the record's request_id) and a decode time that varies a
+    little from request to request, as a real server's does.
+    """
+
+    def __init__(self, *, speculative: bool, slowdown: float = 1.0) -> None:
+        super().__init__()
+        self.speculative = speculative
+        self.slowdown = slowdown
+        self._ids = itertools.count()
+
+    async def _chat(self, request: Request) -> Response:
+        body = await self._remember(request) or {}
+        number = next(self._ids)
+        prompt = str(body.get("messages", ""))
+        answer = copy.deepcopy(DRAFTING if self.speculative and "copy" in prompt else NOT_DRAFTING)
+        answer["id"] = f"chatcmpl-{'spec' if self.speculative else 'plain'}-{number}"
+        timings = answer["timings"]
+        timings["predicted_ms"] = timings["predicted_n"] * 20.0 * self.slowdown * (1 + (number % 7) / 50)
+        return JSONResponse(answer)
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'proxy.db'}"
+
+
+@pytest.fixture
+def engines() -> Iterator[tuple[LlamaServerStandIn, str, LlamaServerStandIn, str]]:
+    """A speculative server 25 % slower than the plain one (llama.cpp's n-gram drafter on qa: 0.80x)."""
+    spec, plain = LlamaServerStandIn(speculative=True, slowdown=1.25), LlamaServerStandIn(speculative=False)
+    with ExitStack() as stack:
+        yield spec, stack.enter_context(serving(spec)), plain, stack.enter_context(serving(plain))
+
+
+def ask(url: str, workloads: dict[str, str]) -> None:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for _ in range(PER_WORKLOAD):
+            for workload, prompt in workloads.items():
+                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 24}
+                response = client.post("/v1/chat/completions", json=body, headers={"X-Workload": workload})
+                assert response.status_code == 200, response.text
+
+
+def net_loss(db_url: str, app: FastAPI) -> dict[str, Any]:
+    flushed(app)
+    engine = create_engine(db_url)
+    try:
+        run = run_drift(engine, app.state.api.settings.drift, datetime.now(UTC) + timedelta(seconds=1))
+    finally:
+        engine.dispose()
+    return {r.workload: r for r in run.results if r.test == "net_loss"}
+
+
+def test_with_a_baseline_a_request_that_drafted_nothing_is_speculative_and_the_net_loss_is_found(
+    tmp_path: Path, db_url: str, engines: tuple[LlamaServerStandIn, str, LlamaServerStandIn, str]
+) -> None:
+    _, spec_url, _, plain_url = engines
+    env = {"DRAFTWATCH_PROXY_BASELINE_UPSTREAM": plain_url, "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0.5",
+           "DRAFTWATCH_DECODER_HOLDOUT_MAX_SHARE": "0.5", "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "0",
+           **DRIFT}  # fmt: skip
+    with sidecar(tmp_path, db_url, spec_url, **env) as (url, app):
+        # qa: nothing the drafter can copy from, so the speculative server never drafts (the issue's qa case).
+        ask(url, {"qa": "What is the capital of France?", "extract": "copy this: apples, pears, plums"})
+        found = net_loss(db_url, app)
+    stored = rows(db_url)
+    qa = [r for r in stored if r["workload"] == "qa"]
+    by_pool = {pool: [r for r in qa if r["request_id"].startswith(f"chatcmpl-{pool}")] for pool in ("spec", "plain")}
+    assert len(by_pool["spec"]) == len(by_pool["plain"]) == PER_WORKLOAD // 2
+    # Every answer of the speculative pool is speculative, with 0 drafts where it drafted nothing.
+    assert {(r["mode"], r["num_draft_tokens"], r["mode_inferred"]) for r in by_pool["spec"]} == {("speculative", 0, 0)}
+    assert {(r["mode"], r["holdout_reason"]) for r in by_pool["plain"]} == {("holdout", "share")}
+    extract = [r for r in stored if r["workload"] == "extract" and r["request_id"].startswith("chatcmpl-spec")]
+    assert {(r["mode"], r["num_draft_tokens"]) for r in extract} == {("speculative", 17)}
+    # The 0.8x loss is found on the workload's own baseline, for the workload whose requests never drafted.
+    for workload in ("qa", "extract"):
+        verdict = verdict_of(found[workload])
+        assert (verdict.verdict, verdict.measured) == ("net_loss", True), (workload, verdict)
+        assert verdict.speedup == pytest.approx(0.8, abs=0.03)
+        assert (verdict.n_speculative, verdict.n_plain) == (PER_WORKLOAD // 2, PER_WORKLOAD // 2)
+
+
+def test_without_a_baseline_auto_flags_a_zero_draft_answer_and_no_estimate_counts_it_as_plain(
+    tmp_path: Path, db_url: str, engines: tuple[LlamaServerStandIn, str, LlamaServerStandIn, str]
+) -> None:
+    _, spec_url, _, _ = engines
+    with sidecar(tmp_path, db_url, spec_url, **DRIFT) as (url, app):
+        ask(url, {"qa": "What is the capital of France?", "extract": "copy this: apples, pears, plums"})
+        found = net_loss(db_url, app)
+    modes = {(r["workload"], r["mode"], r["mode_inferred"]) for r in rows(db_url)}
+    assert modes == {("qa", "plain", 1), ("extract", "speculative", 0)}
+    # qa's answers were never a baseline: extract's speedup is not estimated from them.
+    verdict = verdict_of(found["extract"])
+    assert (verdict.verdict, verdict.reason, verdict.n_plain) == ("not_measured", HOW_TO_MEASURE, 0)
+    assert "qa" not in found  # nothing speculated there, as far as anyone declared
+
+
+def test_proxy_speculative_true_declares_the_role_without_a_baseline(
+    tmp_path: Path, db_url: str, engines: tuple[LlamaServerStandIn, str, LlamaServerStandIn, str]
+) -> None:
+    _, spec_url, _, _ = engines
+    with sidecar(tmp_path, db_url, spec_url, DRAFTWATCH_PROXY_SPECULATIVE="true") as (url, app):
+        ask(url, {"qa": "What is the capital of France?"})
+        flushed(app)
+    assert {(r["mode"], r["num_draft_tokens"], r["mode_inferred"]) for r in rows(db_url)} == {("speculative", 0, 0)}
+
+
+def test_a_failed_request_of_the_speculative_pool_keeps_its_declared_role(tmp_path: Path, db_url: str) -> None:
+    spec, plain = Upstream(), Upstream()
+    spec.fail_with = 503
+    with serving(spec) as spec_url, serving(plain) as plain_url:
+        env = {"DRAFTWATCH_PROXY_BASELINE_UPSTREAM": plain_url, "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "0",
+               "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0.01"}  # fmt: skip
+        with sidecar(tmp_path, db_url, spec_url, **env) as (url, app):
+            body = {"messages": [{"role": "user", "content": "hi"}]}
+            assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code == 503
+            flushed(app)
+    assert [(r["mode"], r["finish_reason"], r["mode_inferred"]) for r in rows(db_url)] == [("speculative", "error", 0)]
+
+
+def test_serve_refuses_a_baseline_beside_a_pool_declared_plain(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "false")
+    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--baseline-upstream", "http://127.0.0.1:10"]) == 2
+    assert "proxy.speculative=false with a plain baseline" in capsys.readouterr().err
