@@ -38,6 +38,7 @@ from monitor.notify.settings import DeliverySettings
 from monitor.proxy.settings import ProxySettings
 from monitor.scheduler.settings import RetentionSettings, SchedulerSettings
 from monitor.settings.fields import Lookup, Spec, resolve, specs
+from monitor.settings.masking import quoted
 from monitor.settings.parsers import ConfigError, parse_path
 from monitor.store.settings import DatabaseSettings
 
@@ -157,7 +158,7 @@ def _lookup(environ: Mapping[str, str], config_file: Path | None) -> Lookup:
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ConfigError(f"{config_file}: {unknown[0]}={file_values[unknown[0]]!r}: unknown setting{hint}")
+        raise ConfigError(f"{config_file}: {unknown[0]}={quoted(file_values[unknown[0]])}: unknown setting{hint}")
 
     def lookup(spec: Spec) -> tuple[str, Any] | None:
         if spec.env in environ:
@@ -220,6 +221,8 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read the config file: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a config file: its arrays or tables nest thousands deep") from None
     flat: dict[str, Any] = {}
 
     def walk(prefix: str, table: Mapping[str, Any]) -> None:

@@ -155,3 +155,18 @@ def test_a_url_s_credentials_go_upstream_as_basic_auth_unless_the_client_sends_i
     # The Host header and every log line name the upstream by host and port alone.
     assert sent["host"] == url.removeprefix("http://")
     assert "p%40ss" not in caplog.text and "p@ss" not in caplog.text
+
+
+def test_a_config_file_nested_too_deep_is_one_config_error(tmp_path: Path) -> None:
+    deep = tmp_path / "draftwatch.toml"
+    deep.write_text("x = " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(ConfigError, match="nest thousands deep"):
+        Settings.from_env({"HOME": str(tmp_path)}, deep)
+
+
+def test_a_misspelled_key_in_the_file_shows_its_value_masked(tmp_path: Path) -> None:
+    config = tmp_path / "draftwatch.toml"
+    config.write_text(f'[proxy]\nupstrem = "http://ada:{SECRET}@h:8080"\n')
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"HOME": str(tmp_path)}, config)
+    assert "did you mean proxy.upstream?" in str(raised.value) and SECRET not in str(raised.value)
