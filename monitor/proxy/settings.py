@@ -209,7 +209,8 @@ class ProxySettings:
         parse_int(1),
         3,
         "failures in a row (refused, reset, timed out, or answering 502/503/504) after which a replica leaves its "
-        "pool for proxy.eject_cooldown_s; with every replica out, the one due back first is still tried",
+        "pool for proxy.eject_cooldown_s; with every replica out, the one due back first is still tried, and once "
+        "one answers the others are back on trial",
     )
     eject_cooldown_s: float = setting(
         "proxy.eject_cooldown_s",
