@@ -1,13 +1,17 @@
 """draftwatch's measured speedup against llama.cpp's own timings, per workload, in one run.
 
-    python -m benchmarks.engine_verdict [--quick] [--requests 30] [--max-tokens 32]
+    python -m benchmarks.engine_verdict [--quick | --ngram] [--requests 30] [--max-tokens 32]
                                         [--workloads extract,prose] [--no-write]
 
 Two llama-servers on the same target GGUF, one core each (so that neither waits for the other's
 threads): a plain one, and a speculative one (default: qwen-coder-1.5b with the qwen-coder-0.5b
-draft model; ``--quick``: smollm2-135m with the n-gram drafter and fewer requests). The sidecar runs
+draft model; ``--ngram``: qwen-coder-1.5b with llama.cpp's prompt-lookup drafter, ``ngram-simple``;
+``--quick``: smollm2-135m with the n-gram drafter and fewer requests). The sidecar runs
 in proxy mode in this process (uvicorn, SQLite in a temporary directory) with the plain server as
 its baseline and a holdout share of 0.5, so each workload's requests alternate between the two.
+Nothing but the baseline declares which pool speculates (``proxy.speculative`` stays ``auto``): a
+request the n-gram drafter found no match for carries no draft counts and must still be counted
+speculative (issue 36); the table says how many did.
 Prompts are the built-in Spec-Bench-style workloads (decoder/data/workloads.json), cycled; requests
 go one at a time, so both sides run at the same load.
 
@@ -60,8 +64,6 @@ def sidecar(db_url: str, data_dir: Path, plain: str, speculative: str, min_reque
         "HOME": str(data_dir), "DRAFTWATCH_DATA_DIR": str(data_dir), "DRAFTWATCH_DATABASE_URL": db_url,
         "DRAFTWATCH_API_TOKENS": "", "DRAFTWATCH_PROXY_UPSTREAM": speculative,
         "DRAFTWATCH_PROXY_BASELINE_UPSTREAM": plain, "DRAFTWATCH_PROXY_KIND": "llamacpp",
-        # A speculative server's request that drafted nothing still decoded speculatively: it counts on that side.
-        "DRAFTWATCH_PROXY_SPECULATIVE": "true",
         # Every other request of a workload to the baseline: equal sides, alternating in time.
         "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0.5", "DRAFTWATCH_DECODER_HOLDOUT_MAX_SHARE": "0.5",
         "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "0",
@@ -78,7 +80,9 @@ def sidecar(db_url: str, data_dir: Path, plain: str, speculative: str, min_reque
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smollm2-135m with the n-gram drafter, 10 a side")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--quick", action="store_true", help="smollm2-135m with the n-gram drafter, 10 a side")
+    kind.add_argument("--ngram", action="store_true", help="qwen-coder-1.5b with the n-gram drafter (ngram-simple)")
     parser.add_argument("--requests", type=int, help="requests a side per workload (default 30; --quick 10)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--workloads", default="extract,prose", help="comma-separated, of decoder/data/workloads.json")
@@ -98,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None:
         print("llama-server is not built: run `bash scripts/ensure-llama-server.sh`", file=sys.stderr)
         return 2
-    if args.quick:
-        target = fetch_preset("smollm2-135m", progress=False)
+    if args.quick or args.ngram:
+        model = "smollm2-135m" if args.quick else "qwen-coder-1.5b"
+        target = fetch_preset(model, progress=False)
         spec_args: tuple[str, ...] = NGRAM
-        pair = "smollm2-135m, n-gram drafter (ngram-simple, n 3, m 8)"
+        pair = f"{model}, n-gram drafter (ngram-simple, n 3, m 8)"
     else:
         target = fetch_preset("qwen-coder-1.5b", progress=False)
         draft = fetch_preset("qwen-coder-0.5b", progress=False)
@@ -150,14 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         "holding all of it. Load average (1 min) before / after: "
         f"{load_before[0]:.1f} / {load_after[0]:.1f}.",
         "",
-        "| workload | recorded plain / spec | truth (llama.cpp, direct) | draftwatch speedup [95 % CI] | verdict "
-        "| error | losing found |",
+        "| workload | recorded holdout / spec (drafted nothing) / plain | truth (llama.cpp, direct) "
+        "| draftwatch speedup [95 % CI] | verdict | error | losing found |",
         "|---|---|---|---|---|---|---|",
     ]
     worst: float | None = None
     for workload in workloads:
         n_plain = sum(r["workload"] == workload and r["mode"] == "holdout" for r in recorded)
         n_spec = sum(r["workload"] == workload and r["mode"] == "speculative" for r in recorded)
+        n_idle = sum(r["workload"] == workload and r["mode"] == "speculative" and not r["num_draft_tokens"]
+                     for r in recorded)  # fmt: skip
+        n_inferred = sum(r["workload"] == workload and r["mode"] == "plain" for r in recorded)
         truth = statistics.mean(direct[(workload, "plain")]) / statistics.mean(direct[(workload, "spec")])
         result = found.get(workload)
         verdict = verdict_of(result) if result is not None else None
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = f"{speedup:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]" if speedup else "none"
         losing = ("yes" if verdict and verdict.verdict == "net_loss" else "NO") if truth < 1 else "-"
         lines.append(
-            f"| {workload} | {n_plain} / {n_spec} | {truth:.2f}x | {shown} | "
+            f"| {workload} | {n_plain} / {n_spec} ({n_idle}) / {n_inferred} | {truth:.2f}x | {shown} | "
             f"{verdict.verdict if verdict else 'none'} | {error:+.1f} % | {losing} |"
         )
     largest = "no workload has that many" if worst is None else f"{worst:.1f} %"
@@ -178,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     if not args.no_write:
         write_section(
-            TITLE + (" --quick" if args.quick else ""), report, ["benchmarks/engine_verdict.py", *sys.argv[1:]]
+            TITLE + (" --quick" if args.quick else " --ngram" if args.ngram else ""),
+            report,
+            ["benchmarks/engine_verdict.py", *sys.argv[1:]],
         )
     return 0
 
