@@ -2,14 +2,17 @@
 
     python -m benchmarks.proxy_overhead [--requests 2000] [--seconds 10] [--clients 32] [--streams 100] [--quick]
 
-Three processes on loopback: a stub upstream (uvicorn, answering a fixed vLLM chat response, or a
+Three processes on loopback: a stub upstream (uvicorn, answering a vLLM chat response with an id of
+its own each time, so that every proxied request is a record written, not one deduplicated; or a
 paced stream whose events carry their send time), ``draftwatch serve --upstream`` on a SQLite file
 with the recorder and the drift/alert scheduler in its process, as deployed, and this client.
 Measured side by side in one run, direct and proxied alternating in blocks:
 
 - added latency per non-streamed request (p50/p99 of proxied minus direct, one client at a time);
 - added latency per streamed event (arrival minus the stub's send stamp, both on this machine's clock);
-- proxied requests/s at ``--clients`` concurrent keep-alive clients (and direct, for scale);
+- proxied requests/s at ``--clients`` concurrent keep-alive connections (and direct, for scale), driven
+  by ``wrk`` (Debian's package ``wrk``), a load generator in C that is not the bottleneck: Python
+  client threads saturated first, well below what the stub serves directly;
 - the sidecar's resident memory before, during and after ``--streams`` concurrent long streams.
 
 Targets (issue 32): added p99 <= 1 ms a non-streamed request and <= 0.3 ms a streamed event, >= 2,000
@@ -23,6 +26,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,10 +44,12 @@ BODY = json.dumps({"model": CHAT["model"], "messages": [{"role": "user", "conten
 EVENT_GAP_S = 0.005
 
 STUB = """
-import asyncio, json, sys, time
+import asyncio, itertools, json, sys, time
 import uvicorn
 CHAT = json.loads(sys.argv[2])
-BODY = json.dumps(CHAT).encode()
+# The answer's id is the record's request_id: one of its own per answer, spliced into the encoded body.
+HEAD, TAIL = json.dumps({**CHAT, "id": "@@"}).encode().split(b"@@")
+NUMBERS = itertools.count()
 
 async def app(scope, receive, send):
     if scope["type"] != "http":
@@ -55,22 +61,24 @@ async def app(scope, receive, send):
         if not message.get("more_body"):
             break
     request = json.loads(raw or b"{}")
+    answer = f"chatcmpl-{next(NUMBERS)}"
     if not request.get("stream"):
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
+        body = HEAD + answer.encode() + TAIL
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": BODY})
+        await send({"type": "http.response.body", "body": body})
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     events = int(request.get("max_tokens", 20))
     for number in range(events):
         finish = "length" if number == events - 1 else None
         choice = {"index": 0, "delta": {"content": "x"}, "finish_reason": finish}
-        chunk = {"id": "s", "object": "chat.completion.chunk", "model": CHAT["model"], "sent_ns": time.time_ns(),
+        chunk = {"id": answer, "object": "chat.completion.chunk", "model": CHAT["model"], "sent_ns": time.time_ns(),
                  "choices": [choice]}
         event = f"data: {json.dumps(chunk)}\\n\\n".encode()
         await send({"type": "http.response.body", "body": event, "more_body": True})
         await asyncio.sleep(float(sys.argv[3]))
-    usage = {"id": "s", "object": "chat.completion.chunk", "model": CHAT["model"], "choices": [],
+    usage = {"id": answer, "object": "chat.completion.chunk", "model": CHAT["model"], "choices": [],
              "usage": CHAT["usage"], "metrics": CHAT["metrics"]}
     tail = f"data: {json.dumps(usage)}\\n\\ndata: [DONE]\\n\\n".encode()
     await send({"type": "http.response.body", "body": tail})
@@ -140,24 +148,35 @@ def event_delays(port: int, streams: int, events: int) -> list[float]:
     return delays
 
 
-def throughput(port: int, clients: int, seconds: float) -> float:
-    done = [0] * clients
-    stop = time.monotonic() + seconds
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = [[%s]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["X-Workload"] = "chat"
+done = function(summary, latency, requests)
+  io.write(string.format("WRK %%d %%d %%d\\n", summary.requests, summary.errors.status, summary.duration))
+end
+"""
 
-    def client(slot: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        while time.monotonic() < stop:
-            post(conn, BODY)
-            done[slot] += 1
-        conn.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(done) / (time.perf_counter() - t0)
+def throughput(port: int, clients: int, seconds: float, script: Path) -> tuple[float, int]:
+    """Requests/s and requests answered, ``clients`` keep-alive connections for ``seconds``, driven by wrk."""
+    command = ["wrk", "-t", "1", "-c", str(clients), "-d", f"{seconds:g}s", "-s", str(script),
+               f"http://127.0.0.1:{port}/v1/chat/completions"]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    (line,) = [line for line in out.splitlines() if line.startswith("WRK ")]
+    requests, bad, duration_us = map(int, line.split()[1:])
+    if bad:
+        raise SystemExit(f"wrk: {bad} of {requests} answers were not 2xx")
+    return requests / (duration_us / 1e6), requests
+
+
+def stored(data: Path) -> int:
+    """Requests the sidecar stored, once its recorder has flushed (it flushes on its way out)."""
+    import sqlite3
+
+    with sqlite3.connect(data / "p.db") as conn:
+        return int(conn.execute("SELECT count(*) FROM requests").fetchone()[0])
 
 
 def rss_mb(pid: int) -> float:
@@ -196,8 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.seconds, args.streams, args.no_write = 800, 5.0, 20, True
+    if shutil.which("wrk") is None:
+        print("proxy_overhead needs wrk, the load generator: apt-get install wrk", file=sys.stderr)
+        return 2
     upstream_port, proxy_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "post.lua"
+        script.write_text(WRK_SCRIPT % BODY.decode())
         stub = start_stub(upstream_port)
         sidecar = start_sidecar(proxy_port, upstream_port, Path(tmp))
         try:
@@ -211,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             direct_events = event_delays(upstream_port, 20, 50)
             proxied_events = event_delays(proxy_port, 20, 50)
             print(f"events: direct p50 {pct(direct_events, 50):.2f}, proxied {pct(proxied_events, 50):.2f}", flush=True)
-            direct_rps = throughput(upstream_port, args.clients, args.seconds)
-            proxied_rps = throughput(proxy_port, args.clients, args.seconds)
+            direct_rps, _ = throughput(upstream_port, args.clients, args.seconds, script)
+            proxied_rps, loaded = throughput(proxy_port, args.clients, args.seconds, script)
             print(f"throughput: direct {direct_rps:.0f}/s, proxied {proxied_rps:.0f}/s", flush=True)
             memory = memory_under_streams(proxy_port, sidecar.pid, args.streams, 400)
             print(f"memory: {memory[0]:.0f} MB before, {memory[1]:.0f} peak, {memory[2]:.0f} after", flush=True)
@@ -221,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             stub.terminate()
             sidecar.wait(30)
             stub.wait(30)
+        # Every proxied request so far: warm-up, sequential, the streams (direct ones are not the sidecar's) and wrk's.
+        sent = 200 + args.requests // 4 * 4 + 20 + loaded + args.streams
+        records = stored(Path(tmp))
     rows = [
         ("non-streamed request", direct, proxied),
         ("streamed event (send to read)", direct_events, proxied_events),
@@ -243,8 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *lines,
             "",
-            f"Requests/s at {args.clients} concurrent keep-alive clients ({args.seconds:g} s each): direct "
-            f"{direct_rps:,.0f}/s, proxied {proxied_rps:,.0f}/s.",
+            f"Requests/s at {args.clients} concurrent keep-alive connections ({args.seconds:g} s each, wrk, one "
+            f"thread): direct {direct_rps:,.0f}/s, proxied {proxied_rps:,.0f}/s. Records stored: {records:,} for "
+            f"{sent:,} proxied requests counted by the clients (each answer has an id of its own; wrk does not "
+            "count the answers still in flight when its clock stops).",
             "",
             f"Sidecar resident memory with {args.streams} concurrent streams of 400 events: {memory[0]:.0f} MB "
             f"before, {memory[1]:.0f} MB at the peak, {memory[2]:.0f} MB after.",
