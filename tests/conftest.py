@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +13,24 @@ from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from tests.alerting import Receiver
 from tests.pg import PG_URL, create_pg_database, drop_pg_database
+from tests.private_pg import PrivatePostgres
 from tests.proxy.upstream import Upstream, serving
+
+
+@pytest.fixture
+def running_pg() -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL server, started, for a test to stop, freeze or kill (never the shared one)."""
+    try:
+        server = PrivatePostgres()
+        server.start()
+    except (RuntimeError, subprocess.CalledProcessError, KeyError) as error:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"cannot create a private PostgreSQL: {error}")
+        pytest.skip(f"cannot create a private PostgreSQL: {error}")
+    try:
+        yield server
+    finally:
+        server.destroy()
 
 
 @pytest.fixture

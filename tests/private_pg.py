@@ -6,6 +6,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -37,6 +38,7 @@ class PrivatePostgres:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
         self._as_postgres([initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+        self._frozen: list[int] = []
 
     @property
     def url(self) -> str:
@@ -56,7 +58,33 @@ class PrivatePostgres:
     def stop(self, mode: str = "fast") -> None:
         self._as_postgres([self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop"])
 
+    def freeze(self) -> None:
+        """SIGSTOP the server: it accepts connections (the kernel does) and never answers, a hung database."""
+        self._frozen = self._pids()
+        for pid in self._frozen:  # the postmaster first: it forks no backend after that
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in reversed(self._frozen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._frozen = []
+
+    def _pids(self) -> list[int]:
+        """The postmaster, then its children (the backends holding the clients' connections)."""
+        master = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == master:
+                children.append(int(stat.parent.name))
+        return [master, *children]
+
     def destroy(self) -> None:
+        self.thaw()
         with contextlib.suppress(subprocess.CalledProcessError):
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)

@@ -13,35 +13,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from monitor.store.engine import POSTGRES_CONNECT_TIMEOUT_S
 from tests.api.conftest import TOKENS
 from tests.private_pg import PrivatePostgres
-from tests.proxy.test_proxy_hung_database import freeze, thaw
 from tests.proxy.upstream import Upstream
 from tests.serving import ROOT, free_port
 
 BOUND_S = 1.5 * POSTGRES_CONNECT_TIMEOUT_S  # one wait and some slack; two waits are 10 s
-
-
-@pytest.fixture
-def frozen_pg() -> Iterator[PrivatePostgres]:
-    try:
-        pg = PrivatePostgres()
-        pg.start()
-    except Exception as error:
-        pytest.skip(f"cannot create a private PostgreSQL: {error}")
-    try:
-        freeze(pg)
-        yield pg
-    finally:
-        thaw(pg)
-        pg.destroy()
 
 
 def start(tmp_path: Path, db_url: str, upstream_url: str) -> tuple[float, str]:
@@ -82,11 +64,12 @@ def start(tmp_path: Path, db_url: str, upstream_url: str) -> tuple[float, str]:
 
 
 def test_serve_with_a_hung_database_is_ready_after_one_wait_not_two(
-    tmp_path: Path, frozen_pg: PrivatePostgres, upstream: tuple[Upstream, str]
+    tmp_path: Path, running_pg: PrivatePostgres, upstream: tuple[Upstream, str]
 ) -> None:
     _, upstream_url = upstream
     refusing = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/draftwatch"
     quick_s, _ = start(tmp_path / "refused", refusing, upstream_url)
-    hung_s, log = start(tmp_path / "hung", frozen_pg.url, upstream_url)
+    running_pg.freeze()
+    hung_s, log = start(tmp_path / "hung", running_pg.url, upstream_url)
     assert hung_s - quick_s < BOUND_S, (hung_s, quick_s)
     assert "the database is not answering" in log and "records spool until it answers" in log, log[-2000:]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import threading
 import time
 import uuid
@@ -43,50 +41,6 @@ from tests.serving import serving
 
 P99_BOUND_S = 1.0
 PROBE_TIMEOUT_S = 5.0  # a probe that waited on the frozen database would wait for ever
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    try:
-        pg = PrivatePostgres()
-        pg.start()
-    except Exception as error:
-        pytest.skip(f"cannot create a private PostgreSQL: {error}")
-    try:
-        yield pg
-    finally:
-        thaw(pg)
-        pg.destroy()
-
-
-def server_pids(pg: PrivatePostgres) -> list[int]:
-    """The postmaster, then its children (the backends holding the sidecar's connections)."""
-    master = int((pg.data / "postmaster.pid").read_text().split()[0])
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == master:
-            children.append(int(stat.parent.name))
-    return [master, *children]
-
-
-_frozen: dict[Path, list[int]] = {}
-
-
-def freeze(pg: PrivatePostgres) -> None:
-    pids = server_pids(pg)
-    for pid in pids:  # the postmaster first: it forks no backend after that
-        os.kill(pid, signal.SIGSTOP)
-    _frozen[pg.data] = pids
-
-
-def thaw(pg: PrivatePostgres) -> None:
-    for pid in reversed(_frozen.pop(pg.data, [])):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
 
 
 def stub_upstream() -> Starlette:
@@ -144,7 +98,7 @@ def load(client: httpx.Client, count: int, start: int) -> tuple[list[float], lis
 
 
 def test_a_frozen_database_holds_no_proxied_request_and_loses_no_record(
-    tmp_path: Path, private_pg: PrivatePostgres, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, running_pg: PrivatePostgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     append = Spool.append
     on_the_event_loop: list[str] = []
@@ -158,14 +112,14 @@ def test_a_frozen_database_holds_no_proxied_request_and_loses_no_record(
     monkeypatch.setattr(Spool, "append", watched_append)
     with (
         serving(stub_upstream()) as upstream_url,
-        proxy(tmp_path, private_pg.url, upstream_url) as (base, app),
+        proxy(tmp_path, running_pg.url, upstream_url) as (base, app),
         httpx.Client(base_url=base, timeout=30) as client,
     ):
         recorder = recorder_of(app)
         before, ids = load(client, 40, 0)
         assert recorder.flush(30) and recorder.wait_replayed(30)
         assert recorder.stats().written + recorder.stats().replayed == 40
-        freeze(private_pg)
+        running_pg.freeze()
         frozen: list[float] = []
         deadline = time.monotonic() + 60
         # Until the hung write is noticed, and well past it: the queue (20) and its hand-off (20) fill many times over.
@@ -187,12 +141,12 @@ def test_a_frozen_database_holds_no_proxied_request_and_loses_no_record(
         assert stats.spooled > 0 and stats.dropped == 0
         assert on_the_event_loop == [], "the proxy's event loop wrote to the spool (an fsync per record)"
         assert p99(frozen) < P99_BOUND_S, (p99(before), p99(frozen))
-        thaw(private_pg)
+        running_pg.thaw()
         assert recorder.flush(60) and recorder.wait_replayed(60)
         while recorder.stats().database_hung:
             assert time.monotonic() < deadline + 60, "the database thawed, the recorder did not notice"
             time.sleep(0.05)
-        engine = create_engine(private_pg.url)
+        engine = create_engine(running_pg.url)
         try:
             with engine.connect() as conn:
                 stored = [r[0] for r in conn.execute(text("SELECT request_id FROM requests"))]
@@ -202,37 +156,37 @@ def test_a_frozen_database_holds_no_proxied_request_and_loses_no_record(
 
 
 def test_readyz_in_proxy_mode_follows_the_upstream_not_the_database(
-    tmp_path: Path, private_pg: PrivatePostgres
+    tmp_path: Path, running_pg: PrivatePostgres
 ) -> None:
     with (
         serving(stub_upstream()) as upstream_url,
-        proxy(tmp_path, private_pg.url, upstream_url) as (base, _),
+        proxy(tmp_path, running_pg.url, upstream_url) as (base, _),
         httpx.Client(base_url=base, timeout=PROBE_TIMEOUT_S) as client,
     ):
         assert client.get("/readyz").status_code == 200
-        private_pg.stop()
+        running_pg.stop()
         assert client.post("/v1/chat/completions", json=chat_body(0)).status_code == 200
         ready = client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json()["checks"] == {"upstream": {"ok": True, "reachable": 1, "members": 1}}
-        private_pg.start()
-    with proxy(tmp_path, private_pg.url, "http://127.0.0.1:9") as (base, _):  # nothing listens on the discard port
+        running_pg.start()
+    with proxy(tmp_path, running_pg.url, "http://127.0.0.1:9") as (base, _):  # nothing listens on the discard port
         ready = httpx.get(f"{base}/readyz", timeout=PROBE_TIMEOUT_S)
         assert ready.status_code == 503
         assert ready.json()["checks"]["upstream"] == {"ok": False, "reachable": 0, "members": 1}
 
 
-def test_the_sidecar_starts_while_the_database_hangs(tmp_path: Path, private_pg: PrivatePostgres) -> None:
-    engine = create_engine(private_pg.url)
+def test_the_sidecar_starts_while_the_database_hangs(tmp_path: Path, running_pg: PrivatePostgres) -> None:
+    engine = create_engine(running_pg.url)
     upgrade(engine)
     with engine.connect() as conn:  # a pooled connection to a backend that is about to freeze
         conn.execute(text("SELECT 1"))
-    freeze(private_pg)
+    running_pg.freeze()
     started = threading.Event()
     outcome: list[int] = []
 
     def run() -> None:
-        app = create_app(make_settings(tmp_path, private_pg.url), engine=engine)
+        app = create_app(make_settings(tmp_path, running_pg.url), engine=engine)
         with TestClient(app) as client:
             started.set()
             outcome.append(client.get("/healthz").status_code)
@@ -245,7 +199,7 @@ def test_the_sidecar_starts_while_the_database_hangs(tmp_path: Path, private_pg:
     try:
         assert started.wait(30), "the sidecar's start waited on the hung database"
     finally:
-        thaw(private_pg)
+        running_pg.thaw()
         thawed.set()
         thread.join(60)
         engine.dispose()
