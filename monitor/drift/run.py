@@ -202,8 +202,8 @@ def _net_loss(
         start, end = windows.cur_start, windows.cur_end
         size = config.sample_size
         holdout = sample_requests(conn, workload, pair, start, end, size, mode="holdout", any_drafter=True)
-    speculative = _decode_speed(spec)
-    measured = test.measured(speculative, _decode_speed(holdout))
+    speculative, held = _decode_speed(spec), _decode_speed(holdout)
+    measured = test.measured(speculative, held)
     if measured.decision != "insufficient_data":
         return measured
     # Too little comparable holdout for the workload: compare with all of the target's plain decoding.
@@ -221,15 +221,15 @@ def _net_loss(
             mode=("holdout", "plain"),
             any_drafter=True,
         )
-    estimated = test.estimated(speculative, _decode_speed(plain))
+    compared = _decode_speed(plain)
+    estimated = test.estimated(speculative, compared)
     # Where the workload's own baseline is there at another load, that is what the verdict says.
     chosen = measured if estimated.decision == "insufficient_data" and "inconclusive" in measured.detail else estimated
     if chosen.decision != "insufficient_data":
         return chosen
     sides = {
         "speculative": len(spec), "speculative_timed": len(speculative.ms), "min_speculative": config.min_requests,
-        "holdout": len(holdout), "holdout_timed": int(np.isfinite(holdout.decode_ms_per_token).sum()),
-        "plain": len(plain), "plain_timed": int(np.isfinite(plain.decode_ms_per_token).sum()),
+        "holdout": len(holdout), "holdout_timed": len(held.ms), "plain": len(plain), "plain_timed": len(compared.ms),
         "min_plain": config.min_holdout,
     }  # fmt: skip
     # What each side held, so that the verdict names the side that is missing and what would fill it.
