@@ -154,12 +154,19 @@ def test_a_post_the_upstream_dropped_unanswered_reaches_it_once_with_64_idle_con
 def test_an_idle_connection_the_upstream_closed_silently_is_replaced_without_an_error(tmp_path: Path) -> None:
     stand_in = StandIn(close_after_answer=True)
     with stand_in.running() as url, sidecar(tmp_path, url) as base, httpx.Client(base_url=base, timeout=30) as client:
+
+        def closed_by_now(answered: int) -> None:
+            deadline = time.monotonic() + 10
+            while stand_in.connections < answered and time.monotonic() < deadline:  # answered before it closed
+                time.sleep(0.01)
+            # The close reaches the proxy: its idle connection is readable now. Without the wait the next request
+            # races the close, and one written whole before the close arrived is never sent twice: a 502.
+            time.sleep(0.2)
+
         first = client.post("/v1/chat/completions", json=chat())
-        deadline = time.monotonic() + 10
-        while stand_in.connections < 1 and time.monotonic() < deadline:  # the answer was sent before it closed
-            time.sleep(0.01)
-        time.sleep(0.2)  # the close reaches the proxy: its idle connection is readable now
+        closed_by_now(1)
         second = client.post("/v1/chat/completions", json=chat())
+        closed_by_now(2)
         third = client.post("/v1/chat/completions", json=chat(stream=True))
     assert [r.status_code for r in (first, second, third)] == [200, 200, 200]
     assert second.json() == json.loads(stand_in._answer)
