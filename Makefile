@@ -27,6 +27,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash scripts/ensure-chromium.sh
 	bash scripts/ensure-prometheus.sh
+	bash scripts/ensure-podman.sh
 	PYTHON=$(BIN)/python bash scripts/ensure-llama-server.sh
 	$(BIN)/draftwatch models fetch smollm2-135m
 	$(BIN)/ruff check .

@@ -16,6 +16,7 @@ LAYERS: Final = {
     "monitor.ingest": 2,
     "monitor.drift": 2,
     "monitor.notify": 2,
+    "monitor.gateways": 2,
     "monitor.alerts": 3,
     "monitor.api": 4,
     "monitor.proxy": 4,
