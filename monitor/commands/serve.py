@@ -159,10 +159,13 @@ def _serve(args: argparse.Namespace) -> int:
         print("draftwatch serve: --baseline-upstream needs --upstream (the speculative stack it is compared with)",
               file=sys.stderr)  # fmt: skip
         return 2
-    if settings.proxy.has_baseline and settings.proxy.speculative == "false":
-        print("draftwatch serve: proxy.speculative=false with a plain baseline: the baseline declares the pool behind "
-              "--upstream speculative (its requests are compared with the baseline's); leave proxy.speculative at "
-              "auto or set it to true", file=sys.stderr)  # fmt: skip
+    declared_baseline = bool(settings.proxy.baseline_upstream) or any(
+        r.baseline_upstream for r in settings.proxy.routes
+    )
+    if declared_baseline and settings.proxy.speculative in ("false", "baseline"):
+        print(f"draftwatch serve: proxy.speculative={settings.proxy.speculative} with a plain baseline: the baseline "
+              "declares the pool behind --upstream speculative (its requests are compared with the baseline's); "
+              "leave proxy.speculative at auto or set it to true", file=sys.stderr)  # fmt: skip
         return 2
     if settings.proxy.routes and not settings.proxy.upstream:
         print("draftwatch serve: proxy.routes needs --upstream (proxy.upstream), the pool of the models no route "

@@ -131,6 +131,9 @@ class Router:
         """The replica of a generation: its model's deployment, then the baseline policy inside it."""
         d = self.deployment(model)
         spec, base = d.speculative, d.baseline
+        if d.settings.upstream_is_baseline:
+            # A gateway split this request off (draftwatch routes export): routed there, or its holdout share.
+            return Route(spec.pick(), d, "route" if workload in self.routed else "share")
         if not base:
             return Route(spec.pick(), d)
         if workload in self.routed:

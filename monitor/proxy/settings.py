@@ -263,12 +263,14 @@ class ProxySettings:
     )
     speculative: str = setting(
         "proxy.speculative",
-        parse_choice(("auto", "true", "false")),
+        parse_choice(("auto", "true", "false", "baseline")),
         "auto",
         "whether the upstream decodes speculatively, where no baseline declares it (with a baseline the upstream "
         "pool is speculative, as true): true stores a request that drafted nothing as speculative with 0 drafts and "
         "refuses a response without counts; auto infers it per response, so an n-gram drafter's request that found "
-        "no match is stored plain (flagged mode_inferred, kept out of the speedup estimate); false: plain",
+        "no match is stored plain (flagged mode_inferred, kept out of the speedup estimate); false: plain; "
+        "baseline: the upstream IS a deployment's plain baseline, its traffic split off by a gateway (draftwatch "
+        "routes export), so every answer is stored as the holdout",
     )
     timeout_s: float = setting(
         "proxy.timeout_s",
@@ -306,8 +308,22 @@ class ProxySettings:
 
     @property
     def has_baseline(self) -> bool:
-        """Whether some deployment, the default or a route's, has a plain baseline to measure the speedup against."""
+        """Whether some deployment, the default or a route's, has a plain baseline to measure the speedup against.
+
+        A sidecar in front of the baseline itself (``proxy.speculative = baseline``) counts: behind a
+        gateway, the baseline's requests reach it, not the speculative pool's sidecar.
+        """
+        return self.baseline_beside or self.upstream_is_baseline
+
+    @property
+    def baseline_beside(self) -> bool:
+        """Whether a baseline upstream is configured beside the speculative one, the default's or a route's."""
         return bool(self.baseline_upstream) or any(route.baseline_upstream for route in self.routes)
+
+    @property
+    def upstream_is_baseline(self) -> bool:
+        """Whether ``upstream`` is the plain baseline, its traffic split off by a gateway, every answer a holdout."""
+        return self.speculative == "baseline"
 
     @property
     def deployment_speculative(self) -> bool | None:

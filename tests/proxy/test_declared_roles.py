@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from monitor.commands.main import main
 from monitor.drift.run import run_drift
 from monitor.drift.verdict import HOW_TO_MEASURE, verdict_of
+from monitor.proxy.decide import decide_routes
 from monitor.store.engine import create_engine
 from tests.proxy.engine import flushed, rows, sidecar
 from tests.proxy.upstream import Upstream, fixture, serving
@@ -80,11 +82,11 @@ def engines() -> Iterator[tuple[LlamaServerStandIn, str, LlamaServerStandIn, str
         yield spec, stack.enter_context(serving(spec)), plain, stack.enter_context(serving(plain))
 
 
-def ask(url: str, workloads: dict[str, str]) -> None:
+def ask(url: str, workloads: dict[str, str], **fields: str) -> None:
     with httpx.Client(base_url=url, timeout=30) as client:
         for _ in range(PER_WORKLOAD):
             for workload, prompt in workloads.items():
-                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 24}
+                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 24, **fields}
                 response = client.post("/v1/chat/completions", json=body, headers={"X-Workload": workload})
                 assert response.status_code == 200, response.text
 
@@ -171,3 +173,54 @@ def test_serve_refuses_a_baseline_beside_a_pool_declared_plain(
     monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "false")
     assert main(["serve", "--upstream", "http://127.0.0.1:9", "--baseline-upstream", "http://127.0.0.1:10"]) == 2
     assert "proxy.speculative=false with a plain baseline" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_baseline_beside_a_pool_declared_the_baseline(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "baseline")
+    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--baseline-upstream", "http://127.0.0.1:10"]) == 2
+    assert "proxy.speculative=baseline with a plain baseline" in capsys.readouterr().err
+
+
+def test_behind_a_gateway_the_baseline_s_own_sidecar_stores_its_answers_as_the_holdout_and_the_loss_routes(
+    tmp_path: Path, db_url: str, engines: tuple[LlamaServerStandIn, str, LlamaServerStandIn, str]
+) -> None:
+    """A gateway splits the traffic (deploy/gateway, ``draftwatch routes export``); a sidecar per pool only records.
+
+    Half of each workload reaches the speculative pool's sidecar (``proxy.speculative = true``, no
+    baseline of its own, so it never routes a second time) and half the baseline's
+    (``proxy.speculative = baseline``): the loss is measured from the two, the scheduler's decision
+    routes it, and the baseline's sidecar then names the holdouts of the routed workload ``route``.
+    """
+    _, spec_url, _, plain_url = engines
+    env = {**DRIFT, "DRAFTWATCH_PROXY_ON_NET_LOSS": "route", "DRAFTWATCH_PROXY_ROUTE_REFRESH_S": "0.1"}
+    with (
+        sidecar(tmp_path, db_url, spec_url, DRAFTWATCH_PROXY_SPECULATIVE="true", **env) as (spec, spec_app),
+        sidecar(tmp_path, db_url, plain_url, DRAFTWATCH_PROXY_SPECULATIVE="baseline", **env) as (plain, plain_app),
+    ):
+        # Both pools serve the model under one name, as a gateway's two backends do: one pair, compared.
+        for url in (spec, plain):
+            ask(url, {"qa": "What is the capital of France?"}, model="smollm2")
+        flushed(spec_app)
+        flushed(plain_app)
+        engine = create_engine(db_url)
+        try:
+            settings = plain_app.state.api.settings
+            run = run_drift(engine, settings.drift, datetime.now(UTC) + timedelta(seconds=1))
+            verdict = verdict_of(next(r for r in run.results if r.test == "net_loss" and r.workload == "qa"))
+            assert (verdict.verdict, verdict.measured) == ("net_loss", True), verdict
+            assert verdict.speedup == pytest.approx(0.8, abs=0.03)
+            switches = decide_routes(engine, settings.proxy, [verdict], datetime.now(UTC))
+        finally:
+            engine.dispose()
+        assert [(s.workload, s.routed) for s in switches] == [("qa", True)]
+        time.sleep(0.5)  # the baseline's sidecar reads the decision on its next refresh
+        ask(plain, {"qa": "What is the capital of France?"}, model="smollm2")
+        flushed(plain_app)
+    plain_rows = [r for r in rows(db_url) if r["request_id"].startswith("chatcmpl-plain")]
+    reasons = [r["holdout_reason"] for r in plain_rows]
+    assert {r["mode"] for r in plain_rows} == {"holdout"}
+    assert reasons == ["share"] * PER_WORKLOAD + ["route"] * PER_WORKLOAD
+    spec_rows = [r for r in rows(db_url) if r["request_id"].startswith("chatcmpl-spec")]
+    assert {(r["mode"], r["holdout_reason"]) for r in spec_rows} == {("speculative", None)}
