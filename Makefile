@@ -28,6 +28,7 @@ test: $(STAMP)
 	bash scripts/ensure-chromium.sh
 	bash scripts/ensure-prometheus.sh
 	bash scripts/ensure-podman.sh
+	PYTHON=$(PYTHON) bash scripts/ensure-litellm.sh
 	PYTHON=$(BIN)/python bash scripts/ensure-llama-server.sh
 	$(BIN)/draftwatch models fetch smollm2-135m
 	$(BIN)/ruff check .

@@ -1,4 +1,4 @@
-"""Gateways: draftwatch's verdict acting inside the gateway a serving team already runs, draftwatch out of its data path.
+"""Gateways: the verdict acting inside the gateway a serving team already runs, draftwatch out of its data path.
 
 Each module speaks one gateway's language: the Gateway API's ``HTTPRoute`` rendered from today's
 routing decisions (and applied through the Kubernetes API), and a LiteLLM proxy integration that

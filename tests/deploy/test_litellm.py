@@ -1,0 +1,289 @@
+"""The LiteLLM integration in a real LiteLLM proxy, in front of two real llama-servers, reporting to a real draftwatch.
+
+Both llama-servers serve smollm2-135m; the speculative one drafts with llama.cpp's n-gram drafter
+on answers that copy their prompt, the plain one never drafts. Which server answered is read off
+llama.cpp alone: an answer with ``timings.draft_n`` came from the speculative one, and each server's
+``llamacpp:tokens_predicted_total`` (its ``/metrics``) grows by the answers it gave. LiteLLM names
+them ``smol`` and ``smol-plain``; clients ask for ``smol``, with ``X-Workload`` or
+``metadata.workload``. The integration holds a quarter of each workload out (share 0.25, no target),
+so that every 4 consecutive requests of a workload send exactly one to the plain deployment
+(decoder/holdout.py's systematic schedule), and reads the routing decisions every 0.2 s.
+
+LiteLLM runs from the virtual environment ``scripts/ensure-litellm.sh`` makes; without it the tests
+skip, except under ``CI=true``, where ``make test`` has made it and its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from decoder.models.fetch import cache_dir, fetch_preset
+from monitor.store.engine import create_engine
+from monitor.store.routing import RoutingEvent, record_switch
+from tests.api.conftest import ADMIN
+from tests.proxy.engine import rows
+from tests.serving import ROOT, free_port, serve_process
+from tests.stacks.llama_server import BASE_ARGS, NGRAM_ARGS, LlamaServer, llama_server, require_binary
+
+pytestmark = pytest.mark.models
+
+SCRIPT = ROOT / "scripts" / "ensure-litellm.sh"
+WORDS = "apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis"
+SHARE = 0.25
+# Every 4 consecutive requests of a workload hold out exactly one at 0.25: these counts are exact.
+ROUNDS = 8
+
+
+def require_litellm() -> Path:
+    """The ``litellm`` command of the script's venv; skips without it, fails under ``CI=true``."""
+    match = re.search(r'^LITELLM_VERSION="\$\{LITELLM_VERSION:-([^}]+)\}"', SCRIPT.read_text(), re.M)
+    assert match, f"{SCRIPT} pins no LITELLM_VERSION"
+    command = cache_dir() / "litellm" / os.environ.get("LITELLM_VERSION", match.group(1)) / "venv" / "bin" / "litellm"
+    if command.is_file():
+        return command
+    reason = f"LiteLLM is not installed at {command}: run `bash scripts/ensure-litellm.sh`"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"LiteLLM is required under CI=true (make test installs it): {reason}")
+    pytest.skip(reason)
+
+
+@dataclass
+class Stack:
+    """The gateway (its URL, key and log), draftwatch behind it (its process and database) and the two servers."""
+
+    url: str
+    key: str
+    log: Path
+    draftwatch: subprocess.Popen[bytes]
+    db_url: str
+    plain: LlamaServer
+    speculative: LlamaServer
+
+    def ask(self, client: httpx.Client, workload: str, i: int, *, by: str = "header") -> dict[str, Any]:
+        """One chat request for ``smol`` that copies a list (so the speculative server drafts), workload by header or
+        by ``metadata.workload``."""
+        body: dict[str, Any] = {
+            "model": "smol",
+            "messages": [{"role": "user", "content": f"Copy this list exactly: {WORDS}, nuts{i}."}],
+            "max_tokens": 16,
+            "temperature": 0,
+        }
+        headers = {"Authorization": f"Bearer {self.key}"}
+        if by == "header":
+            headers["X-Workload"] = workload
+        else:
+            body["metadata"] = {"workload": workload}
+        response = client.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    def stored(self, answers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The records of ``answers`` by request id, once draftwatch has all of them (the reports are posted later)."""
+        wanted = {a["id"] for a in answers}
+        deadline = time.monotonic() + 30
+        while True:
+            found = {r["request_id"]: r for r in rows(self.db_url) if r["request_id"] in wanted}
+            if len(found) == len(wanted):
+                return found
+            assert time.monotonic() < deadline, f"{len(wanted) - len(found)} of {len(wanted)} records never came"
+            time.sleep(0.2)
+
+    def route(self, workload: str, routed: bool) -> None:
+        """A routing decision for ``workload``, as the scheduler writes it; then long enough for the gateway to read."""
+        engine = create_engine(self.db_url)
+        try:
+            with engine.begin() as conn:
+                event = RoutingEvent(datetime.now(UTC), workload, "smollm2-135m", routed, "test", 0.5, 0.4, 0.6)
+                record_switch(conn, event)
+        finally:
+            engine.dispose()
+        time.sleep(1.0)
+
+    def predicted(self) -> dict[str, int]:
+        """Each server's ``llamacpp:tokens_predicted_total``: the tokens of every answer it gave."""
+        totals = {}
+        for role, server in (("holdout", self.plain), ("speculative", self.speculative)):
+            text = httpx.get(f"{server.url}/metrics", timeout=10).text
+            totals[role] = int(float(re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.M).group(1)))
+        return totals
+
+
+def drafted(answer: dict[str, Any]) -> bool:
+    """Whether the answer carries llama.cpp's draft counts: only the speculative server's can."""
+    return "draft_n" in answer["timings"]
+
+
+def split(answers: list[dict[str, Any]], stored: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The answers' output tokens by the mode their records declare: what each server's total should have grown by."""
+    tokens = {"holdout": 0, "speculative": 0}
+    for a in answers:
+        tokens[stored[a["id"]]["mode"]] += a["usage"]["completion_tokens"]
+    return tokens
+
+
+def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {role: after[role] - before[role] for role in before}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    litellm = require_litellm()
+    binary = require_binary()
+    model = fetch_preset("smollm2-135m", progress=False)
+    tmp = tmp_path_factory.mktemp("litellm")
+    db_url = f"sqlite:///{tmp / 'draftwatch.db'}"
+    port, gateway_port = free_port(), free_port()
+    draftwatch = serve_process(tmp, db_url, port)
+    key = "sk-" + secrets.token_hex(16)
+    log = tmp / "litellm.log"
+    with (
+        llama_server(model, *BASE_ARGS, "--metrics", "--threads", "1", binary=binary) as plain,
+        llama_server(model, *BASE_ARGS, *NGRAM_ARGS, "--metrics", "--threads", "1", binary=binary) as speculative,
+    ):
+        config = tmp / "config.yaml"
+        config.write_text(
+            "model_list:\n"
+            + "".join(
+                f"  - model_name: {name}\n"
+                f"    litellm_params: {{model: openai/smollm2-135m, api_base: '{server.url}/v1', api_key: none}}\n"
+                for name, server in (("smol", speculative), ("smol-plain", plain))
+            )
+            + 'litellm_settings:\n  callbacks: ["monitor.gateways.litellm_callback.handler"]\n'
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "LITELLM_MASTER_KEY": key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the price list from the internet at start
+            "DRAFTWATCH_LITELLM_URL": f"http://127.0.0.1:{port}",
+            "DRAFTWATCH_LITELLM_TOKEN": ADMIN,
+            "DRAFTWATCH_LITELLM_DEPLOYMENTS": "smol=smol-plain",
+            "DRAFTWATCH_LITELLM_HOLDOUT_SHARE": str(SHARE),
+            "DRAFTWATCH_LITELLM_HOLDOUT_TARGET": "0",
+            "DRAFTWATCH_LITELLM_REFRESH_S": "0.2",
+        }
+        with log.open("wb") as sink:
+            gateway = subprocess.Popen(
+                [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(gateway_port)],
+                env=env,
+                cwd=tmp,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        url = f"http://127.0.0.1:{gateway_port}"
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                assert gateway.poll() is None, log.read_text()[-3000:]
+                try:
+                    if httpx.get(f"{url}/health/liveliness", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            yield Stack(url, key, log, draftwatch, db_url, plain, speculative)
+        finally:
+            gateway.terminate()
+            gateway.wait(15)
+            draftwatch.terminate()
+            draftwatch.wait(15)
+
+
+def test_each_answer_is_stored_with_its_workload_its_declared_mode_and_llama_cpps_draft_counts(stack: Stack) -> None:
+    before = stack.predicted()
+    with httpx.Client(timeout=120) as client:
+        answers = [stack.ask(client, "qa", i) for i in range(ROUNDS)]
+        answers += [stack.ask(client, "summary", i, by="metadata") for i in range(ROUNDS)]
+    stored = stack.stored(answers)
+    # The modes declared are the servers that answered: each server's output grew by its records' tokens.
+    assert grown(before, stack.predicted()) == split(answers, stored)
+    assert any(drafted(a) for a in answers)
+    for a in answers:
+        record = stored[a["id"]]
+        # A speculative answer that drafted nothing is still speculative, with 0 drafts (issue 36).
+        assert record["mode"] == "speculative" or not drafted(a), a["timings"]
+        assert not record["mode_inferred"]
+        assert (record["num_draft_tokens"], record["num_accepted_tokens"]) == (
+            a["timings"].get("draft_n", 0),
+            a["timings"].get("draft_n_accepted", 0),
+        )
+        assert record["output_tokens"] == a["usage"]["completion_tokens"]
+        assert record["target_model"] == "smollm2-135m"
+    by_workload = {w: [stored[a["id"]]["mode"] for a in answers if stored[a["id"]]["workload"] == w]
+                   for w in ("qa", "summary")}  # fmt: skip
+    # The baseline share: a quarter of each workload went to the plain deployment.
+    assert {w: modes.count("holdout") for w, modes in by_workload.items()} == {
+        "qa": ROUNDS // 4,
+        "summary": ROUNDS // 4,
+    }
+
+
+def test_a_workload_draftwatch_routed_to_plain_goes_to_the_plain_deployment_and_comes_back(stack: Stack) -> None:
+    with httpx.Client(timeout=120) as client:
+        # /v1/workloads lists the workloads with records in its window: batch's first one makes its decision visible.
+        stack.stored([stack.ask(client, "batch", 0)])
+        stack.route("batch", routed=True)
+        before = stack.predicted()
+        routed = [stack.ask(client, w, i) for i in range(ROUNDS) for w in ("batch", "chat")]
+        middle = stack.predicted()
+        stack.route("batch", routed=False)
+        back = [stack.ask(client, "batch", i) for i in range(ROUNDS)]
+        after = stack.predicted()
+    stored = stack.stored(routed + back)
+    assert grown(before, middle) == split(routed, stored) and grown(middle, after) == split(back, stored)
+    assert all(stored[a["id"]]["mode"] == "speculative" for a in routed + back if drafted(a))
+
+    def modes(answers: list[dict[str, Any]], workload: str) -> list[str]:
+        return [stored[a["id"]]["mode"] for a in answers if stored[a["id"]]["workload"] == workload]
+
+    # Routed: all but the probe quarter sent to the plain deployment; chat keeps its baseline quarter only.
+    assert modes(routed, "batch").count("speculative") == ROUNDS // 4, modes(routed, "batch")
+    assert modes(routed, "chat").count("holdout") == ROUNDS // 4, modes(routed, "chat")
+    # Back: speculative again, but for the baseline's quarter.
+    assert modes(back, "batch").count("holdout") == ROUNDS // 4, modes(back, "batch")
+
+
+def test_a_streamed_answer_is_served_and_not_reported_and_that_is_logged_once(stack: Stack) -> None:
+    # LiteLLM's stream chunks drop llama.cpp's timings: a report would be refused, so none is sent.
+    body = {"model": "smol", "messages": [{"role": "user", "content": f"Copy this list exactly: {WORDS}."}],
+            "max_tokens": 8, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    headers = {"Authorization": f"Bearer {stack.key}", "X-Workload": "streamed"}
+    for _ in range(2):
+        with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+            assert r.status_code == 200 and any(line.startswith("data: {") for line in r.iter_lines())
+    deadline = time.monotonic() + 10
+    while "streamed responses are not reported" not in stack.log.read_text():
+        assert time.monotonic() < deadline, stack.log.read_text()[-3000:]
+        time.sleep(0.1)
+    log = stack.log.read_text()
+    assert log.count("streamed responses are not reported") == 1 and "refused" not in log, log[-3000:]
+    assert not [r for r in rows(stack.db_url) if r["workload"] == "streamed"]
+
+
+def test_with_draftwatch_stopped_requests_still_succeed_and_the_outage_is_logged_once(stack: Stack) -> None:
+    stack.draftwatch.terminate()
+    stack.draftwatch.wait(15)
+    with httpx.Client(timeout=120) as client:
+        answers = [stack.ask(client, "qa", i) for i in range(6)]
+    assert all(a["choices"][0]["finish_reason"] in ("stop", "length") for a in answers)
+    time.sleep(1.0)  # several refreshes at 0.2 s, each failing
+    log = stack.log.read_text()
+    assert log.count("draftwatch unreachable reading routing decisions") == 1, log[-3000:]
+    assert log.count("draftwatch unreachable posting reports") == 1, log[-3000:]
+    # Nothing of a request or of the keys reaches the log through the integration.
+    assert stack.key not in log and ADMIN not in log and WORDS not in log
