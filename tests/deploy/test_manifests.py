@@ -26,6 +26,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from monitor.config import Settings
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 GATEWAY = DEPLOY / "gateway"  # helper B's: its own kustomization and tests
@@ -366,3 +368,28 @@ def test_every_file_under_deploy_is_rendered_by_an_overlay() -> None:
         if p.suffix in {".yaml", ".yml", ".json"} and not p.is_relative_to(GATEWAY)
     }
     assert manifests - rendered == set(), f"under deploy/, read by no overlay: {sorted(manifests - rendered)}"
+
+
+def resolved_env(objects: tuple[Object, ...], container: Object) -> dict[str, str]:
+    """A container's literal settings as the kubelet gives them: its ConfigMaps' keys, then its own env over them."""
+    config_maps = named(objects, "ConfigMap")
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env |= config_maps[source["configMapRef"]["name"]]["data"]
+    return env | {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_scheduler_told_to_route_has_the_baseline_its_decisions_need(overlay: str, tmp_path: Path) -> None:
+    """``proxy.on_net_loss = route`` decides nothing without a declared baseline (monitor/proxy/decide.py)."""
+    objects = render(overlay)
+    for deployment, _, container in draftwatch_containers(objects):
+        args = [*container.get("command", []), *container.get("args", [])]
+        runs_scheduler = "scheduler" in args or ("dashboard" not in args and "--no-scheduler" not in args)
+        env = resolved_env(objects, container)
+        if not runs_scheduler or env.get("DRAFTWATCH_PROXY_ON_NET_LOSS") != "route":
+            continue
+        settings = Settings.from_env({"HOME": str(tmp_path), **env}, None)
+        assert settings.proxy.has_baseline, (
+            f"deploy/{overlay}: {deployment['metadata']['name']} routes on a net loss but declares no baseline"
+        )
