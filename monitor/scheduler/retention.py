@@ -6,6 +6,12 @@ dead), resolved or inactive alerts and ended silences by age; job history by sta
 recorder's committed batch ids by commit time (replay stays exactly-once without them: a record's
 ``request_id`` is unique). Model versions
 and deployment events are kept: they are small and annotate every chart.
+
+A table's expired rows go in transactions of at most ``retention.batch_size`` rows, each committed
+before the next (and each bounded in time on PostgreSQL by ``retention.batch_timeout_s``): one
+transaction over a month of a busy fleet's requests would hold its locks and its WAL for hours. The
+leader's fence is checked in every one of them, so a replica that lost the lease stops after at most
+one more batch, and what was committed stays deleted.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy import and_, delete, select, text
+from sqlalchemy.engine import Engine
 
 from monitor.alerts.models import AlertRow, SilenceRow
 from monitor.drift.models import DriftResultRow, DriftRunRow
@@ -31,35 +37,44 @@ log = logging.getLogger(__name__)
 def apply_retention(
     engine: Engine, retention: RetentionSettings, now: datetime, fence: Fence | None = None
 ) -> dict[str, int]:
-    """Delete what is past retention in one transaction; returns rows deleted per table."""
-    plan: list[tuple[str, int, Any]] = [
-        ("requests", retention.requests_days, lambda c: delete(RequestRow).where(RequestRow.ts_start < c)),
-        ("rollup_minute", retention.rollups_days, lambda c: delete(RollupMinuteRow).where(
-            RollupMinuteRow.bucket < c)),
-        ("rollup_bins", retention.rollups_days, lambda c: delete(RollupBinRow).where(RollupBinRow.bucket < c)),
-        ("drift_results", retention.drift_days, lambda c: delete(DriftResultRow).where(
-            DriftResultRow.created_at < c)),
-        ("drift_runs", retention.drift_days, lambda c: delete(DriftRunRow).where(DriftRunRow.started_at < c)),
-        ("notifications", retention.alerts_days, lambda c: delete(NotificationRow).where(
+    """Delete what is past retention, in bounded transactions (see the module docstring); rows deleted per table."""
+    plan: list[tuple[str, int, Any, Any]] = [
+        ("requests", retention.requests_days, RequestRow, lambda c: RequestRow.ts_start < c),
+        ("rollup_minute", retention.rollups_days, RollupMinuteRow, lambda c: RollupMinuteRow.bucket < c),
+        ("rollup_bins", retention.rollups_days, RollupBinRow, lambda c: RollupBinRow.bucket < c),
+        ("drift_results", retention.drift_days, DriftResultRow, lambda c: DriftResultRow.created_at < c),
+        ("drift_runs", retention.drift_days, DriftRunRow, lambda c: DriftRunRow.started_at < c),
+        ("notifications", retention.alerts_days, NotificationRow, lambda c: and_(
             NotificationRow.status.in_(("delivered", "dead")), NotificationRow.created_at < c)),
-        ("alerts", retention.alerts_days, lambda c: delete(AlertRow).where(
+        ("alerts", retention.alerts_days, AlertRow, lambda c: and_(
             AlertRow.state.in_(("resolved", "inactive")), AlertRow.updated_at < c)),
-        ("silences", retention.alerts_days, lambda c: delete(SilenceRow).where(SilenceRow.ends_at < c)),
-        ("job_runs", retention.jobs_days, lambda c: delete(JobRunRow).where(JobRunRow.started_at < c)),
-        ("recorder_batches", retention.batches_days, lambda c: delete(RecorderBatchRow).where(
-            RecorderBatchRow.committed_at < c)),
+        ("silences", retention.alerts_days, SilenceRow, lambda c: SilenceRow.ends_at < c),
+        ("job_runs", retention.jobs_days, JobRunRow, lambda c: JobRunRow.started_at < c),
+        ("recorder_batches", retention.batches_days, RecorderBatchRow, lambda c: RecorderBatchRow.committed_at < c),
     ]  # fmt: skip
     deleted: dict[str, int] = {}
-    with engine.begin() as conn:
-        for table, days, statement in plan:
-            if days > 0:
-                deleted[table] = _run(conn, statement(now - timedelta(days=days)))
-        if fence is not None:
-            fence(conn)
+    for table, days, model, expired in plan:
+        if days > 0:
+            deleted[table] = _delete_in_batches(engine, model, expired(now - timedelta(days=days)), retention, fence)
     if any(deleted.values()):
         log.info("retention deleted %s", {k: v for k, v in deleted.items() if v})
     return deleted
 
 
-def _run(conn: Connection, statement: Any) -> int:
-    return int(conn.execute(statement).rowcount or 0)
+def _delete_in_batches(
+    engine: Engine, model: Any, expired: Any, retention: RetentionSettings, fence: Fence | None
+) -> int:
+    """Delete ``model``'s rows matching ``expired``, ``retention.batch_size`` of them per transaction."""
+    batch = select(model.id).where(expired).limit(retention.batch_size).scalar_subquery()
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # SET LOCAL takes no bind parameter; the value is a parsed float, in milliseconds.
+                conn.execute(text(f"SET LOCAL statement_timeout = {max(1, int(retention.batch_timeout_s * 1000))}"))
+            count = int(conn.execute(delete(model).where(model.id.in_(batch))).rowcount or 0)
+            if fence is not None:
+                fence(conn)
+        total += count
+        if count < retention.batch_size:
+            return total

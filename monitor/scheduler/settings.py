@@ -118,3 +118,17 @@ class RetentionSettings:
         "days of committed recorder batch ids kept (one row per batch: about 432,000 a day at 1,000 records/s); "
         "a spool older than this still replays once, by request id; 0 keeps everything",
     )
+    batch_size: int = setting(
+        "retention.batch_size",
+        parse_int(1),
+        10_000,
+        "most rows one retention transaction deletes: a table's expired rows go in transactions of this size, "
+        "each committed before the next, so that no lock or WAL grows with the backlog",
+    )
+    batch_timeout_s: float = setting(
+        "retention.batch_timeout_s",
+        parse_seconds,
+        30.0,
+        "longest one retention transaction may run on PostgreSQL (its statement_timeout); past it the job fails "
+        "and the next run goes on from the rows left",
+    )
