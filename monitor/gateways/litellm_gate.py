@@ -5,8 +5,8 @@ request for the speculative name is sent, as the sidecar's proxy does (monitor/p
 
 * to the plain deployment when the holdout policy (:mod:`decoder.holdout`) draws it as the
   baseline, so that draftwatch's net-loss test keeps a measured comparison;
-* to the plain deployment when draftwatch routed its workload to plain (``routed_to_baseline`` of
-  ``GET /v1/workloads``), except a probe share the same policy draws, which stays speculative so
+* to the plain deployment when draftwatch routed its workload to plain (``routed`` in
+  ``GET /v1/routes``), except a probe share the same policy draws, which stays speculative so
   the speedup is still measured and the workload can come back.
 
 Its record is ``holdout`` when it was sent to plain that way, ``speculative`` when the speculative
@@ -83,18 +83,13 @@ class Gate:
         return "speculative" if model_group in self.plain_of else None
 
     async def refresh(self, client: httpx.AsyncClient, every_s: float) -> None:
-        """Keep :attr:`routed` to draftwatch's decisions; while it is away the last known ones stay.
-
-        ``/v1/workloads`` lists the workloads with records in its default window (the last hour): a routed
-        workload silent for longer is sent as unrouted until its first report is stored again.
-        """
+        """Keep :attr:`routed` to draftwatch's decisions (``GET /v1/routes``); while it is away the last ones stay."""
         outage = Outage("reading routing decisions", log)
         while True:
             try:
-                response = await client.get("/v1/workloads")
+                response = await client.get("/v1/routes")
                 response.raise_for_status()
-                listed = response.json()["workloads"]
-                routed = frozenset(w["workload"] for w in listed if w.get("routed_to_baseline"))
+                routed = frozenset(r["workload"] for r in response.json()["routes"] if r["routed"])
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
                 outage.failed(error)
             else:

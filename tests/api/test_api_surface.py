@@ -6,7 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from monitor.api.app import create_app, openapi_document
 from monitor.api.limits import LimitsMiddleware
 from monitor.config import ConfigError, Settings
+from monitor.store.routing import RoutingEvent, record_switch
 from tests.api.conftest import ADMIN, INGEST, READ, auth, bodies, make_settings, recent, records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,7 +165,7 @@ def test_every_guarded_operation_declares_401_and_403() -> None:
     document = json.loads((ROOT / "docs" / "openapi.json").read_text())
     guarded = [(method, path, op) for path, ops in document["paths"].items() for method, op in ops.items()
                if op.get("security")]  # fmt: skip
-    assert len(guarded) == 17  # every operation but the two probes
+    assert len(guarded) == 18  # every operation but the two probes
     for method, path, op in guarded:
         assert {"401", "403"} <= set(op["responses"]), f"{method.upper()} {path}"
     ack = document["paths"]["/v1/alerts/{alert_id}/ack"]["post"]["responses"]
@@ -197,3 +198,22 @@ def test_with_tokens_only_the_probes_answer_without_one(client: TestClient, tmp_
     with TestClient(create_app(make_settings(tmp_path, sqlite_url).with_values({"api.tokens": ()}))) as open_client:
         assert open_client.get("/docs").status_code == 200
         assert open_client.get("/openapi.json").status_code == 200
+
+
+def test_routes_lists_each_workload_s_latest_switch_however_old(client: TestClient) -> None:
+    engine = client.app.state.api.engine  # type: ignore[attr-defined]
+    now = datetime.now(UTC)
+
+    def switch(workload: str, routed: bool, days_ago: float) -> RoutingEvent:
+        return RoutingEvent(now - timedelta(days=days_ago), workload, "qwen", routed, "net_loss", 0.8, 0.7, 0.9)
+
+    with engine.begin() as conn:
+        # batch: routed two days ago and silent since; chat: routed, then back an hour ago.
+        for event in (switch("batch", True, 2), switch("chat", True, 1), switch("chat", False, 1 / 24)):
+            record_switch(conn, event)
+    assert client.get("/v1/routes").status_code == 401
+    found = client.get("/v1/routes", headers=auth(READ)).json()["routes"]
+    assert [(r["workload"], r["routed"]) for r in found] == [("batch", True), ("chat", False)]
+    assert found[0]["speedup"] == 0.8 and found[0]["reason"] == "net_loss"
+    # /v1/workloads lists neither (no records in its last hour); /v1/routes is what a gateway reads.
+    assert client.get("/v1/workloads", headers=auth(READ)).json()["workloads"] == []

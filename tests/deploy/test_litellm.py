@@ -235,8 +235,7 @@ def test_each_answer_is_stored_with_its_workload_its_declared_mode_and_llama_cpp
 
 def test_a_workload_draftwatch_routed_to_plain_goes_to_the_plain_deployment_and_comes_back(stack: Stack) -> None:
     with httpx.Client(timeout=120) as client:
-        # /v1/workloads lists the workloads with records in its window: batch's first one makes its decision visible.
-        stack.stored([stack.ask(client, "batch", 0)])
+        # batch has sent nothing yet: the decision alone (GET /v1/routes) sends it to plain.
         stack.route("batch", routed=True)
         before = stack.predicted()
         routed = [stack.ask(client, w, i) for i in range(ROUNDS) for w in ("batch", "chat")]

@@ -139,6 +139,33 @@ def _verdict_fields(workload: str, verdicts: list[Verdict], routes: dict[str, Ro
     }
 
 
+class RouteOut(BaseModel):
+    workload: str
+    routed: bool  # True: to the plain baseline; False: back to speculation
+    ts: datetime  # when the drift run made the switch
+    target_model: str
+    reason: str
+    speedup: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class RoutesOut(BaseModel):
+    routes: list[RouteOut]
+
+
+@router.get("/v1/routes", dependencies=read, response_model=RoutesOut, responses=READ_ERRORS)
+async def routes(request: Request) -> RoutesOut:
+    """Each workload's latest routing switch, however long ago (``routed``: now sent to the plain baseline).
+
+    What a gateway acting on draftwatch's decisions reads (the LiteLLM integration; ``draftwatch routes
+    export`` reads the store): unlike ``/v1/workloads``, it lists a routed workload that sent nothing lately.
+    """
+    engine = api_state(request).engine
+    latest = await anyio.to_thread.run_sync(lambda: latest_routing(engine))
+    return RoutesOut(routes=[RouteOut(**dataclasses.asdict(event)) for _, event in sorted(latest.items())])
+
+
 @router.get("/v1/workloads/{tag}/series", dependencies=read, response_model=SeriesOut, responses=READ_ERRORS)
 async def series(
     request: Request,
