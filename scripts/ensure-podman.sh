@@ -8,21 +8,11 @@
 # refuse, and runc, as crun refuses hybrid cgroups. Idempotent: a second run only checks.
 set -euo pipefail
 
-if [ -n "${DRAFTWATCH_CACHE_DIR:-}" ]; then
-    CACHE="$DRAFTWATCH_CACHE_DIR"
-elif [ -n "${XDG_CACHE_HOME:-}" ]; then
-    CACHE="$XDG_CACHE_HOME/draftwatch"
-else
-    CACHE="$HOME/.cache/draftwatch"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 DIR="$CACHE/image"
 SUITE="$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")"
 BASE="localhost/draftwatch-base:$SUITE"
 
-SUDO=""
-if [ "$(id -u)" != "0" ]; then
-    SUDO="sudo"
-fi
 missing=""
 for tool in podman runc mmdebstrap iptables; do
     command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing="$missing $tool"
@@ -33,10 +23,7 @@ if [ -n "$missing" ]; then
         exit 0  # the image test skips itself without podman (and fails under CI=true)
     fi
     echo "ensure-podman: installing$missing (apt)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq >/dev/null
-    $SUDO apt-get install -y -qq --no-install-recommends \
-        podman runc netavark aardvark-dns iptables mmdebstrap uidmap >/dev/null
+    apt_install podman runc netavark aardvark-dns iptables mmdebstrap uidmap
 fi
 
 mkdir -p "$DIR"

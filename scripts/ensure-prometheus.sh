@@ -5,6 +5,7 @@
 # services the packages enable are stopped again where systemd runs them. Idempotent and quiet:
 # does nothing when the three binaries are present.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null; then
     exit 0
@@ -13,13 +14,7 @@ if ! command -v apt-get >/dev/null 2>&1; then
     echo "ensure-prometheus: apt-get not found; install prometheus and prometheus-alertmanager by hand" >&2
     exit 0  # the Prometheus tests skip themselves without the binaries (and fail under CI=true)
 fi
-SUDO=""
-if [ "$(id -u)" != "0" ]; then
-    SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
 echo "ensure-prometheus: installing prometheus and prometheus-alertmanager (apt-get)" >&2
-$SUDO apt-get update -qq >/dev/null
 # policy-rc.d 101: the packages' post-install scripts must not start their services here.
 POLICY=/usr/sbin/policy-rc.d
 if [ ! -e "$POLICY" ]; then
@@ -27,4 +22,4 @@ if [ ! -e "$POLICY" ]; then
     $SUDO chmod +x "$POLICY"
     trap '$SUDO rm -f "$POLICY"' EXIT
 fi
-$SUDO apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
+apt_install prometheus prometheus-alertmanager
