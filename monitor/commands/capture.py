@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from decoder.record import validate_workload
-from monitor.commands.common import add_config_argument, settings_or_report
+from monitor.commands.common import add_config_argument, argument_type, settings_or_report
 
 if TYPE_CHECKING:
     from monitor.ingest.capture.sample import PromptSample
@@ -30,6 +30,8 @@ DESCRIPTION: Final = (
     "the records' database and never the logs; prompts older than capture.retention_days (default 7) are "
     "deleted, and `draftwatch capture purge` deletes them now."
 )
+
+WORKLOAD = argument_type(validate_workload)
 
 
 def register(subparsers: Any) -> None:
@@ -49,7 +51,7 @@ def register(subparsers: Any) -> None:
         "first half and measures on its newer half. The file holds real prompts: it is made readable by its "
         "owner only.",
     )
-    export.add_argument("--workload", type=_workload, default=None, help="only this workload (default: all)")
+    export.add_argument("--workload", type=WORKLOAD, default=None, help="only this workload (default: all)")
     export.add_argument("--out", type=Path, default=None, help="file to write (default: standard output)")
     export.set_defaults(handler=_export)
 
@@ -59,19 +61,12 @@ def register(subparsers: Any) -> None:
         description="Delete the kept prompts, overwriting them in the file, and restart the workloads' "
         "counts of requests seen; prints how many prompts were removed.",
     )
-    purge.add_argument("--workload", type=_workload, default=None, help="only this workload (default: all)")
+    purge.add_argument("--workload", type=WORKLOAD, default=None, help="only this workload (default: all)")
     purge.set_defaults(handler=_purge)
 
     status = commands.add_parser("status", help="per workload: prompts kept, requests seen, the oldest kept prompt")
     status.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     status.set_defaults(handler=_status)
-
-
-def _workload(raw: str) -> str:
-    try:
-        return validate_workload(raw)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _with_sample(

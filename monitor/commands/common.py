@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from monitor.config import ConfigError, Settings, default_config_file, unknown_variables
 
@@ -22,6 +22,29 @@ if TYPE_CHECKING:  # the database layer loads when a command runs, not when --he
 log = logging.getLogger(__name__)
 
 Action: TypeAlias = "Callable[[Engine, Settings], int]"
+T = TypeVar("T")
+
+
+def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """A setting's parser as an argparse ``type``: its ValueError becomes argparse's one-line usage error.
+
+    >>> argument_type(int)("7")
+    7
+    >>> from monitor.settings.parsers import parse_share
+    >>> argument_type(parse_share)("2")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: '2': expected a share between 0 and 1
+    """
+
+    def parsed(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as error:
+            said = str(error)  # quoting the value, unless the parser's message already does
+            raise argparse.ArgumentTypeError(said if repr(text) in said else f"{text!r}: {said}") from None
+
+    parsed.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its message
+    return parsed
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from monitor.commands.common import add_settings_arguments, run_with_engine
+from monitor.commands.common import add_settings_arguments, argument_type, run_with_engine
 from monitor.config import Settings
 from monitor.settings.parsers import parse_duration
 
@@ -16,12 +16,7 @@ if TYPE_CHECKING:  # the statistics (scipy) load when a drift command runs, not 
 
     from monitor.drift.run import DriftRun
 
-
-def _duration(text: str) -> Any:
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+DURATION = argument_type(parse_duration)
 
 
 def _time(text: str) -> datetime:
@@ -40,8 +35,8 @@ def register(subparsers: Any) -> None:
     run = drift_commands.add_parser("run", help="run every test once now, store and print the results")
     add_settings_arguments(run)
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    run.add_argument("--current", type=_duration, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
-    run.add_argument("--reference", type=_duration, default=None, help="reference window before it (default: 1d)")
+    run.add_argument("--current", type=DURATION, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
+    run.add_argument("--reference", type=DURATION, default=None, help="reference window before it (default: 1d)")
     run.add_argument("--now", type=_time, default=None, help="end of the current window (default: now)")
     run.add_argument("--all", action="store_true", help="table: also list no_drift and insufficient_data rows")
     run.add_argument("--no-alerts", action="store_true", help="do not raise alerts for this run")
@@ -59,7 +54,12 @@ def register(subparsers: Any) -> None:
     add_settings_arguments(pin)
     pin.add_argument("--workload", required=True, help="workload tag")
     pin.add_argument("--at", type=_time, default=None, help="end of the pinned window, ISO time (default: now)")
-    pin.add_argument("--reference", type=_duration, default=None, help="its length (default: drift.reference_window)")
+    pin.add_argument(
+        "--reference",
+        type=DURATION,
+        default=None,
+        help="its length (default: drift.reference_window)",
+    )
     pin.set_defaults(handler=_pin)
     unpin = baseline_commands.add_parser("unpin", help="back to the rolling reference window")
     add_settings_arguments(unpin)

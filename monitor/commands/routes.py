@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from monitor.commands.common import add_settings_arguments, run_with_engine
+from monitor.commands.common import add_settings_arguments, argument_type, run_with_engine
 from monitor.config import Settings
 from monitor.settings.parsers import parse_share
 
@@ -20,12 +20,7 @@ SPECULATIVE_SERVICE = "engine"
 BASELINE_SERVICE = "engine-plain"
 SERVICE_PORT = 80
 
-
-def _share(text: str) -> float:
-    try:
-        return parse_share(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+SHARE = argument_type(parse_share)
 
 
 def register(subparsers: Any) -> None:
@@ -55,7 +50,7 @@ def register(subparsers: Any) -> None:
     export.add_argument("--baseline-port", type=int, default=SERVICE_PORT, help="its port (default: %(default)s)")
     export.add_argument("--no-baseline", action="store_true",
                         help="no plain baseline: everything to the speculative Service")  # fmt: skip
-    export.add_argument("--baseline-share", type=_share, default=None,
+    export.add_argument("--baseline-share", type=SHARE, default=None,
                         help="share of a workload's requests sent to the baseline, and of a routed workload's "
                              "kept on speculation as probes (default: decoder.holdout_share)")  # fmt: skip
     export.add_argument("--output", type=Path, default=None, help="write the YAML here (default: stdout)")
