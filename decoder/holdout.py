@@ -125,6 +125,31 @@ class Holdout:
         self._carry = carries
 
 
+class BaselineDraw:
+    """Which requests of a two-pool deployment go to its plain baseline, and why.
+
+    A workload routed to plain goes there but for a probe share drawn by the policy, which keeps its
+    speedup measured so that it can come back; any other workload's request goes there when the
+    holdout policy draws it. The proxy's router and the LiteLLM integration both choose so.
+
+    >>> draw = BaselineDraw(HoldoutPolicy(share=0.5))
+    >>> sorted(str(draw.draw("chat", routed=False)) for _ in range(4))
+    ['None', 'None', 'share', 'share']
+    >>> sorted(str(draw.draw("batch", routed=True)) for _ in range(4))
+    ['None', 'None', 'route', 'route']
+    """
+
+    def __init__(self, policy: HoldoutPolicy, seed: int = 0) -> None:
+        self._holdout = Holdout(policy, seed=seed)
+        self._probe = Holdout(policy, seed=seed + 1)
+
+    def draw(self, workload: str, routed: bool) -> HoldoutReason | None:
+        """Why this request of ``workload`` goes to the baseline, or None: it goes to the speculative pool."""
+        if routed:
+            return None if self._probe.draw(workload) is not None else "route"
+        return self._holdout.draw(workload)
+
+
 def _encode_rng(state: tuple[Any, ...]) -> list[Any]:
     version, internal, gauss = state
     return [version, list(internal), gauss]

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from decoder.holdout import Holdout, HoldoutReason
+from decoder.holdout import BaselineDraw, HoldoutReason
 from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor.gateways.litellm_link import Outage
 from monitor.gateways.litellm_settings import LitellmSettings
@@ -51,8 +51,7 @@ class Gate:
         self.settings = settings
         self.plain_of = dict(settings.deployments)
         self.plain = frozenset(self.plain_of.values())
-        self._holdout = Holdout(settings.policy, seed=seed)
-        self._probe = Holdout(settings.policy, seed=seed + 1)
+        self._draw = BaselineDraw(settings.policy, seed=seed)
         # Replaced whole by the refresh task; the last known decisions stay while draftwatch is away.
         self.routed: frozenset[str] = frozenset()
 
@@ -71,9 +70,7 @@ class Gate:
         plain = self.plain_of.get(model)
         if plain is None:
             return model, None
-        if workload in self.routed:
-            return (model, None) if self._probe.draw(workload) is not None else (plain, "route")
-        reason = self._holdout.draw(workload)
+        reason = self._draw.draw(workload, workload in self.routed)
         return (plain, reason) if reason is not None else (model, None)
 
     def mode_of(self, model_group: str, diverted: HoldoutReason | None) -> Mode | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from decoder.holdout import Holdout, HoldoutPolicy, HoldoutReason
+from decoder.holdout import BaselineDraw, HoldoutPolicy, HoldoutReason
 from monitor.config import Settings
 from monitor.log_safe import traceback_text
 from monitor.proxy.pool import Ejection, Member, Pool
@@ -109,8 +109,7 @@ class Router:
         self.default = default
         self.routes = tuple(routes)
         self.baseline_policy = baseline_policy
-        self._holdout = Holdout(policy, seed=seed)
-        self._probe = Holdout(policy, seed=seed + 1)
+        self._draw = BaselineDraw(policy, seed=seed)
         # Workloads the scheduler routed to plain; replaced whole by the refresh task.
         self.routed: frozenset[str] = frozenset()
 
@@ -136,14 +135,11 @@ class Router:
             return Route(spec.pick(), d, "route" if workload in self.routed else "share")
         if not base:
             return Route(spec.pick(), d)
-        if workload in self.routed:
-            if self._probe.draw(workload) is not None:
-                return Route(spec.pick(), d)
-            return Route(base.pick(), d, "route")
-        if self.baseline_policy == "member":
+        routed = workload in self.routed
+        if self.baseline_policy == "member" and not routed:
             member = spec.pick([*spec.members, *base.members])
             return Route(member, d, "member" if member.pool == "baseline" else None)
-        reason = self._holdout.draw(workload)
+        reason = self._draw.draw(workload, routed)
         return Route(base.pick(), d, reason) if reason is not None else Route(spec.pick(), d)
 
     def passing(self, model: object = None) -> Route:
