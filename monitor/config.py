@@ -35,7 +35,7 @@ from monitor.api.settings import ApiSettings, DecoderSettings
 from monitor.drift.settings import DriftSettings
 from monitor.ingest.settings import CaptureSettings, RecorderSettings, ScrapeSettings
 from monitor.notify.settings import DeliverySettings
-from monitor.proxy.settings import ProxySettings
+from monitor.proxy.settings import ProxySettings, RolloutSettings
 from monitor.scheduler.settings import RetentionSettings, SchedulerSettings
 from monitor.settings.fields import Lookup, Spec, resolve, specs
 from monitor.settings.masking import quoted
@@ -67,6 +67,7 @@ SECTIONS: Final[Mapping[str, type[Any]]] = {
     "api": ApiSettings,
     "decoder": DecoderSettings,
     "proxy": ProxySettings,
+    "rollout": RolloutSettings,
     "capture": CaptureSettings,
     "drift": DriftSettings,
     "delivery": DeliverySettings,
@@ -103,6 +104,7 @@ class Settings:
     api: ApiSettings
     decoder: DecoderSettings
     proxy: ProxySettings
+    rollout: RolloutSettings
     capture: CaptureSettings
     drift: DriftSettings
     delivery: DeliverySettings

@@ -32,7 +32,7 @@ from monitor.proxy.upstream import Headers, Upstream, UpstreamError, UpstreamRes
 
 log = logging.getLogger(__name__)
 
-PoolName = Literal["speculative", "baseline"]
+PoolName = Literal["speculative", "baseline", "candidate"]
 # The engine's own "cannot serve now" (a gateway in front of it, a replica still loading, overloaded).
 UNAVAILABLE: Final = frozenset({502, 503, 504})
 

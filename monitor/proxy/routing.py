@@ -16,6 +16,12 @@ recorded as ``holdout`` with reason ``route``, except a probe share that the sam
 draws: those keep reaching the speculative pool, so the speedup is still measured and the workload
 can return. Either way both populations are random splits of the workload's own traffic.
 
+A rollout (``draftwatch rollout``, :mod:`monitor.proxy.rollout`) gives a deployment's candidate
+pool (``proxy.candidate_upstream``: the same target with a new drafter) a share of the requests
+that would have gone to the speculative pool, per workload as the rollout's state in the store
+says; they are recorded under the rollout's drafter name, speculative by declaration, so that the
+judge compares them with the current drafter's requests of the same interval.
+
 Several models (``[[proxy.routes]]``): each route is a :class:`Deployment` of its own, the pools of
 the models its ``model`` glob matches, read as its ``kind`` says, with its own baseline if it has
 one; a request's ``model`` picks the first route that matches, and the default deployment
@@ -29,6 +35,7 @@ import asyncio
 import dataclasses
 import fnmatch
 import logging
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -39,14 +46,15 @@ from monitor.config import Settings
 from monitor.log_safe import traceback_text
 from monitor.proxy.pool import Ejection, Member, Pool
 from monitor.proxy.settings import ProxySettings
-from monitor.store.routing import latest_routing
+from monitor.store.rollouts import Rollout, active_rollouts
+from monitor.store.routing import RoutingEvent, latest_routing
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Deployment:
-    """The pools serving the models ``model`` matches: speculative, and its plain baseline (may be empty).
+    """The pools serving the models ``model`` matches: speculative, its plain baseline and its candidate (may be empty).
 
     ``settings`` are the proxy's settings as this deployment's answers are read: ``proxy.*`` with
     the route's ``kind``.
@@ -56,6 +64,11 @@ class Deployment:
     speculative: Pool
     baseline: Pool
     settings: ProxySettings
+    candidate: Pool = dataclasses.field(default_factory=lambda: Pool("candidate"))
+
+    def pool(self, name: str) -> Pool:
+        """The pool a member belongs to, by its name."""
+        return self.baseline if name == "baseline" else self.candidate if name == "candidate" else self.speculative
 
     @property
     def name(self) -> str:
@@ -78,11 +91,13 @@ class Deployment:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where one request goes; ``holdout_reason`` set when it is a baseline (plain) request."""
+    """Where one request goes; ``holdout_reason`` set when it is a baseline (plain) request, ``drafter`` the
+    rollout's drafter name when the candidate pool serves it."""
 
     member: Member
     deployment: Deployment
     holdout_reason: HoldoutReason | None = None
+    drafter: str | None = None
 
     @property
     def baseline(self) -> bool:
@@ -110,8 +125,10 @@ class Router:
         self.routes = tuple(routes)
         self.baseline_policy = baseline_policy
         self._draw = BaselineDraw(policy, seed=seed)
-        # Workloads the scheduler routed to plain; replaced whole by the refresh task.
+        self._candidate_draw = random.Random(seed + 2)
+        # Workloads the scheduler routed to plain, and the active rollout by deployment; replaced whole by the refresh.
         self.routed: frozenset[str] = frozenset()
+        self.rollouts: dict[str, Rollout] = {}
 
     @property
     def deployments(self) -> tuple[Deployment, ...]:
@@ -134,13 +151,20 @@ class Router:
             # A gateway split this request off (draftwatch routes export): routed there, or its holdout share.
             return Route(spec.pick(), d, "route" if workload in self.routed else "share")
         if not base:
-            return Route(spec.pick(), d)
+            return self._speculative(d, workload)
         routed = workload in self.routed
         if self.baseline_policy == "member" and not routed:
             member = spec.pick([*spec.members, *base.members])
-            return Route(member, d, "member" if member.pool == "baseline" else None)
+            return Route(member, d, "member") if member.pool == "baseline" else self._speculative(d, workload, member)
         reason = self._draw.draw(workload, routed)
-        return Route(base.pick(), d, reason) if reason is not None else Route(spec.pick(), d)
+        return Route(base.pick(), d, reason) if reason is not None else self._speculative(d, workload)
+
+    def _speculative(self, d: Deployment, workload: str, member: Member | None = None) -> Route:
+        """A speculative request: the candidate pool for the active rollout's share of it, else ``member`` or a pick."""
+        rollout = self.rollouts.get(d.model)
+        if rollout is not None and d.candidate and self._candidate_draw.random() < rollout.share(workload):
+            return Route(d.candidate.pick(), d, drafter=rollout.drafter)
+        return Route(member or d.speculative.pick(), d)
 
     def passing(self, model: object = None) -> Route:
         """Where what is not a generation goes (``/v1/models``, embeddings, ...): its model's speculative pool."""
@@ -151,6 +175,7 @@ class Router:
         for d in self.deployments:
             yield from d.speculative.members
             yield from d.baseline.members
+            yield from d.candidate.members
 
     def upstreams_up(self) -> list[tuple[tuple[tuple[str, str], ...], float]]:
         """Each replica's labels (``upstream`` host:port, ``pool``) and 1 while it answers, 0 from its eject on."""
@@ -160,6 +185,7 @@ class Router:
         for d in self.deployments:
             await d.speculative.aclose()
             await d.baseline.aclose()
+            await d.candidate.aclose()
 
 
 def build_router(settings: Settings, seed: int = 0) -> Router:
@@ -167,17 +193,21 @@ def build_router(settings: Settings, seed: int = 0) -> Router:
     proxy = settings.proxy
     ejection = Ejection(proxy.eject_after, proxy.eject_cooldown_s)
 
-    def deployment(model: str, upstream: Sequence[str], baseline: Sequence[str], kind: str) -> Deployment:
+    def deployment(
+        model: str, upstream: Sequence[str], baseline: Sequence[str], candidate: Sequence[str], kind: str
+    ) -> Deployment:
         return Deployment(
             model,
             Pool.of("speculative", upstream, proxy.timeout_s, ejection),
             Pool.of("baseline", baseline, proxy.timeout_s, ejection),
             proxy if kind == proxy.kind else dataclasses.replace(proxy, kind=kind),
+            Pool.of("candidate", candidate, proxy.timeout_s, ejection),
         )
 
-    routes = [deployment(r.model, r.upstream, r.baseline_upstream, r.kind or proxy.kind) for r in proxy.routes]
+    routes = [deployment(r.model, r.upstream, r.baseline_upstream, r.candidate_upstream, r.kind or proxy.kind)
+              for r in proxy.routes]  # fmt: skip
     router = Router(
-        deployment("*", proxy.upstream, proxy.baseline_upstream, proxy.kind),
+        deployment("*", proxy.upstream, proxy.baseline_upstream, proxy.candidate_upstream, proxy.kind),
         settings.holdout_policy,
         baseline_policy=proxy.baseline_policy,
         seed=seed,
@@ -202,13 +232,13 @@ def build_router(settings: Settings, seed: int = 0) -> Router:
 
 
 async def refresh_routes(router: Router, engine: Engine, every_s: float) -> None:
-    """Keep ``router.routed`` to the scheduler's routing decisions; the read runs off the event loop.
+    """Keep ``router.routed`` and ``router.rollouts`` to the scheduler's decisions; the reads run off the event loop.
 
     A database that is away or hung leaves the last known routes in place: the proxy keeps forwarding.
     """
     while True:
         try:
-            latest = await asyncio.to_thread(latest_routing, engine)
+            latest, rollouts = await asyncio.to_thread(_decisions, engine)
         except Exception as error:  # the database is away: keep routing as last known
             log.debug("routing decisions not read: %s", traceback_text(error).splitlines()[-1])
         else:
@@ -216,4 +246,36 @@ async def refresh_routes(router: Router, engine: Engine, every_s: float) -> None
             if routed != router.routed:
                 log.info("routing: workloads served by the plain baseline now: %s", ", ".join(sorted(routed)) or "none")
             router.routed = routed
+            _take_rollouts(router, rollouts)
         await asyncio.sleep(every_s)
+
+
+def _served(rollout: Rollout) -> tuple[object, ...]:
+    """What of a rollout decides where requests go (its judgement changes every run and does not)."""
+    return rollout.id, rollout.status, rollout.step, sorted(rollout.workloads.items())
+
+
+def _decisions(engine: Engine) -> tuple[dict[str, RoutingEvent], dict[str, Rollout]]:
+    with engine.connect() as conn:
+        return latest_routing(conn), active_rollouts(conn)
+
+
+def _take_rollouts(router: Router, rollouts: dict[str, Rollout]) -> None:
+    """Take the active rollouts, logging each change of one's state and any this sidecar cannot serve."""
+    by_model = {d.model: d for d in router.deployments}
+    for model, rollout in rollouts.items():
+        before = router.rollouts.get(model)
+        if before == rollout:
+            continue
+        d = by_model.get(model)
+        if d is None or not d.candidate:
+            log.warning("rollout %s of deployment %s: this sidecar has no candidate pool for it "
+                        "(proxy.candidate_upstream, or the route's candidate_upstream), so its traffic here stays "
+                        "on the current drafter", rollout.id, model)  # fmt: skip
+        elif before is None or _served(before) != _served(rollout):
+            log.info("rollout %s of deployment %s: %s, the candidate %s serves %.0f%% of the speculative traffic%s",
+                     rollout.id, model, rollout.status, rollout.drafter, 100 * rollout.step_share,
+                     "".join(f"; {w}: {side}" for w, side in sorted(rollout.workloads.items())))  # fmt: skip
+    for model in set(router.rollouts) - set(rollouts):
+        log.info("rollout of deployment %s: ended, every speculative request goes to the current drafter", model)
+    router.rollouts = rollouts

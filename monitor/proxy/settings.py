@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import itertools
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final, NamedTuple
 from urllib.parse import urlsplit
 
 from decoder.record import WORKLOAD_PATTERN
 from monitor.settings.fields import setting
 from monitor.settings.masking import quoted
-from monitor.settings.parsers import parse_choice, parse_int, parse_seconds, parse_str, parse_tables
+from monitor.settings.parsers import (
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_fraction,
+    parse_int,
+    parse_seconds,
+    parse_share,
+    parse_str,
+    parse_tables,
+)
 
 PROXY_KINDS: Final = ("auto", "vllm", "sglang", "llamacpp", "openai")
 BASELINE_POLICIES: Final = ("share", "member")
 RULE_FIELDS: Final = ("model", "path", "user")
-ROUTE_KEYS: Final = ("model", "upstream", "kind", "baseline_upstream")
+ROUTE_KEYS: Final = ("model", "upstream", "kind", "baseline_upstream", "candidate_upstream")
 
 
 class WorkloadRule(NamedTuple):
@@ -108,19 +120,22 @@ class ModelRoute(NamedTuple):
     """``[[proxy.routes]]``: requests whose ``model`` matches ``model`` (exact, or an fnmatch glob) go to ``upstream``.
 
     ``kind`` None is the proxy's own ``proxy.kind``; ``baseline_upstream`` is the route's own plain
-    baseline, taken as ``proxy.baseline_policy`` says.
+    baseline, taken as ``proxy.baseline_policy`` says; ``candidate_upstream`` the same target with a
+    new drafter, which a rollout (``draftwatch rollout``) gives a share of the speculative traffic.
     """
 
     model: str
     upstream: tuple[str, ...]
     kind: str | None = None
     baseline_upstream: tuple[str, ...] = ()
+    candidate_upstream: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         """As ``draftwatch config show`` prints it: ``qwen* -> [http://a:8000 http://b:8000] (vllm)``."""
         kind = self.kind or "proxy.kind"
         baseline = f", baseline [{' '.join(self.baseline_upstream)}]" if self.baseline_upstream else ""
-        return f"{self.model} -> [{' '.join(self.upstream)}] ({kind}{baseline})"
+        candidate = f", candidate [{' '.join(self.candidate_upstream)}]" if self.candidate_upstream else ""
+        return f"{self.model} -> [{' '.join(self.upstream)}] ({kind}{baseline}{candidate})"
 
 
 def parse_routes(raw: Any) -> tuple[ModelRoute, ...]:
@@ -134,7 +149,8 @@ def parse_routes(raw: Any) -> tuple[ModelRoute, ...]:
     ValueError: route 1: upstream='ftp://a': expected an http:// or https:// base URL, such as http://127.0.0.1:8080
     """
     routes: list[ModelRoute] = []
-    for number, entry in enumerate(parse_tables(raw, "{model, upstream, kind, baseline_upstream} tables"), start=1):
+    tables = parse_tables(raw, "{model, upstream, kind, baseline_upstream, candidate_upstream} tables")
+    for number, entry in enumerate(tables, start=1):
         if not isinstance(entry, dict):
             raise ValueError(f"route {number}: expected a table with model and upstream, got {quoted(entry)}")
         unknown = sorted(set(entry) - set(ROUTE_KEYS))
@@ -150,7 +166,7 @@ def parse_routes(raw: Any) -> tuple[ModelRoute, ...]:
             raise ValueError(f"route {number}: model={quoted(model)}: expected a model name or a glob such as 'qwen*'")
         values: dict[str, Any] = {}
         for key, parse in (("upstream", parse_upstreams), ("baseline_upstream", parse_upstreams),
-                           ("kind", parse_choice(PROXY_KINDS))):  # fmt: skip
+                           ("candidate_upstream", parse_upstreams), ("kind", parse_choice(PROXY_KINDS))):  # fmt: skip
             if key in entry:
                 try:
                     values[key] = parse(entry[key])
@@ -225,6 +241,14 @@ class ProxySettings:
         (),
         "base URLs (as proxy.upstream's) of the same model served without speculation: the baseline that measures "
         "whether speculation pays, per workload (see proxy.baseline_policy); none: the speedup is not measured",
+    )
+    candidate_upstream: tuple[str, ...] = setting(
+        "proxy.candidate_upstream",
+        parse_upstreams,
+        (),
+        "base URLs (as proxy.upstream's) of the same target served with a new drafter: the candidate pool a rollout "
+        "(draftwatch rollout start) gives a rising share of the speculative traffic, judged against proxy.upstream "
+        "per workload; none: no rollout can start on this deployment",
     )
     baseline_policy: str = setting(
         "proxy.baseline_policy",
@@ -321,6 +345,11 @@ class ProxySettings:
         return bool(self.baseline_upstream) or any(route.baseline_upstream for route in self.routes)
 
     @property
+    def has_candidate(self) -> bool:
+        """Whether some deployment, the default or a route's, has a candidate pool a rollout can give traffic to."""
+        return bool(self.candidate_upstream) or any(route.candidate_upstream for route in self.routes)
+
+    @property
     def upstream_is_baseline(self) -> bool:
         """Whether ``upstream`` is the plain baseline, its traffic split off by a gateway, every answer a holdout."""
         return self.speculative == "baseline"
@@ -329,3 +358,89 @@ class ProxySettings:
     def deployment_speculative(self) -> bool | None:
         """What the stack parsers are told of the deployment: speculative, plain, or None (infer it)."""
         return None if self.speculative == "auto" else self.speculative == "true"
+
+
+def parse_steps(raw: Any) -> tuple[float, ...]:
+    """Rollout steps: percentages of the speculative traffic, rising, the last 100 (``5,25,50,100``), as shares.
+
+    >>> parse_steps("5, 25, 50, 100")
+    (0.05, 0.25, 0.5, 1.0)
+    >>> parse_steps("50,25,100")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected steps that rise, such as 5,25,50,100; 25 follows 50
+    """
+    items = raw if isinstance(raw, list | tuple) else parse_str(raw).split(",")
+    try:
+        steps = [float(item) for item in items if not isinstance(item, str) or item.strip()]
+    except (TypeError, ValueError):
+        raise ValueError("expected percentages such as 5,25,50,100") from None
+    if not steps or any(not 0 < s <= 100 for s in steps):
+        raise ValueError("expected percentages above 0 and at most 100, such as 5,25,50,100")
+    for before, after in itertools.pairwise(steps):
+        if after <= before:
+            raise ValueError(f"expected steps that rise, such as 5,25,50,100; {after:g} follows {before:g}")
+    if steps[-1] != 100:
+        raise ValueError(f"expected the last step to be 100 (the candidate serves everything), got {steps[-1]:g}")
+    return tuple(s / 100 for s in steps)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutSettings:
+    """A candidate drafter's rollout (``draftwatch rollout start``): its steps and how each is judged."""
+
+    steps: tuple[float, ...] = setting(
+        "rollout.steps",
+        parse_steps,
+        (0.05, 0.25, 0.5, 1.0),
+        "the shares of a deployment's speculative traffic a rollout gives the candidate drafter in turn, in percent, "
+        "rising to 100; each lasts rollout.interval and advances when every judged workload passes",
+    )
+    interval: timedelta = setting(
+        "rollout.interval",
+        parse_duration,
+        timedelta(minutes=30),
+        "how long a rollout step lasts before the judge may advance it (a failing workload rolls back at once)",
+    )
+    tolerance: float = setting(
+        "rollout.tolerance",
+        parse_fraction,
+        0.05,
+        "how much slower (decode ms per token, time to first token) the candidate may be and still pass: 0.05 "
+        "passes a candidate down to 0.95x the current drafter's speed; it fails beyond it with the interval's "
+        "upper bound below",
+    )
+    min_requests: int = setting(
+        "rollout.min_requests",
+        parse_int(2),
+        30,
+        "requests with a decode time each side (candidate, current drafter) needs in a step before a workload is "
+        "judged; below it the workload is listed as unjudged",
+    )
+    max_holds: int = setting(
+        "rollout.max_holds",
+        parse_int(1),
+        3,
+        "intervals a step may end without every judged workload passing (a marginal one, or none judged) before the "
+        "rollout gives up and rolls back: a rollout neither waits forever nor passes what it could not judge",
+    )
+    per_workload: bool = setting(
+        "rollout.per_workload",
+        parse_bool,
+        False,
+        "promote the candidate only on the workloads where it passes and keep the current drafter on the rest, "
+        "instead of rolling the whole rollout back on one workload's failure",
+    )
+    drafter: str = setting(
+        "rollout.drafter",
+        parse_str,
+        "candidate",
+        "the name the candidate pool's requests are stored under (their pair's drafter), e.g. eagle3-v2",
+    )
+    max_extra_errors: float = setting(
+        "rollout.max_extra_errors",
+        parse_share,
+        0.01,
+        "how much higher the candidate's error rate may be than the current drafter's (0.01: one point) before the "
+        "judge fails it",
+    )

@@ -26,6 +26,7 @@ from monitor.drift.verdict import verdict_of
 from monitor.ingest.scrape.run import scrape_due
 from monitor.notify.delivery import deliver_pending
 from monitor.proxy.decide import decide_routes
+from monitor.proxy.rollout import advance_rollouts
 from monitor.scheduler.health import evaluate_health
 from monitor.scheduler.lease import Lease, LeaseLostError
 from monitor.scheduler.models import JobRunRow
@@ -78,6 +79,12 @@ def scrape_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence)
     return {"scraped": report.scraped, "intervals": report.intervals, "failed": sorted(report.failed)}
 
 
+def rollout_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
+    events = advance_rollouts(engine, settings.rollout, datetime.now(UTC), sample_size=settings.drift.sample_size,
+                              fence=fence)  # fmt: skip
+    return {"events": [f"{e.rollout_id}:{e.kind}" for e in events]}
+
+
 def _eval(evaluation: Any) -> dict[str, Any]:
     return {"transitions": len(evaluation.transitions), "notified": len(evaluation.notified),
             "outbox": evaluation.outbox_rows}  # fmt: skip
@@ -89,6 +96,7 @@ JOBS: dict[str, Job] = {
     "health": health_job,
     "retention": retention_job,
     "scrape": scrape_job,
+    "rollout": rollout_job,
 }
 
 
@@ -99,6 +107,7 @@ def intervals(settings: Settings) -> dict[str, timedelta]:
         "health": settings.scheduler.health_interval,
         "retention": settings.scheduler.retention_interval,
         "scrape": settings.scheduler.scrape_interval,
+        "rollout": settings.scheduler.rollout_interval,
     }
 
 

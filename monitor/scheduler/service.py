@@ -38,8 +38,10 @@ class SchedulerService:
         self.engine = engine or create_engine(settings.database.url)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = Lease(self.engine, self.holder, settings.scheduler.lease_ttl_s)
-        # Scrape mode's job runs only where targets are configured: elsewhere it would fill the job history.
-        default = [name for name in JOBS if name != "scrape" or settings.scrape.targets]
+        # Scrape mode's job runs only where targets are configured, the rollout's where a candidate pool is:
+        # elsewhere they would fill the job history.
+        needs = {"scrape": bool(settings.scrape.targets), "rollout": settings.proxy.has_candidate}
+        default = [name for name in JOBS if needs.get(name, True)]
         self.jobs = list(jobs) if jobs is not None else default
         unknown = set(self.jobs) - set(JOBS)
         if unknown:

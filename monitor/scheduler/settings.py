@@ -41,6 +41,13 @@ class SchedulerSettings:
         timedelta(seconds=15),
         "how often the scrape job looks for [[scrape]] targets due for their own interval",
     )
+    rollout_interval: timedelta = setting(
+        "scheduler.rollout_interval",
+        parse_duration,
+        timedelta(minutes=1),
+        "how often a running drafter rollout is judged (draftwatch rollout): a failing workload rolls it back within "
+        "this long; the job runs where a candidate pool is configured (proxy.candidate_upstream)",
+    )
     misfire_grace_s: float = setting(
         "scheduler.misfire_grace_s",
         parse_seconds,

@@ -44,7 +44,8 @@ def serve(tmp_path: Path, *options: str, **env: str) -> subprocess.CompletedProc
         ([], {"DRAFTWATCH_PROXY_UPSTREAM": f"http://ada:{SECRET}@a:1,http://b:x"},
          "DRAFTWATCH_PROXY_UPSTREAM='http://ada:***@a:1,http://b:x': port 'x': expected a port 1-65535"),
         (["--upstream", "http://a:1"], {"DRAFTWATCH_PROXY_ROUTES": "[" * 50_000 + "]" * 50_000},
-         "expected a JSON list of {model, upstream, kind, baseline_upstream} tables, not nested thousands deep"),
+         "expected a JSON list of {model, upstream, kind, baseline_upstream, candidate_upstream} tables, not nested "
+         "thousands deep"),
     ],
 )  # fmt: skip
 def test_a_bad_upstream_exits_2_with_one_line_and_no_traceback(

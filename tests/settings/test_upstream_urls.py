@@ -89,8 +89,8 @@ def test_a_route_s_bad_upstream_is_refused_with_its_password_masked(tmp_path: Pa
 def test_routes_nested_too_deep_to_read_are_refused_in_one_short_line() -> None:
     deep = "[" * 100_000 + "]" * 100_000
     message = load_error(DRAFTWATCH_PROXY_ROUTES=deep)
-    assert message.endswith("expected a JSON list of {model, upstream, kind, baseline_upstream} tables, not nested "
-                            "thousands deep")  # fmt: skip
+    assert message.endswith("expected a JSON list of {model, upstream, kind, baseline_upstream, candidate_upstream} "
+                            "tables, not nested thousands deep")  # fmt: skip
     assert "\n" not in message and len(message) < 500
     # Deep enough to read but no table: quoted cut short, not whole.
     message = load_error(DRAFTWATCH_PROXY_ROUTES="[" * 500 + "]" * 500)

@@ -36,6 +36,7 @@ from monitor.proxy.encoding import accepted_upstream, decoded
 from monitor.proxy.forward.events import carries_text
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
+from monitor.store.rollouts import CURRENT_DRAFTER
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ class Exchange:
         and the refusal still counts towards that replica's health (:meth:`Member.send`).
         """
         refused = self.route.member
-        pool = self.route.deployment.speculative if refused.pool == "speculative" else self.route.deployment.baseline
+        pool = self.route.deployment.pool(refused.pool)
         others = [m for m in pool.members if m is not refused]
         if self._moved or not others:
             return False
@@ -247,7 +248,7 @@ class Exchange:
             "ts_end": ended,
             # SGLang's /generate names no model: the deployment's address stands in for it.
             "target_model": (self.payload or {}).get("model") or f"{self.settings.kind}@{self.upstream_host}",
-            "drafter": "upstream",
+            "drafter": self.route.drafter or CURRENT_DRAFTER,
             "temperature": _number((self.payload or {}).get("temperature"), "temperature", 0.0),
             "top_p": _number((self.payload or {}).get("top_p"), "top_p", 1.0),
         }
@@ -280,7 +281,9 @@ class Exchange:
             raise ValueError(f"proxy.kind={self.settings.kind!r}: the response carries no usage to record")
         self.route.member.stack = stack
         baseline = self.route.baseline
-        parsed = PARSERS[stack](report, speculative=False if baseline else self.route.deployment.speculative_role)
+        # The candidate pool is speculative by declaration, as the speculative pool is beside a baseline.
+        role = False if baseline else True if self.route.drafter else self.route.deployment.speculative_role
+        parsed = PARSERS[stack](report, speculative=role)
         if baseline and parsed.drafted:
             raise ValueError(
                 f"the baseline upstream {self.route.member.upstream.netloc} drafted {parsed.drafted} tokens: "

@@ -1,0 +1,319 @@
+"""A candidate drafter rolled out like a canary: started, judged step by step, promoted or rolled back by itself.
+
+``draftwatch rollout start`` (or ``POST /v1/rollouts``) stores a rollout for one deployment that
+has a candidate pool (``proxy.candidate_upstream``, or a route's ``candidate_upstream``): the same
+target served with the new drafter. Every sidecar reads it (:func:`monitor.proxy.routing.refresh_routes`)
+and sends the current step's share of the deployment's speculative requests to the candidate.
+
+The scheduler's elected leader runs :func:`advance_rollouts` every ``scheduler.rollout_interval``.
+Each run judges, per workload, the candidate's requests of the current step against the current
+drafter's requests of the same step (:class:`monitor.drift.detectors.judge.Judge`), then:
+
+* a workload **fails**: the rollout rolls back at once (every request to the current drafter),
+  with the reason; with ``per_workload`` only that workload is kept on the current drafter and the
+  rollout goes on with the others;
+* the step has lasted ``rollout.interval`` and every judged workload **passes**: the next step;
+  after the last (100 %) the candidate is **promoted**: it serves everything, or, per workload,
+  the workloads where it passed (the rest stay on the current drafter, a drafter chosen per
+  workload);
+* otherwise (a workload marginal, or none judged) the step goes on, its requests accumulating,
+  for at most ``rollout.max_holds`` more intervals; then the rollout gives up and rolls back (per
+  workload: the undecided workloads are kept on the current drafter). It neither waits forever nor
+  passes what it could not judge: each step's event lists the workloads left unjudged, and the
+  promotion's reason the workloads never judged at all.
+
+Every transition is a row of ``rollout_events`` and a line in the log; the alerts
+``rollout_advanced``, ``rollout_rolled_back`` and ``rollout_promoted`` are raised from those rows.
+A restart or a failover of the elected scheduler resumes from the stored state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Literal
+
+import numpy as np
+from sqlalchemy.engine import Connection, Engine
+
+from decoder.record import MAX_TEXT
+from monitor.drift.detectors.judge import Judge, Side, WorkloadJudgement
+from monitor.drift.detectors.net_loss import Population
+from monitor.drift.sampling import Sample, sample_requests
+from monitor.proxy.settings import ProxySettings, RolloutSettings
+from monitor.store.reads.results import Pair
+from monitor.store.rollouts import (
+    CURRENT_DRAFTER,
+    EventKind,
+    Rollout,
+    RolloutEvent,
+    active_rollouts,
+    get_rollout,
+    insert_rollout,
+    outcomes,
+    record_event,
+    save_rollout,
+)
+from monitor.store.types import Fence
+
+log = logging.getLogger(__name__)
+
+
+class RolloutError(ValueError):
+    """A rollout command that cannot be carried out; the message says why and what to do."""
+
+
+def deployment_of(proxy: ProxySettings, route: int | None) -> tuple[str, tuple[str, ...]]:
+    """The deployment a rollout is for (``*`` or route N's model glob) and its candidate pool's URLs."""
+    if route is None:
+        return "*", proxy.candidate_upstream
+    if not 1 <= route <= len(proxy.routes):
+        raise RolloutError(f"route={route}: expected a route number 1-{len(proxy.routes)} of [[proxy.routes]]"
+                           if proxy.routes else f"route={route}: no [[proxy.routes]] are configured")  # fmt: skip
+    chosen = proxy.routes[route - 1]
+    return chosen.model, chosen.candidate_upstream
+
+
+def start_rollout(
+    engine: Engine, proxy: ProxySettings, settings: RolloutSettings, now: datetime, *, route: int | None = None,
+    candidate: str | None = None,
+) -> Rollout:  # fmt: skip
+    """Store a new running rollout of ``settings``' steps on the deployment ``route`` names (None: the default).
+
+    ``candidate``, where given, must be one of the deployment's configured candidate URLs: a
+    rollout sends users' requests only where the configuration already allows.
+    """
+    deployment, pool = deployment_of(proxy, route)
+    where = "proxy.candidate_upstream" if route is None else f"candidate_upstream of route {route}"
+    if not pool:
+        raise RolloutError(f"deployment {deployment!r} has no candidate pool: set {where} to the same target served "
+                           "with the new drafter, on every sidecar, then start the rollout")  # fmt: skip
+    if candidate is not None and candidate.rstrip("/") not in pool:
+        raise RolloutError(f"candidate={candidate!r} is not in {where} ({len(pool)} URL(s)): a rollout only sends "
+                           "traffic to a configured candidate; add it there first")  # fmt: skip
+    name = settings.drafter.strip()
+    if not name or len(name) > MAX_TEXT or name in (CURRENT_DRAFTER, "none"):
+        raise RolloutError(f"rollout.drafter={settings.drafter!r}: expected a name for the candidate drafter, at "
+                           f"most {MAX_TEXT} characters, other than {CURRENT_DRAFTER!r} and 'none'")  # fmt: skip
+    with engine.begin() as conn:
+        active = active_rollouts(conn).get(deployment)
+        if active is not None:
+            raise RolloutError(f"rollout {active.id} is {active.status} on deployment {deployment!r}: promote or "
+                               f"abort it first (draftwatch rollout abort {active.id})")  # fmt: skip
+        rollout = insert_rollout(conn, Rollout(
+            deployment, name, settings.steps, settings.interval.total_seconds(), settings.per_workload, now, now,
+            reason=f"started: {_shares(settings.steps)}, {settings.interval.total_seconds():g} s a step",
+        ))  # fmt: skip
+        event = _event(rollout, now, "started", rollout.reason)
+        record_event(conn, event)
+    _log(rollout, event)
+    return rollout
+
+
+def promote(engine: Engine, rollout_id: int, now: datetime) -> Rollout:
+    """Promote a running rollout by hand: the candidate serves every workload not already kept on the current one.
+
+    Per workload too: the operator's promotion is not limited to the workloads the judge passed.
+    """
+    return _finish(engine, rollout_id, now, "promoted", "promoted by hand")
+
+
+def abort(engine: Engine, rollout_id: int, now: datetime, reason: str = "aborted by hand") -> Rollout:
+    """End a running or promoted rollout: every request goes to the current drafter again."""
+    return _finish(engine, rollout_id, now, "aborted", reason)
+
+
+def _finish(
+    engine: Engine, rollout_id: int, now: datetime, kind: Literal["promoted", "aborted"], reason: str
+) -> Rollout:
+    with engine.begin() as conn:
+        rollout = get_rollout(conn, rollout_id)
+        if rollout is None:
+            raise RolloutError(f"no rollout {rollout_id}: draftwatch rollout status lists them")
+        allowed = ("running",) if kind == "promoted" else ("running", "promoted")
+        if rollout.status not in allowed:
+            raise RolloutError(f"rollout {rollout_id} is {rollout.status}: only a {' or '.join(allowed)} one can be "
+                               f"{kind}")  # fmt: skip
+        # A promotion by hand gives the candidate every workload not kept, as a whole rollout's does.
+        per_workload = rollout.per_workload and kind != "promoted"
+        done = replace(rollout, status=kind, finished_at=now, reason=reason[:1024], per_workload=per_workload)
+        save_rollout(conn, done)
+        event = _event(done, now, kind, done.reason)
+        record_event(conn, event)
+    _log(done, event)
+    return done
+
+
+def advance_rollouts(
+    engine: Engine, settings: RolloutSettings, now: datetime, *, sample_size: int = 2000, fence: Fence | None = None
+) -> list[RolloutEvent]:
+    """Judge every running rollout's current step and write what it calls for (see the module docstring)."""
+    judge = Judge(tolerance=settings.tolerance, min_requests=settings.min_requests,
+                  max_extra_errors=settings.max_extra_errors)  # fmt: skip
+    events: list[RolloutEvent] = []
+    for rollout in active_rollouts(engine).values():
+        if rollout.status != "running":
+            continue
+        with engine.connect() as conn:
+            judgements = judge_step(conn, rollout, judge, now, sample_size)
+        updated, new = _decide(rollout, judgements, settings.max_holds, now)
+        with engine.begin() as conn:
+            if fence is not None:
+                fence(conn)
+            save_rollout(conn, updated)
+            for event in new:
+                record_event(conn, event)
+        for event in new:
+            _log(updated, event)
+        events += new
+    return events
+
+
+def judge_step(
+    conn: Connection, rollout: Rollout, judge: Judge, now: datetime, sample_size: int
+) -> dict[str, WorkloadJudgement]:
+    """Per workload on the candidate's side of the rollout, its judgement over the current step so far."""
+    start = rollout.step_started_at
+    candidate, current = outcomes(conn, rollout.drafter, start, now), outcomes(conn, CURRENT_DRAFTER, start, now)
+    found: dict[str, WorkloadJudgement] = {}
+    for key in sorted(candidate):
+        workload, target, draft_model = key
+        if workload in rollout.workloads or workload in found:
+            continue
+        sides = []
+        for drafter, counts in ((rollout.drafter, candidate), (CURRENT_DRAFTER, current)):
+            n, errors = counts.get(key, (0, 0))
+            pair = Pair(target, drafter, draft_model)
+            sample = sample_requests(conn, workload, pair, start, now, sample_size, mode="speculative")
+            sides.append(_side(sample, n, errors))
+        found[workload] = judge.judge(workload, *sides)
+    return found
+
+
+def _side(sample: Sample, n: int, errors: int) -> Side:
+    speed = sample.decode_ms_per_token
+    timed = np.isfinite(speed)
+    ttft = sample.ttft_ms[np.isfinite(sample.ttft_ms)]
+    drafted = sample.drafted > 0
+    acceptance = sample.accepted[drafted] / sample.drafted[drafted]
+    population = Population(speed[timed], sample.context_tokens[timed], sample.upstream_inflight[timed])
+    return Side(population, ttft, acceptance, n, errors)
+
+
+def _decide(
+    rollout: Rollout, judgements: Mapping[str, WorkloadJudgement], max_holds: int, now: datetime
+) -> tuple[Rollout, list[RolloutEvent]]:
+    """The rollout after this run's judgements, and the events of what changed."""
+    interval = timedelta(seconds=rollout.interval_s)
+    seen = _judged_ever(rollout)
+    state = {"interval": [rollout.step_started_at.isoformat(), now.isoformat()],
+             "workloads": {w: j.to_json() for w, j in judgements.items()}, "judged": sorted(seen)}  # fmt: skip
+    r = replace(rollout, judgement=state)
+    events: list[RolloutEvent] = []
+    failed = {w: j for w, j in judgements.items() if j.outcome == "fail"}
+    if failed and not r.per_workload:
+        reason = "; ".join(f"{w}: {j.reason}" for w, j in failed.items())
+        return _ended(r, now, "rolled_back", f"rolled back at step {r.step + 1}: {reason}", events)
+    if failed:
+        r = _keep(r, failed, now, events, "failed")
+    elapsed = now - r.step_started_at
+    if elapsed < interval:
+        return r, events
+    open_ = {w: j for w, j in judgements.items() if w not in r.workloads}
+    judged = {w: j for w, j in open_.items() if j.outcome != "unjudged"}
+    unjudged = sorted(w for w, j in open_.items() if j.outcome == "unjudged")
+    undecided = {w: j for w, j in judged.items() if j.outcome != "pass"}
+    holds = int(elapsed / interval)  # interval ends this step has passed, this one included
+    if judged and not undecided:
+        seen |= set(judged)
+        r = replace(r, judgement={**state, "judged": sorted(seen)})
+        return _next_step(r, judged, unjudged, seen, now, events)
+    if holds <= max_holds:
+        if holds > r.holds:
+            why = _undecided(undecided, unjudged)
+            r = replace(r, holds=holds)
+            events.append(_event(r, now, "held", f"step {r.step + 1} held ({holds} of {max_holds}): {why}"))
+        return r, events
+    why = f"no decision after {holds} intervals at step {r.step + 1}: {_undecided(undecided, unjudged)}"
+    if r.per_workload and undecided and len(undecided) < len(judged):
+        r = _keep(r, undecided, now, events, "undecided")
+        passing = {w: j for w, j in judged.items() if w not in undecided}
+        return _next_step(r, passing, unjudged, seen | set(passing), now, events)
+    return _ended(r, now, "rolled_back", f"rolled back: {why}", events)
+
+
+def _next_step(
+    r: Rollout, passing: Mapping[str, WorkloadJudgement], unjudged: Sequence[str], seen: set[str], now: datetime,
+    events: list[RolloutEvent],
+) -> tuple[Rollout, list[RolloutEvent]]:  # fmt: skip
+    scores = ", ".join(f"{w} {j.score}" for w, j in sorted(passing.items()))
+    left = f"; unjudged (too few requests): {', '.join(unjudged)}" if unjudged else ""
+    if r.step + 1 < len(r.steps):
+        r = replace(r, step=r.step + 1, step_started_at=now, holds=0)
+        events.append(_event(r, now, "advanced", f"step {r.step + 1} of {len(r.steps)}: every judged workload "
+                                                 f"passed (scores {scores}){left}"))  # fmt: skip
+        return r, events
+    workloads = dict(r.workloads)
+    if r.per_workload:
+        workloads.update({w: "candidate" for w in passing})
+        if not any(side == "candidate" for side in workloads.values()):
+            return _ended(r, now, "rolled_back", "rolled back: the candidate passed on no workload", events)
+    never = sorted(set(unjudged) - seen)
+    unseen = f"; never judged (too few requests), left on the current drafter: {', '.join(never)}" if never else ""
+    if not r.per_workload and never:
+        unseen = f"; never judged (too few requests), promoted with the rest: {', '.join(never)}"
+    kept = sorted(w for w, side in workloads.items() if side == "current")
+    where = f"; kept on the current drafter: {', '.join(kept)}" if kept else ""
+    return _ended(
+        replace(r, workloads=workloads),
+        now,
+        "promoted",
+        f"promoted: every judged workload passed the last step (scores {scores}){where}{unseen}",
+        events,
+    )
+
+
+def _keep(
+    r: Rollout, workloads: Mapping[str, WorkloadJudgement], now: datetime, events: list[RolloutEvent], how: str
+) -> Rollout:
+    """Per workload: keep ``workloads`` on the current drafter for the rest of the rollout."""
+    r = replace(r, workloads={**r.workloads, **{w: "current" for w in workloads}})
+    for w, j in sorted(workloads.items()):
+        events.append(_event(r, now, "kept", f"{w} kept on the current drafter ({how}): {j.reason}", workload=w))
+    return r
+
+
+def _ended(
+    r: Rollout, now: datetime, kind: Literal["promoted", "rolled_back"], reason: str, events: list[RolloutEvent]
+) -> tuple[Rollout, list[RolloutEvent]]:
+    r = replace(r, status=kind, finished_at=now, reason=reason[:1024])
+    events.append(_event(r, now, kind, r.reason))
+    return r, events
+
+
+def _judged_ever(rollout: Rollout) -> set[str]:
+    return set(rollout.judgement.get("judged", ()))
+
+
+def _undecided(undecided: Mapping[str, WorkloadJudgement], unjudged: Sequence[str]) -> str:
+    parts = [f"{w} {j.outcome}: {j.reason}" for w, j in sorted(undecided.items())]
+    if unjudged:
+        parts.append(f"unjudged (too few requests): {', '.join(unjudged)}")
+    return "; ".join(parts) or "no workload judged yet"
+
+
+def _event(r: Rollout, now: datetime, kind: EventKind, reason: str, workload: str | None = None) -> RolloutEvent:
+    assert r.id is not None
+    share = 0.0 if kind in ("rolled_back", "aborted") else r.step_share
+    return RolloutEvent(r.id, now, kind, r.step, share, reason[:1024], workload, dict(r.judgement))
+
+
+def _log(r: Rollout, event: RolloutEvent) -> None:
+    level = logging.WARNING if event.kind in ("rolled_back", "kept") else logging.INFO
+    log.log(level, "rollout %s (%s on %s): %s", r.id, r.drafter, r.deployment, event.reason)
+
+
+def _shares(steps: Sequence[float]) -> str:
+    return "steps " + ", ".join(f"{100 * s:g}%" for s in steps)

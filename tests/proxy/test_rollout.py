@@ -1,0 +1,219 @@
+"""A drafter rollout's steps on stored records: judged per workload, advanced, promoted, held, rolled back.
+
+Records are written as the proxy writes them: the current pool's under drafter ``upstream``, the
+candidate's under the rollout's drafter name, both speculative, with decode times drawn per
+workload (seeded). The clock is the test's: each ``advance_rollouts`` call is told when it runs.
+On a SQLite file and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+
+import numpy as np
+import pytest
+from sqlalchemy.engine import Engine
+
+from decoder.record import RequestRecord
+from monitor.config import Settings
+from monitor.proxy.rollout import RolloutError, abort, advance_rollouts, promote, start_rollout
+from monitor.proxy.routing import Deployment, build_router
+from monitor.proxy.settings import ModelRoute, ProxySettings, RolloutSettings
+from monitor.store.rollouts import CURRENT_DRAFTER, active_rollouts, get_rollout, rollout_events
+from monitor.store.writes.writer import write_batch
+from tests.records import T0, api_record
+
+CANDIDATE = "ngram-greedy"
+PROXY = ProxySettings(upstream=("http://spec:8080",), candidate_upstream=("http://cand:8080",))
+INTERVAL = timedelta(minutes=10)
+_ids = itertools.count()
+
+
+def rollout_settings(**changes: object) -> RolloutSettings:
+    values: dict[str, object] = {"steps": (0.1, 0.5, 1.0), "interval": INTERVAL, "min_requests": 20,
+                                 "drafter": CANDIDATE, **changes}  # fmt: skip
+    return RolloutSettings(**values)  # type: ignore[arg-type]
+
+
+def requests(
+    workload: str, drafter: str, ms: float, n: int, start: datetime, *, seed: int, errors: int = 0
+) -> list[RequestRecord]:
+    """``n`` speculative requests of ``workload`` at ``ms`` per token (lognormal, sd 0.15), spread over 5 minutes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, per_token in enumerate(rng.lognormal(np.log(ms), 0.15, n).tolist()):
+        ts = start + timedelta(seconds=300 * i / n)
+        failed = i < errors
+        out.append(api_record(
+            f"r{next(_ids)}", ts_start=ts, ts_end=ts + timedelta(seconds=1), workload=workload, drafter=drafter,
+            target_model="smollm2-135m", draft_model=None, output_tokens=33,
+            decode_ms=None if failed else per_token * 32, ttft_ms=40.0, latency_ms=40.0 + per_token * 32,
+            finish_reason="error" if failed else "stop", error="upstream 500" if failed else None, upstream_inflight=1,
+        ))  # fmt: skip
+    return out
+
+
+def store(engine: Engine, records: list[RequestRecord]) -> None:
+    with engine.begin() as conn:
+        write_batch(conn, records, f"b{next(_ids)}", "sync")
+
+
+def interval_of(engine: Engine, start: datetime, speeds: dict[str, tuple[float, float]], n: int = 40) -> None:
+    """One interval's traffic: per workload, (current ms per token, candidate ms per token)."""
+    for k, (workload, (current, candidate)) in enumerate(sorted(speeds.items())):
+        seed = int(start.timestamp()) + 10 * k
+        store(engine, requests(workload, CURRENT_DRAFTER, current, n, start, seed=seed)
+              + requests(workload, CANDIDATE, candidate, n, start, seed=seed + 1))  # fmt: skip
+
+
+def kinds(engine: Engine, rollout_id: int) -> list[str]:
+    return [e.kind for e in rollout_events(engine, rollout_id=rollout_id)]
+
+
+def test_a_candidate_that_wins_everywhere_is_advanced_step_by_step_then_promoted(engine: Engine) -> None:
+    r = start_rollout(engine, PROXY, rollout_settings(), T0)
+    assert r.id is not None and active_rollouts(engine)["*"].step_share == pytest.approx(0.1)
+    t = T0
+    for step in range(3):
+        interval_of(engine, t, {"copy": (10.0, 7.0), "story": (10.0, 9.0)})
+        # Before the interval has run its length, a passing step stays where it is.
+        assert advance_rollouts(engine, rollout_settings(), t + INTERVAL / 2) == []
+        t += INTERVAL + timedelta(seconds=1)
+        (event,) = advance_rollouts(engine, rollout_settings(), t)
+        assert event.kind == ("advanced" if step < 2 else "promoted"), event.reason
+    done = get_rollout(engine, r.id)
+    assert done is not None and done.status == "promoted" and done.share("anything") == 1.0
+    assert "scores copy 100, story 100" in done.reason
+    assert kinds(engine, r.id) == ["started", "advanced", "advanced", "promoted"]
+    # A promoted rollout still serves: a second one on the same deployment is refused until it ends.
+    with pytest.raises(RolloutError, match="is promoted on deployment"):
+        start_rollout(engine, PROXY, rollout_settings(), t)
+
+
+def test_a_losing_workload_rolls_the_rollout_back_at_once(engine: Engine) -> None:
+    r = start_rollout(engine, PROXY, rollout_settings(), T0)
+    interval_of(engine, T0, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+    # Long before the step's interval ends: a failure does not wait for it.
+    (event,) = advance_rollouts(engine, rollout_settings(), T0 + timedelta(minutes=5, seconds=1))
+    assert event.kind == "rolled_back" and event.share == 0.0
+    assert "story: decode_speed fail" in event.reason and "copy" not in event.reason
+    assert r.id is not None and "*" not in active_rollouts(engine)
+    # Over: nothing more happens, and a new rollout may start.
+    assert advance_rollouts(engine, rollout_settings(), T0 + 3 * INTERVAL) == []
+    start_rollout(engine, PROXY, rollout_settings(), T0 + 3 * INTERVAL)
+
+
+def test_per_workload_keeps_the_loser_on_the_current_drafter_and_promotes_the_winner(engine: Engine) -> None:
+    s = rollout_settings(per_workload=True)
+    r = start_rollout(engine, PROXY, s, T0)
+    assert r.id is not None
+    interval_of(engine, T0, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+    (kept,) = advance_rollouts(engine, s, T0 + timedelta(minutes=5, seconds=1))
+    assert (kept.kind, kept.workload) == ("kept", "story")
+    running = get_rollout(engine, r.id)
+    assert running is not None and running.status == "running"
+    assert running.share("story") == 0.0 and running.share("copy") == pytest.approx(0.1)
+    t = T0
+    for _ in range(3):
+        interval_of(engine, t, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+        t += INTERVAL + timedelta(seconds=1)
+        advance_rollouts(engine, s, t)
+    done = get_rollout(engine, r.id)
+    assert done is not None and done.status == "promoted", done.reason
+    assert dict(done.workloads) == {"copy": "candidate", "story": "current"}
+    assert done.share("copy") == 1.0 and done.share("story") == 0.0
+    # A workload the judge never saw is not given to the candidate on no evidence.
+    assert done.share("chat") == 0.0
+    assert "kept on the current drafter: story" in done.reason
+    assert kinds(engine, r.id) == ["started", "kept", "advanced", "advanced", "promoted"]
+
+
+def test_a_workload_too_small_to_judge_is_listed_not_waited_for(engine: Engine) -> None:
+    r = start_rollout(engine, PROXY, rollout_settings(steps=(0.5, 1.0)), T0)
+    assert r.id is not None
+    t = T0
+    for _ in range(2):
+        interval_of(engine, t, {"copy": (10.0, 9.5)})
+        interval_of(engine, t, {"rare": (10.0, 10.0)}, n=5)
+        t += INTERVAL + timedelta(seconds=1)
+        advance_rollouts(engine, rollout_settings(steps=(0.5, 1.0)), t)
+    events = rollout_events(engine, rollout_id=r.id)
+    assert [e.kind for e in events] == ["started", "advanced", "promoted"]
+    assert "unjudged (too few requests): rare" in events[1].reason
+    assert "never judged (too few requests), promoted with the rest: rare" in events[2].reason
+    assert events[1].judgement["workloads"]["rare"]["outcome"] == "unjudged"
+
+
+def test_a_step_with_nothing_judged_is_held_then_given_up(engine: Engine) -> None:
+    s = rollout_settings(max_holds=2)
+    r = start_rollout(engine, PROXY, s, T0)
+    assert r.id is not None
+    interval_of(engine, T0, {"rare": (10.0, 10.0)}, n=5)
+    for k in range(1, 4):
+        advance_rollouts(engine, s, T0 + k * INTERVAL + timedelta(seconds=1))
+        advance_rollouts(engine, s, T0 + k * INTERVAL + timedelta(seconds=30))  # no second event per interval
+    events = rollout_events(engine, rollout_id=r.id)
+    assert [e.kind for e in events] == ["started", "held", "held", "rolled_back"]
+    assert "held (1 of 2): unjudged (too few requests): rare" in events[1].reason
+    assert events[-1].reason.startswith("rolled back: no decision after 3 intervals at step 1")
+
+
+def test_a_candidate_that_fails_its_requests_is_rolled_back_on_the_error_rate(engine: Engine) -> None:
+    start_rollout(engine, PROXY, rollout_settings(), T0)
+    store(engine, requests("chat", CURRENT_DRAFTER, 10.0, 40, T0, seed=1)
+          + requests("chat", CANDIDATE, 10.0, 40, T0, seed=2, errors=40))  # fmt: skip
+    (event,) = advance_rollouts(engine, rollout_settings(), T0 + timedelta(minutes=6))
+    assert event.kind == "rolled_back" and "error rate 100.0% against 0.0%" in event.reason
+
+
+def test_promote_and_abort_by_hand(engine: Engine) -> None:
+    r = start_rollout(engine, PROXY, rollout_settings(per_workload=True), T0)
+    assert r.id is not None
+    done = promote(engine, r.id, T0 + INTERVAL)
+    assert done.status == "promoted" and done.share("any") == 1.0
+    with pytest.raises(RolloutError, match="is promoted: only a running one can be promoted"):
+        promote(engine, r.id, T0 + INTERVAL)
+    ended = abort(engine, r.id, T0 + 2 * INTERVAL)
+    assert ended.status == "aborted" and ended.share("any") == 0.0 and "*" not in active_rollouts(engine)
+    with pytest.raises(RolloutError, match="no rollout 999"):
+        abort(engine, 999, T0)
+    assert kinds(engine, r.id) == ["started", "promoted", "aborted"]
+
+
+def test_a_rollout_starts_only_on_a_configured_candidate(engine: Engine) -> None:
+    with pytest.raises(RolloutError, match="has no candidate pool: set proxy.candidate_upstream"):
+        start_rollout(engine, ProxySettings(upstream=("http://spec:8080",)), rollout_settings(), T0)
+    with pytest.raises(RolloutError, match="is not in proxy.candidate_upstream"):
+        start_rollout(engine, PROXY, rollout_settings(), T0, candidate="http://elsewhere:9999")
+    with pytest.raises(RolloutError, match="other than 'upstream'"):
+        start_rollout(engine, PROXY, rollout_settings(drafter="upstream"), T0)
+    with pytest.raises(RolloutError, match="route=3: expected a route number 1-1"):
+        routed = ProxySettings(upstream=("http://spec:8080",), routes=(ModelRoute("qwen*", ("http://q:8000",)),))
+        start_rollout(engine, routed, rollout_settings(), T0, route=3)
+    routes = (ModelRoute("qwen*", ("http://q:8000",), candidate_upstream=("http://qc:8000",)),)
+    on_route = start_rollout(engine, ProxySettings(upstream=("http://spec:8080",), routes=routes), rollout_settings(),
+                             T0, route=1, candidate="http://qc:8000/")  # fmt: skip
+    assert on_route.deployment == "qwen*"
+    start_rollout(engine, PROXY, rollout_settings(), T0)  # another deployment's rollout does not block this one
+    with pytest.raises(RolloutError, match=r"rollout \d+ is running on deployment '\*'"):
+        start_rollout(engine, PROXY, rollout_settings(), T0)
+
+
+def test_the_router_sends_the_rollouts_share_to_the_candidate_pool(engine: Engine) -> None:
+    settings = Settings.from_env({"HOME": "/h", "DRAFTWATCH_PROXY_UPSTREAM": "http://spec:8080",
+                                  "DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM": "http://cand:8080"}, None)  # fmt: skip
+    router = build_router(settings, seed=5)
+    r = start_rollout(engine, settings.proxy, rollout_settings(per_workload=True), T0)
+    router.rollouts = active_rollouts(engine)
+    chosen = [router.choose("chat") for _ in range(2000)]
+    to_candidate = [c for c in chosen if c.drafter == CANDIDATE]
+    assert {c.member.pool for c in to_candidate} == {"candidate"}
+    assert {c.member.upstream.netloc for c in to_candidate} == {"cand:8080"}
+    # 10 % at the first step; 2000 draws put it within 0.07-0.13 with room to spare (sd 0.0067).
+    assert 0.07 < len(to_candidate) / len(chosen) < 0.13
+    assert r.id is not None
+    abort(engine, r.id, T0)
+    router.rollouts = active_rollouts(engine)
+    assert all(router.choose("chat").drafter is None for _ in range(200))
+    assert isinstance(router.default, Deployment)
