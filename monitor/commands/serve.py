@@ -77,6 +77,15 @@ def register(subparsers: Any) -> None:
         "comma-separated (default: proxy.baseline_upstream; see proxy.baseline_policy and proxy.on_net_loss)",
     )
     parser.add_argument(
+        "--candidate-upstream",
+        default=None,
+        metavar="URL",
+        action="append",
+        help="the same target served with a NEW drafter: the candidate pool a rollout (draftwatch rollout start) "
+        "gives a rising share of the speculative traffic, judged per workload against --upstream; repeatable or "
+        "comma-separated (default: proxy.candidate_upstream)",
+    )
+    parser.add_argument(
         "--upstream-kind",
         choices=PROXY_KINDS,
         default=None,
@@ -102,6 +111,8 @@ def mode_of(settings: Settings, decoder: SpeculativeDecoder | None) -> str:
     pool = f"proxy mode: {len(proxy.upstream)} speculative upstream(s)"
     if proxy.routes:
         pool += f", {len(proxy.routes)} model route(s)"
+    if proxy.candidate_upstream:
+        pool += f", {len(proxy.candidate_upstream)} candidate drafter upstream(s) for a rollout"
     if not proxy.baseline_upstream:
         return pool + ", no plain baseline (speedup not measured; add --baseline-upstream)"
     return (f"{pool}, {len(proxy.baseline_upstream)} plain baseline(s) by {proxy.baseline_policy}, "
@@ -143,6 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         upstream = _upstreams("--upstream", args.upstream)
         baseline_upstream = _upstreams("--baseline-upstream", args.baseline_upstream)
+        candidate_upstream = _upstreams("--candidate-upstream", args.candidate_upstream)
     except ConfigError as error:
         print(f"draftwatch serve: {error}", file=sys.stderr)
         return 2
@@ -151,18 +163,23 @@ def _serve(args: argparse.Namespace) -> int:
         "api.port": args.port,
         "proxy.upstream": upstream,
         "proxy.baseline_upstream": baseline_upstream,
+        "proxy.candidate_upstream": candidate_upstream,
     }
     settings = settings_or_report(args, "serve", {**overrides, "proxy.kind": args.upstream_kind})
     if settings is None:
         return 2
-    if settings.proxy.baseline_upstream and not settings.proxy.upstream:
-        print("draftwatch serve: --baseline-upstream needs --upstream (the speculative stack it is compared with)",
-              file=sys.stderr)  # fmt: skip
+    for flag, given in (("--baseline-upstream", settings.proxy.baseline_upstream),
+                        ("--candidate-upstream", settings.proxy.candidate_upstream)):  # fmt: skip
+        if given and not settings.proxy.upstream:
+            print(f"draftwatch serve: {flag} needs --upstream (the speculative stack it is compared with)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    if settings.proxy.has_candidate and settings.proxy.speculative in ("false", "baseline"):
+        print(f"draftwatch serve: proxy.speculative={settings.proxy.speculative} with a candidate drafter: a "
+              "candidate is judged against the speculative pool behind --upstream, which this setting says is not "
+              "speculative; leave proxy.speculative at auto or set it to true", file=sys.stderr)  # fmt: skip
         return 2
-    declared_baseline = bool(settings.proxy.baseline_upstream) or any(
-        r.baseline_upstream for r in settings.proxy.routes
-    )
-    if declared_baseline and settings.proxy.speculative in ("false", "baseline"):
+    if settings.proxy.baseline_beside and settings.proxy.speculative in ("false", "baseline"):
         print(f"draftwatch serve: proxy.speculative={settings.proxy.speculative} with a plain baseline: the baseline "
               "declares the pool behind --upstream speculative (its requests are compared with the baseline's); "
               "leave proxy.speculative at auto or set it to true", file=sys.stderr)  # fmt: skip

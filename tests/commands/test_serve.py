@@ -30,6 +30,18 @@ def test_a_baseline_without_an_upstream_is_refused(capsys: pytest.CaptureFixture
     assert "--baseline-upstream needs --upstream" in capsys.readouterr().err
 
 
+def test_a_candidate_needs_a_speculative_upstream_and_is_named_in_the_banner(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["serve", "--candidate-upstream", "http://127.0.0.1:9"]) == 2
+    assert "--candidate-upstream needs --upstream" in capsys.readouterr().err
+    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "baseline")
+    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--candidate-upstream", "http://127.0.0.1:10"]) == 2
+    assert "proxy.speculative=baseline with a candidate drafter" in capsys.readouterr().err
+    staged = settings(**{"proxy.upstream": ("http://a:1",), "proxy.candidate_upstream": ("http://c:1",)})
+    assert mode_of(staged, None).startswith("proxy mode: 1 speculative upstream(s), 1 candidate drafter upstream(s)")
+
+
 def test_routes_without_a_default_upstream_are_refused_and_named_in_the_banner(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
