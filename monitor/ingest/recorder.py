@@ -383,15 +383,19 @@ class Recorder:
             self._progress.notify_all()
 
     def _run_spill(self) -> None:
-        size, spill = self.settings.batch_size, self._spill
+        spill = self._spill
         while True:
             with self._lock:
                 while not spill and not self._stop.is_set():
                     self._spill_ready.wait()
                 if not spill:
                     return
-                take = spill.popleft
-                batch = [take() for _ in range(min(size, len(spill)))]
+                # Everything handed off so far, in one spool line and one fsync: while a slow disk syncs one
+                # line the hand-off fills, and draining it a batch_size at a time dropped records the next
+                # fsync would have held (the hand-off is bounded by queue_size; record_durable's by the
+                # requests in flight).
+                batch = list(spill)
+                spill.clear()
                 self._spilling += len(batch)
             # Running from here on: a caller that stops waiting cannot cancel its record out of the batch.
             waiters = [waiter for _, waiter in batch if waiter is not None and waiter.set_running_or_notify_cancel()]

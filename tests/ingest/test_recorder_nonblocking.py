@@ -192,3 +192,45 @@ def test_a_replay_that_runs_long_but_commits_is_not_taken_for_a_hung_database(
         assert recorder.stats().replayed == len(records) - 1
     assert hung_seen == [], "a replay that kept committing was taken for a hung database"
     assert stored(engine) == len(records)
+
+
+def test_the_spill_thread_spools_all_it_was_handed_in_one_line(
+    hung_engine: tuple[Engine, Gate], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one fsync is slow the hand-off fills; the next line takes all of it, not a batch_size of it.
+
+    Taken a batch at a time, a hand-off of 10 behind a slow disk needed 2 more fsyncs at batch size 5
+    (under load, each one more chance for the bounded hand-off to overflow and drop a record).
+    """
+    engine, database = hung_engine
+    disk = Gate()
+    append = Spool.append
+    lines: list[int] = []
+
+    def slow_append(self: Spool, batch_id: str, records: Any) -> None:
+        lines.append(len(records))
+        disk.pass_through()
+        append(self, batch_id, records)
+
+    monkeypatch.setattr(Spool, "append", slow_append)
+    settings = RecorderSettings(
+        spool_dir=tmp_path / "spool", queue_size=10, batch_size=5, flush_interval_s=0.01, write_timeout_s=60
+    )
+    records = stream(22)
+    with Recorder(engine, settings) as recorder:
+        database.close()
+        disk.close()
+        recorder.record_nowait(records[0])
+        assert database.entered.wait(DEADLOCK_S)  # the writer holds its batch inside a write that does not return
+        for rec in records[1:11]:
+            assert recorder.record_nowait(rec)  # the queue
+        assert recorder.record_nowait(records[11])  # handed off: the spill thread takes it and stalls on the disk
+        assert disk.entered.wait(DEADLOCK_S)
+        for rec in records[12:22]:
+            assert recorder.record_nowait(rec)  # the hand-off, full
+        disk.open()
+        database.open()
+        assert recorder.flush(DEADLOCK_S) and recorder.wait_replayed(DEADLOCK_S)
+        assert recorder.stats().dropped == 0
+    assert lines == [1, 10]
+    assert stored(engine) == 22
