@@ -84,9 +84,11 @@ class Deployment:
         no match) still paid for speculation and is recorded as speculative with 0 drafts. Inferring
         it from the response would count such requests as plain: selection on the outcome, which
         made an n-gram deployment's net loss look like no comparison at all. Without a baseline
-        nothing declares it but ``proxy.speculative``.
+        nothing declares it but ``proxy.speculative``. A candidate pool declares it too: the rollout's
+        judge compares the current drafter's requests with the candidate's, which are speculative by
+        declaration, and the current side must not lose its requests that drafted nothing.
         """
-        return True if self.baseline else self.settings.deployment_speculative
+        return True if self.baseline or self.candidate else self.settings.deployment_speculative
 
 
 @dataclass(frozen=True, slots=True)

@@ -217,3 +217,16 @@ def test_the_router_sends_the_rollouts_share_to_the_candidate_pool(engine: Engin
     router.rollouts = active_rollouts(engine)
     assert all(router.choose("chat").drafter is None for _ in range(200))
     assert isinstance(router.default, Deployment)
+
+
+def test_a_candidate_pool_declares_the_current_pool_speculative() -> None:
+    """An n-gram request of the current pool that drafted nothing stays speculative, as the candidate's does.
+
+    Inferred from the response (``proxy.speculative = auto``), it would be stored plain and left out
+    of the current side: the judge would compare the candidate's every request with the current
+    drafter's lucky ones.
+    """
+    env = {"HOME": "/h", "DRAFTWATCH_PROXY_UPSTREAM": "http://spec:8080"}
+    assert build_router(Settings.from_env(env, None)).default.speculative_role is None
+    staged = {**env, "DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM": "http://cand:8080"}
+    assert build_router(Settings.from_env(staged, None)).default.speculative_role is True
