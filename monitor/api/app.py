@@ -35,7 +35,7 @@ from monitor.api.events import EventBatchIn, EventIn
 from monitor.api.ingest import routes as ingest
 from monitor.api.ingest.adapters import MODELS
 from monitor.api.limits import LimitsMiddleware
-from monitor.api.reads import alerts, drift, health, workloads
+from monitor.api.reads import alerts, drift, health, rollouts, workloads
 from monitor.api.reads import metrics as prometheus  # the module of /metrics; `metrics` below is its Metrics
 from monitor.api.state import ApiState
 from monitor.config import Settings
@@ -157,7 +157,7 @@ def create_app(
     app.add_middleware(DateMiddleware)
     # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.
     served = (forward,) if settings.proxy.upstream else (generate, openai_chat)
-    for module in (ingest, *served, workloads, health, prometheus, alerts, drift):
+    for module in (ingest, *served, workloads, health, prometheus, alerts, drift, rollouts):
         app.include_router(module.router)
     _document_bodies(app)
     if not open_docs:

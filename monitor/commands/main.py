@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "monitor.commands.serve",
     "monitor.commands.drift",
     "monitor.commands.routes",
+    "monitor.commands.rollout",
     "monitor.commands.alerts",
     "monitor.commands.config",
     "dashboard.cli",

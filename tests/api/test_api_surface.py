@@ -165,12 +165,16 @@ def test_every_guarded_operation_declares_401_and_403() -> None:
     document = json.loads((ROOT / "docs" / "openapi.json").read_text())
     guarded = [(method, path, op) for path, ops in document["paths"].items() for method, op in ops.items()
                if op.get("security")]  # fmt: skip
-    assert len(guarded) == 18  # every operation but the two probes
+    assert len(guarded) == 23  # every operation but the two probes
     for method, path, op in guarded:
         assert {"401", "403"} <= set(op["responses"]), f"{method.upper()} {path}"
     ack = document["paths"]["/v1/alerts/{alert_id}/ack"]["post"]["responses"]
     assert {"404", "409", "413"} <= set(ack)
     assert "404" in document["paths"]["/v1/silences/{silence_id}"]["delete"]["responses"]
+    rollouts = document["paths"]["/v1/rollouts"]
+    assert {"409", "422"} <= set(rollouts["post"]["responses"]) and "201" in rollouts["post"]["responses"]
+    for action in ("promote", "abort"):
+        assert {"404", "409"} <= set(document["paths"][f"/v1/rollouts/{{rollout_id}}/{action}"]["post"]["responses"])
 
 
 def test_the_token_is_checked_before_the_body_is_read(client: TestClient) -> None:

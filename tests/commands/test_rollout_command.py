@@ -1,0 +1,230 @@
+"""``draftwatch rollout start|status|promote|abort`` on a real database (a SQLite file and PostgreSQL).
+
+The judged rollouts are made as tests/proxy/test_rollout.py makes them: records of both pools stored,
+the judge run at the test's clock; the commands then read them as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from monitor.commands import rollout as command
+from monitor.commands.main import build_parser, main
+from monitor.proxy.rollout import abort, advance_rollouts, start_rollout
+from monitor.store.rollouts import STATUSES, get_rollout, rollout_events, rollouts
+from tests.proxy.test_rollout import CANDIDATE, INTERVAL, PROXY, interval_of, rollout_settings
+from tests.records import T0
+
+Run = Callable[..., tuple[int, str, str]]
+CANDIDATE_URL = "http://cand:8082"
+
+
+@pytest.fixture
+def run(engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
+    """``draftwatch ARGS`` against ``engine``'s database with a candidate pool: (exit status, stdout, stderr)."""
+    env = {
+        "HOME": str(tmp_path),
+        "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"),
+        "DRAFTWATCH_DATABASE_URL": engine.url.render_as_string(hide_password=False),
+        "DRAFTWATCH_PROXY_UPSTREAM": "http://spec:8080",
+        "DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM": CANDIDATE_URL,
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DRAFTWATCH_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+
+    def draftwatch(*args: str) -> tuple[int, str, str]:
+        code = main(["rollout", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return draftwatch
+
+
+def test_start_takes_the_settings_and_its_flags_override_them(
+    run: Run, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWATCH_ROLLOUT_STEPS", "10,100")
+    monkeypatch.setenv("DRAFTWATCH_ROLLOUT_DRAFTER", "from-settings")
+    monkeypatch.setenv("DRAFTWATCH_ROLLOUT_PER_WORKLOAD", "true")
+    code, out, err = run("start", "--steps", "5,25,50,100", "--interval", "45m", "--drafter", "eagle3-v2",
+                         "--no-per-workload", "--candidate", CANDIDATE_URL + "/")  # fmt: skip
+    assert (code, err) == (0, "")
+    (first,) = rollouts(engine)
+    assert (first.drafter, first.steps, first.interval_s, first.per_workload, first.deployment, first.status) == (
+        "eagle3-v2", (0.05, 0.25, 0.5, 1.0), 2700.0, False, "*", "running")  # fmt: skip
+    assert (f"rollout {first.id} started: drafter eagle3-v2 on deployment '*' (candidate pool {CANDIDATE_URL}), "
+            "steps 5,25,50,100 %, 45m a step\n") in out  # fmt: skip
+    assert "step 1 sends 5% of the speculative requests to the candidate" in out
+    assert "judges it every 1m (scheduler.rollout_interval)" in out
+    for action in ("status", "promote", "abort"):
+        assert f"draftwatch rollout {action} {first.id}" in out
+    assert first.id is not None
+    assert run("abort", str(first.id))[0] == 0
+    # No flags: the rollout.* settings, the interval's default included.
+    code, out, _ = run("start")
+    assert code == 0 and "drafter from-settings" in out and "steps 10,100 %, 30m a step, per workload" in out
+    second = rollouts(engine)[0]
+    assert (second.drafter, second.steps, second.interval_s, second.per_workload) == (
+        "from-settings", (0.1, 1.0), 1800.0, True)  # fmt: skip
+
+
+def test_start_refusals_are_one_line_with_what_to_do_and_status_2(
+    run: Run, engine: Engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("start")[0] == 0
+    (running,) = rollouts(engine)
+    cases = {
+        (): f"rollout {running.id} is running on deployment '*': one rollout at a time; promote or abort it first "
+        f"(draftwatch rollout abort {running.id}, or POST /v1/rollouts/{running.id}/abort)",
+        ("--candidate", "http://elsewhere:9999"): "candidate='http://elsewhere:9999' is not in "
+        "proxy.candidate_upstream (1 URL(s)): a rollout only sends traffic to a configured candidate; add it there "
+        "first",
+        ("--drafter", "upstream"): "rollout.drafter='upstream': expected a name for the candidate drafter",
+        ("--route", "2"): "route=2: no [[proxy.routes]] are configured",
+    }
+    for args, said in cases.items():
+        code, out, err = run("start", *args)
+        assert code == 2 and out == "", args
+        assert err.startswith(f"draftwatch rollout start: {said}") and err.count("\n") == 1, err
+    monkeypatch.delenv("DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM")
+    code, _, err = run("start")
+    assert code == 2
+    assert err == (
+        "draftwatch rollout start: deployment '*' has no candidate pool: set proxy.candidate_upstream to the same "
+        "target served with the new drafter, on every sidecar, then start the rollout\n"
+    )
+    # A value the setting's own parser refuses is argparse's usage error, naming the flag.
+    for flag, value, said in (("--steps", "50,25,100", "25 follows 50"), ("--steps", "5,50", "the last step to be 100"),
+                              ("--interval", "soon", "expected a duration"), ("--route", "0", "'0'")):  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            main(["rollout", "start", flag, value])
+        assert exited.value.code == 2
+        assert f"argument {flag}: " in (err := capsys.readouterr().err) and said in err, err
+    assert [r.id for r in rollouts(engine)] == [running.id]  # nothing refused was stored
+
+
+def test_status_lists_the_rollouts_newest_first_with_the_judges_newest_word(run: Run, engine: Engine) -> None:
+    old = start_rollout(engine, PROXY, rollout_settings(), T0 - timedelta(hours=2))
+    assert old.id is not None
+    abort(engine, old.id, T0 - timedelta(hours=1), "p99 up")
+    r = start_rollout(engine, PROXY, rollout_settings(), T0)
+    assert r.id is not None
+    interval_of(engine, T0, {"copy": (10.0, 7.0), "story": (10.0, 9.0)})
+    (advanced,) = advance_rollouts(engine, rollout_settings(), T0 + INTERVAL + timedelta(seconds=1))
+    assert advanced.kind == "advanced"
+    judged = get_rollout(engine, r.id)
+    assert judged is not None
+    copy = judged.judgement["workloads"]["copy"]
+    speed = next(m for m in copy["metrics"] if m["metric"] == "decode_speed")
+
+    code, out, err = run("status")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"rollout {r.id}  running  step 2 of 3: 50% of the speculative requests to {CANDIDATE}"
+    assert "drafter ngram-greedy on deployment '*', steps 10,50,100 %, 10m a step; started 2026-03-01T12:00:00" in out
+    assert "newest judgement, requests of 2026-03-01T12:00:00 .. 2026-03-01T12:10:01:" in out
+    row = next(line for line in lines if line.startswith("  copy "))
+    assert row.split()[:3] == ["copy", "pass", "100"], row
+    assert f"{speed['ratio']:.2f}x [{speed['ci'][0]:.2f}, {speed['ci'][1]:.2f}]" in row
+    assert row.split()[-3:] == [str(copy["n_candidate"]), str(copy["n_current"]), "50%"], row
+    assert any(line.startswith("  story ") and " pass " in line for line in lines)
+    assert "reason: started" not in out  # a running rollout's events tell its story, not how it started
+    # The older, aborted rollout comes after, with its reason; then the count.
+    assert out.index(f"rollout {old.id}  aborted  ended at step 1 of 3") > out.index(f"rollout {r.id}  running")
+    assert "  never judged\n  reason: p99 up" in out
+    assert lines[-1] == "2 rollout(s)"
+
+    code, out, _ = run("status", "--status", "aborted")
+    assert code == 0 and f"rollout {old.id}  aborted" in out and f"rollout {r.id} " not in out
+    code, out, _ = run("status", "--json")
+    assert code == 0 and json.loads(out) == {"rollouts": [x.to_json() for x in rollouts(engine)]}
+    assert json.loads(out)["rollouts"][0]["judgement"]["workloads"]["copy"]["outcome"] == "pass"
+
+
+def test_status_of_one_rollout_shows_its_events_as_a_timeline(run: Run, engine: Engine) -> None:
+    settings = rollout_settings(per_workload=True)
+    r = start_rollout(engine, PROXY, settings, T0)
+    assert r.id is not None
+    interval_of(engine, T0, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+    (kept,) = advance_rollouts(engine, settings, T0 + timedelta(minutes=5, seconds=1))
+    assert (kept.kind, kept.workload) == ("kept", "story")
+
+    code, out, err = run("status", str(r.id))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    story = next(line for line in lines if line.startswith("  story "))
+    assert story.split()[:2] == ["story", "fail"] and " 0%  kept on the current drafter; decode_speed fail" in story
+    copy = next(line for line in lines if line.startswith("  copy "))
+    assert copy.split()[1] == "pass" and copy.endswith(" 10%")
+    assert "  events (2):" in lines
+    timeline = lines[lines.index("  events (2):") + 2 :]
+    assert timeline[0].split()[:4] == ["2026-03-01T12:00:00", "started", "1/3", "10%"]
+    assert timeline[0].endswith("started: steps 10%, 50%, 100%, 600 s a step")
+    assert timeline[1].split()[:5] == ["2026-03-01T12:05:01", "kept", "1/3", "10%", "story"]
+    assert "story kept on the current drafter (failed): decode_speed fail" in timeline[1]
+
+    code, out, _ = run("status", str(r.id), "--json")
+    stored = get_rollout(engine, r.id)
+    assert stored is not None and code == 0
+    events = [e.to_json() for e in rollout_events(engine, rollout_id=r.id)]
+    assert json.loads(out) == {**stored.to_json(), "events": events}
+    assert [e["kind"] for e in json.loads(out)["events"]] == ["started", "kept"]
+    assert run("status", "999") == (2, "", "draftwatch rollout status: no rollout 999: draftwatch rollout status "
+                                           "lists them\n")  # fmt: skip
+
+
+def test_promote_and_abort_by_hand(run: Run, engine: Engine) -> None:
+    assert run("start", "--drafter", "eagle3-v2")[0] == 0
+    (r,) = rollouts(engine)
+    code, out, err = run("promote", str(r.id))
+    assert (code, err) == (0, "")
+    assert out.startswith(f"rollout {r.id} promoted: eagle3-v2 serves every workload of deployment '*'\n")
+    assert f"then: draftwatch rollout abort {r.id}" in out
+    promoted = get_rollout(engine, r.id or 0)
+    assert promoted is not None and promoted.status == "promoted" and promoted.share("chat") == 1.0
+    assert run("promote", str(r.id)) == (2, "", f"draftwatch rollout promote: rollout {r.id} is promoted: only a "
+                                                "running one can be promoted\n")  # fmt: skip
+    code, out, err = run("abort", str(r.id), "--reason", "p99 went up")
+    assert (code, err) == (0, "")
+    assert out == (f"rollout {r.id} aborted (p99 went up): every request of deployment '*' goes to the current drafter "
+                   "again\n")  # fmt: skip
+    aborted = get_rollout(engine, r.id or 0)
+    assert aborted is not None and (aborted.status, aborted.reason, aborted.share("chat")) == ("aborted", "p99 went up",
+                                                                                                0.0)  # fmt: skip
+    assert [e.kind for e in rollout_events(engine, rollout_id=r.id)] == ["started", "promoted", "aborted"]
+    assert run("abort", str(r.id)) == (2, "", f"draftwatch rollout abort: rollout {r.id} is aborted: only a running "
+                                              "or promoted one can be aborted\n")  # fmt: skip
+    for action in ("promote", "abort"):
+        assert run(action, "999") == (2, "", f"draftwatch rollout {action}: no rollout 999: draftwatch rollout "
+                                             "status (GET /v1/rollouts) lists them\n")  # fmt: skip
+    # The default reason, and an abort of a running rollout.
+    assert run("start")[0] == 0
+    newest = rollouts(engine)[0]
+    assert run("abort", str(newest.id))[0] == 0
+    assert (get_rollout(engine, newest.id or 0) or newest).reason == "aborted by hand"
+
+
+def test_each_action_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    said = {
+        (): "The scheduler's rollout job judges each step per workload",
+        ("start",): "Each flag overrides its rollout.* setting",
+        ("status",): "decode speed (the candidate's over the current drafter's",
+        ("promote",): "make the candidate the deployment's --upstream",
+        ("abort",): "a new rollout may start",
+    }
+    for path, phrase in said.items():
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["rollout", *path, "--help"])
+        assert exited.value.code == 0
+        assert phrase in " ".join(capsys.readouterr().out.split()), path
+    assert main(["rollout"]) == 2 and "ROLLOUT_COMMAND" in capsys.readouterr().out
+    assert command.STATUSES == STATUSES  # spelled out there so that --help loads no database layer
