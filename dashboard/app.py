@@ -23,6 +23,7 @@ page = st.navigation(
         st.Page(PAGES / "drift.py", title="Drift", icon=":material/query_stats:"),
         st.Page(PAGES / "alerts.py", title="Alerts", icon=":material/notifications:"),
         st.Page(PAGES / "pairs.py", title="Pairs", icon=":material/compare_arrows:"),
+        st.Page(PAGES / "rollouts.py", title="Rollouts", icon=":material/rocket_launch:"),
     ]
 )
 components.sidebar()

@@ -217,3 +217,63 @@ def effect_history(rows: Rows) -> ChartSpec:
         ],
     )
     return alt.layer(band, points).properties(height=240)
+
+
+ROLLOUT_EVENTS: Final = ("started", "advanced", "held", "kept", "promoted", "rolled_back", "aborted", "now")
+# Per event kind: blue for the steps, orange for a hold or a workload kept, red for a rollback, green for a promotion.
+PASS_COLOR: Final = "#54a24b"
+ROLLOUT_COLORS: Final = (
+    CURRENT_COLOR, CURRENT_COLOR, REGRESSION_COLOR, REGRESSION_COLOR, PASS_COLOR, DRIFT_COLOR, REFERENCE_COLOR,
+    REFERENCE_COLOR,
+)  # fmt: skip
+
+
+def rollout_timeline(rows: Rows) -> ChartSpec:
+    """A rollout's steps: the candidate's share over time (a staircase) with a point per event (rows: ts, share,
+    event, step, text); a last row of event ``now`` extends a rollout that still runs or serves."""
+    base = alt.Chart(_data(rows)).encode(
+        x=alt.X("ts:T", title=None),
+        y=alt.Y("share:Q", title="candidate's share", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+    )
+    line = base.mark_line(interpolate="step-after", color=CURRENT_COLOR)
+    points = base.mark_point(filled=True, size=90).encode(
+        color=alt.Color(
+            "event:N",
+            scale=alt.Scale(domain=list(ROLLOUT_EVENTS), range=list(ROLLOUT_COLORS)),
+            legend=alt.Legend(orient="top", title=None),
+        ),
+        tooltip=[
+            alt.Tooltip("ts:T", title="when", format="%Y-%m-%d %H:%M"),
+            alt.Tooltip("event:N"),
+            alt.Tooltip("step:Q"),
+            alt.Tooltip("share:Q", format=".0%"),
+            alt.Tooltip("text:N", title="reason"),
+        ],
+    )
+    return alt.layer(line, points).properties(height=240)
+
+
+def rollout_speed(rows: Rows) -> ChartSpec:
+    """The candidate's decode speed over the current drafter's per workload, with its interval; 1 is a tie
+    (rows: workload, ratio, ci_low, ci_high, outcome)."""
+    base = alt.Chart(_data(rows)).encode(x=alt.X("workload:N", title=None, axis=alt.Axis(labelAngle=0)))
+    band = base.mark_rule(strokeWidth=2, opacity=0.6).encode(
+        y=alt.Y("ci_low:Q", title="decode speed × the current drafter", scale=alt.Scale(zero=False)), y2="ci_high:Q"
+    )
+    points = base.mark_point(filled=True, size=90).encode(
+        y="ratio:Q",
+        color=alt.Color(
+            "outcome:N",
+            scale=alt.Scale(domain=["pass", "marginal", "fail"], range=[PASS_COLOR, REGRESSION_COLOR, DRIFT_COLOR]),
+            legend=alt.Legend(orient="top", title=None),
+        ),
+        tooltip=[
+            alt.Tooltip("workload:N"),
+            alt.Tooltip("ratio:Q", format=".2f", title="×"),
+            alt.Tooltip("ci_low:Q", format=".2f"),
+            alt.Tooltip("ci_high:Q", format=".2f"),
+            alt.Tooltip("outcome:N"),
+        ],
+    )
+    even = alt.Chart(_data([{"y": 1.0}])).mark_rule(color=REFERENCE_COLOR, strokeDash=[4, 3]).encode(y="y:Q")
+    return alt.layer(even, band, points).properties(height=240)

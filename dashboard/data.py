@@ -22,6 +22,7 @@ from monitor.alerts.silences import Silence, list_silences
 from monitor.config import Settings, default_config_file
 from monitor.drift import queries as drift_queries
 from monitor.store import evaluations as stored_evaluations
+from monitor.store import rollouts as stored_rollouts
 from monitor.store import routing, scrape
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
@@ -106,6 +107,18 @@ def length_histogram(url: str, workload: str, start: datetime, end: datetime) ->
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def routing_switches(url: str, start: datetime, end: datetime, workload: str) -> list[routing.RoutingEvent]:
     return routing.routing_events(engine(url), start, end, workload)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def rollouts(url: str) -> list[stored_rollouts.Rollout]:
+    """Drafter rollouts of every status, newest first."""
+    return stored_rollouts.rollouts(engine(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def rollout_events(url: str, rollout_id: int) -> list[stored_rollouts.RolloutEvent]:
+    """One rollout's events, oldest first."""
+    return stored_rollouts.rollout_events(engine(url), rollout_id=rollout_id)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -235,7 +235,8 @@ def _state_of(row: Any) -> AlertState:
 
 
 def _annotations(rule: Rule, signals: Sequence[Signal]) -> tuple[dict[str, str], float | None]:
-    where = ", ".join(f"{k} {signals[0].labels[k]}" for k in ("workload", "pair") if k in signals[0].labels)
+    keys = ("deployment", "step", "workload", "pair")
+    where = ", ".join(f"{k} {signals[0].labels[k]}" for k in keys if k in signals[0].labels)
     parts = []
     value = None
     for s in signals:

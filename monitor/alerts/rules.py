@@ -14,7 +14,8 @@ Rules come from ``alerts.rules`` (TOML ``[[alerts.rules]]`` tables or a JSON lis
 >>> [(r.name, r.severity) for r in rules if r.enabled]  # doctest: +NORMALIZE_WHITESPACE
 [('acceptance_drop', 'warning'), ('net_loss', 'warning'), ('traffic_mix_shift', 'info'),
  ('recorder_spooling', 'warning'), ('scheduler', 'critical'), ('webhook_dead_letters', 'warning'),
- ('scrape_target_down', 'warning'), ('routing_changed', 'warning')]
+ ('scrape_target_down', 'warning'), ('routing_changed', 'warning'), ('rollout_advanced', 'info'),
+ ('rollout_rolled_back', 'critical'), ('rollout_promoted', 'info')]
 """
 
 from __future__ import annotations
@@ -103,6 +104,20 @@ DEFAULT_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "routing_changed", "health", ("routing",), "warning", for_runs=1, clear_runs=1,
         summary="a workload was routed to the plain baseline: speculation lost there (it resolves on the way back)",
+    ),
+    # A drafter rollout's transitions (monitor/proxy/rollout.py), one episode per rollout_events row:
+    # each step a rollout advances to, each rollback (a workload kept on the current drafter included), each promotion.
+    Rule(
+        "rollout_advanced", "health", ("rollout_step",), "info", for_runs=1, clear_runs=1,
+        summary="a drafter rollout advanced a step: every judged workload passed",
+    ),
+    Rule(
+        "rollout_rolled_back", "health", ("rollout_rollback",), "critical", for_runs=1, clear_runs=1,
+        summary="a drafter rollout was rolled back: the candidate drafter lost to the current one",
+    ),
+    Rule(
+        "rollout_promoted", "health", ("rollout_promotion",), "info", for_runs=1, clear_runs=1,
+        summary="a drafter rollout promoted its candidate drafter",
     ),
 )  # fmt: skip
 

@@ -9,15 +9,20 @@
 * ``dead_letters``: a notification became a dead letter in the last day.
 * ``scrape_target`` (label ``target``): a ``[[scrape]]`` target failed its last
   ``SCRAPE_FAILURES`` scrapes (down, or a body that is not its engine's exposition).
+* ``routing`` (label ``workload``): the workload's newest ``routing_events`` row routes it to the
+  plain baseline.
+* ``rollout_step``, ``rollout_rollback``, ``rollout_promotion`` (label ``deployment``): what each
+  deployment's newest drafter rollout and its ``rollout_events`` rows say (:func:`rollout_signals`).
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
@@ -27,6 +32,7 @@ from monitor.config import Settings
 from monitor.ingest.spool import PREFIX, SUFFIX
 from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
+from monitor.store.rollouts import Rollout, RolloutEvent, rollout_events, rollouts
 from monitor.store.routing import latest_routing
 from monitor.store.scrape import target_health
 from monitor.store.types import Fence
@@ -76,6 +82,7 @@ def health_signals(engine: Engine, settings: Settings, now: datetime) -> list[Si
         # Active while a workload is routed to plain: the alert fires on the switch and resolves on the way back.
         signals.append(Signal("health", "routing", _decision(route.routed), {"workload": workload}, route.speedup,
                               route.reason))  # fmt: skip
+    signals += rollout_signals(engine)
     for target in target_health(engine):
         failing = target.failures >= SCRAPE_FAILURES
         note = f"{target.status}: {target.error}" if failing else None
@@ -85,6 +92,85 @@ def health_signals(engine: Engine, settings: Settings, now: datetime) -> list[Si
     host = socket.gethostname()
     signals.append(Signal("health", "recorder_spool", _decision(bool(old)), {"host": host}, float(len(old))))
     return signals
+
+
+def rollout_signals(engine: Engine) -> list[Signal]:
+    """The rollout checks, from each deployment's newest rollout and its events, as ``routing`` is from its rows.
+
+    Each is active while the rollout is in the state an event put it in, so that every event is one
+    episode of one alert (``for_runs`` and ``clear_runs`` 1): it fires on the event and resolves when
+    the next one moves the rollout on, with the event's reason as the signal's note.
+
+    * ``rollout_step`` (labels ``deployment``, ``step``, 1-based): running at a step it advanced to;
+      it resolves at the next step, the promotion or the rollback. Effect: the step's share.
+    * ``rollout_rollback`` (label ``deployment``): the rollout was rolled back; it resolves when the
+      deployment's next rollout starts. With ``workload`` too: the rollout keeps that workload on the
+      current drafter (``rollout.per_workload``), until an abort ends it or the next rollout starts.
+      Effect: the workload's decode speed ratio in the judgement that kept it.
+    * ``rollout_promotion`` (label ``deployment``): the candidate is promoted and serves; it resolves
+      when the rollout is ended (``draftwatch rollout abort``, once the candidate is the upstream).
+
+    Clear signals go with them for every step and kept workload of the deployment's listed rollouts,
+    so that an alert of an earlier rollout resolves as well.
+    """
+    newest: dict[str, Rollout] = {}
+    steps: dict[str, int] = {}
+    kept: dict[str, set[str]] = {}
+    for r in rollouts(engine):  # newest first
+        newest.setdefault(r.deployment, r)
+        steps[r.deployment] = max(steps.get(r.deployment, 0), len(r.steps))
+        kept.setdefault(r.deployment, set()).update(w for w, side in r.workloads.items() if side == "current")
+    signals: list[Signal] = []
+    for deployment, r in sorted(newest.items()):
+        signals += _rollout_signals(engine, r, steps[deployment], kept[deployment])
+    return signals
+
+
+def _rollout_signals(engine: Engine, r: Rollout, steps: int, kept: set[str]) -> list[Signal]:
+    """One deployment's rollout signals from its newest rollout ``r`` (see :func:`rollout_signals`)."""
+    events = rollout_events(engine, rollout_id=r.id) if r.step > 0 or r.workloads else []
+    where = f"rollout {r.id}, {r.drafter}"
+    deployment = {"deployment": r.deployment}
+    signals: list[Signal] = []
+    for number in range(2, steps + 1):
+        at = r.status == "running" and r.step + 1 == number
+        event = _newest(events, "advanced", step=r.step) if at else None
+        note = f"{where}: {event.reason if event else r.reason}" if at else None
+        labels = {**deployment, "step": str(number)}
+        signals.append(Signal("health", "rollout_step", _decision(at), labels, r.step_share if at else None, note))
+    back = r.status == "rolled_back"
+    signals.append(Signal("health", "rollout_rollback", _decision(back), deployment, None,
+                          f"{where}: {r.reason}" if back else None))  # fmt: skip
+    for workload in sorted(kept):
+        held = r.workloads.get(workload) == "current" and r.status != "aborted"
+        event = _newest(events, "kept", workload=workload) if held else None
+        ratio = _decode_ratio(event.judgement, workload) if event else None
+        note = f"{where}: {event.reason if event else f'{workload} kept on the current drafter'}" if held else None
+        labels = {**deployment, "workload": workload}
+        signals.append(Signal("health", "rollout_rollback", _decision(held), labels, ratio, note))
+    promoted = r.status == "promoted"
+    signals.append(Signal("health", "rollout_promotion", _decision(promoted), deployment, None,
+                          f"{where}: {r.reason}" if promoted else None))  # fmt: skip
+    return signals
+
+
+def _newest(
+    events: Sequence[RolloutEvent], kind: str, *, step: int | None = None, workload: str | None = None
+) -> RolloutEvent | None:
+    """The newest event of ``kind`` (at ``step``, of ``workload``, where given)."""
+    for e in reversed(events):
+        if e.kind == kind and step in (None, e.step) and workload in (None, e.workload):
+            return e
+    return None
+
+
+def _decode_ratio(judgement: Mapping[str, Any], workload: str) -> float | None:
+    """The candidate's decode speed over the current drafter's for ``workload`` in a stored judgement."""
+    found = judgement.get("workloads", {}).get(workload, {})
+    for metric in found.get("metrics", ()):
+        if metric.get("metric") == "decode_speed" and metric.get("ratio") is not None:
+            return float(metric["ratio"])
+    return None
 
 
 def evaluate_health(

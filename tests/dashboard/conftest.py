@@ -20,7 +20,7 @@ from monitor.store.migrate import upgrade
 from tests.dashboard.seed import seed
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-PAGES = ("overview", "workload", "drift", "alerts", "pairs")
+PAGES = ("overview", "workload", "drift", "alerts", "pairs", "rollouts")
 
 
 @dataclass

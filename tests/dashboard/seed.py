@@ -10,11 +10,14 @@ Relative to ``now`` (the dashboard's ranges end at the current minute):
 * ``summarize``: 12 requests only: insufficient data.
 
 Then one real drift run (:func:`monitor.drift.run.run_drift`), and alerts plus webhook deliveries
-written as the alerting side would (a firing, a pending, a resolved alert; delivered and dead).
+written as the alerting side would (a firing, a pending, a resolved alert; delivered and dead), and a
+drafter rollout as the scheduler's rollout job leaves it: at its second step, ``chat`` kept on the
+current drafter, ``code`` passing (its judgements built by the judge's own classes).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,8 +26,10 @@ from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
 from monitor.alerts.models import AlertRow
+from monitor.drift.detectors.judge import MetricJudgement, WorkloadJudgement
 from monitor.drift.run import run_drift
 from monitor.notify.models import NotificationRow
+from monitor.store.rollouts import Rollout, RolloutEvent, insert_rollout, record_event, save_rollout
 from monitor.store.writes.writer import write_batch
 from tests.drift.records import record, window_stream
 
@@ -55,8 +60,6 @@ def _records(now: datetime) -> list[RequestRecord]:
 
 
 def _costly(rec: RequestRecord) -> RequestRecord:
-    from dataclasses import replace
-
     assert rec.latency_ms is not None
     return replace(rec, draft_ms=rec.latency_ms * 0.6, verify_ms=rec.latency_ms * 0.35)
 
@@ -144,12 +147,56 @@ def seed_alerts(engine: Engine, now: datetime) -> None:
         conn.execute(insert(NotificationRow), deliveries)
 
 
+def _judgement(start: datetime, end: datetime, *workloads: WorkloadJudgement) -> dict[str, Any]:
+    return {"interval": [start.isoformat(), end.isoformat()], "workloads": {j.workload: j.to_json() for j in workloads},
+            "judged": sorted(j.workload for j in workloads if j.outcome == "pass")}  # fmt: skip
+
+
+def seed_rollout(engine: Engine, now: datetime) -> None:
+    started, step = now - timedelta(hours=2), now - timedelta(hours=1)
+    code = WorkloadJudgement(
+        "code", "pass", "decode_speed pass: 1.18x [1.09, 1.27]; error_rate pass: 0.0% against 0.0%; "
+        "ttft pass: 1.01x [0.97, 1.05]", 100,
+        (MetricJudgement("decode_speed", "pass", 8.5, 10.0, 1.18, (1.09, 1.27)),
+         MetricJudgement("error_rate", "pass", 0.0, 0.0),
+         MetricJudgement("ttft", "pass", 50.0, 50.5, 1.01, (0.97, 1.05)),
+         MetricJudgement("acceptance", None, 0.81, 0.74)),
+        42, 40,
+    )  # fmt: skip
+    chat = WorkloadJudgement(
+        "chat", "fail", "decode_speed fail: 0.80x [0.72, 0.88]", 67,
+        (MetricJudgement("decode_speed", "fail", 12.5, 10.0, 0.8, (0.72, 0.88)),
+         MetricJudgement("error_rate", "pass", 0.0, 0.0),
+         MetricJudgement("ttft", "pass", 50.0, 50.0, 1.0, (0.96, 1.04)),
+         MetricJudgement("acceptance", None, 0.52, 0.61)),
+        38, 41,
+    )  # fmt: skip
+    rollout = Rollout("*", "eagle3-v2", (0.05, 0.25, 0.5, 1.0), 3600.0, True, started, started,
+                      reason="started: steps 5%, 25%, 50%, 100%, 3600 s a step")  # fmt: skip
+    with engine.begin() as conn:
+        rollout = insert_rollout(conn, rollout)
+        rid = rollout.id
+        assert rid is not None
+        record_event(conn, RolloutEvent(rid, started, "started", 0, 0.05, rollout.reason))
+        first = _judgement(started, started + timedelta(minutes=20), code, chat)
+        rollout = replace(rollout, workloads={"chat": "current"}, judgement=first)
+        reason = f"chat kept on the current drafter (failed): {chat.reason}"
+        record_event(conn, RolloutEvent(rid, started + timedelta(minutes=20), "kept", 0, 0.05, reason, "chat", first))
+        second = _judgement(started, step, code)
+        rollout = replace(rollout, step=1, step_started_at=step, judgement=second)
+        reason = "step 2 of 4: every judged workload passed (scores code 100)"
+        record_event(conn, RolloutEvent(rid, step, "advanced", 1, 0.25, reason, None, second))
+        rollout = replace(rollout, judgement=_judgement(step, now, code))
+        save_rollout(conn, rollout)
+
+
 def seed(engine: Engine, now: datetime | None = None) -> datetime:
-    """Records, one drift run and alerts; returns the ``now`` they are relative to."""
+    """Records, one drift run, alerts and a rollout; returns the ``now`` they are relative to."""
     now = now or now_minute()
     seed_records(engine, now)
     run_drift(engine, now=now + timedelta(minutes=1), detectors=False)
     seed_alerts(engine, now)
+    seed_rollout(engine, now)
     return now
 
 

@@ -29,7 +29,8 @@ from tests.dashboard.conftest import Store
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-PAGES = {"Overview": "", "Workload": "workload", "Drift": "drift", "Alerts": "alerts", "Pairs": "pairs"}
+PAGES = {"Overview": "", "Workload": "workload", "Drift": "drift", "Alerts": "alerts", "Pairs": "pairs",
+         "Rollouts": "rollouts"}  # fmt: skip
 
 pytestmark = pytest.mark.slow
 

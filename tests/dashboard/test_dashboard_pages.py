@@ -176,6 +176,8 @@ def test_empty_store_shows_what_to_do(app: AppFactory, empty_store: Store, page:
     shown = texts(at)
     if page == "alerts":
         assert "No alerts" in shown
+    elif page == "rollouts":
+        assert "No rollouts yet" in shown and "draftwatch rollout start" in shown
     else:
         assert "No records yet" in shown and "draftwatch demo" in shown and "/v1/events" in shown
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -49,6 +50,10 @@ FAMILIES = (
     "draftwatch_alerts",
     "draftwatch_scrape_target_up",
     "draftwatch_scraped_acceptance_rate",
+    "draftwatch_rollout_step",
+    "draftwatch_rollout_share",
+    "draftwatch_rollout_score",
+    "draftwatch_rollout_decode_speed_ratio",
 )
 API_DOC = Path(__file__).resolve().parents[2] / "docs/api.md"
 SPEC = 'workload="code",target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b"'
@@ -158,3 +163,47 @@ def test_label_sets_and_positions_are_bounded(client: TestClient) -> None:
     assert len(per_pos) == MAX_POSITIONS + 1
     folded = samples[f'draftwatch_spec_decode_num_accepted_tokens_per_pos_total{{{w0},position="_other"}}']
     assert folded == sum(wide.accepted_per_position[MAX_POSITIONS:])
+
+
+def test_an_active_rollouts_step_share_and_judgement_per_workload(client: TestClient) -> None:
+    """A rollout judged on stored records, as the scheduler judges it: /metrics shows the stored figures."""
+    from datetime import timedelta
+
+    from monitor.proxy.rollout import advance_rollouts, start_rollout
+    from monitor.store.rollouts import get_rollout
+    from tests.proxy.test_rollout import INTERVAL, PROXY, interval_of, rollout_settings
+    from tests.records import T0
+
+    engine = client.app.state.api.engine  # type: ignore[attr-defined]
+    settings = rollout_settings(per_workload=True)
+    r = start_rollout(engine, PROXY, settings, T0)
+    assert r.id is not None
+    interval_of(engine, T0, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+    interval_of(engine, T0, {"rare": (10.0, 10.0)}, n=5)
+    # story is kept on the current drafter; copy passes and the rollout advances to its second step.
+    kinds = [e.kind for e in advance_rollouts(engine, settings, T0 + INTERVAL + timedelta(seconds=1))]
+    assert kinds == ["kept", "advanced"]
+    stored = get_rollout(engine, r.id)
+    assert stored is not None and stored.step == 1
+    deadline = time.monotonic() + 10
+    rollout = f'deployment="*",drafter="ngram-greedy",rollout="{r.id}"'
+    while f"draftwatch_rollout_step{{{rollout}}}" not in (samples := scrape(client)):
+        assert time.monotonic() < deadline, "the database's figures were never read"
+        time.sleep(0.1)
+    assert samples[f"draftwatch_rollout_step{{{rollout}}}"] == 2
+    assert samples[f"draftwatch_rollout_share{{{rollout}}}"] == 0.5
+    judged = stored.judgement["workloads"]
+    assert set(judged) == {"copy", "story", "rare"}
+    for workload, found in judged.items():
+        (speed,) = [m for m in found["metrics"] if m["metric"] == "decode_speed"] or [{"ratio": None}]
+        score = samples[f'draftwatch_rollout_score{{{rollout},workload="{workload}"}}']
+        ratio = samples[f'draftwatch_rollout_decode_speed_ratio{{{rollout},workload="{workload}"}}']
+        assert (score == found["score"]) if found["score"] is not None else math.isnan(score), workload
+        assert (ratio == pytest.approx(speed["ratio"])) if speed["ratio"] is not None else math.isnan(ratio)
+    copy = judged["copy"]
+    assert copy["outcome"] == "pass" and copy["score"] == 100
+    assert samples[f'draftwatch_rollout_decode_speed_ratio{{{rollout},workload="copy"}}'] > 1.2  # 10 ms over 7
+    assert math.isnan(samples[f'draftwatch_rollout_score{{{rollout},workload="rare"}}'])  # unjudged: too few
+    assert samples['draftwatch_health_signal{check="rollout_step",deployment="*",step="2"}'] == 1
+    assert samples['draftwatch_health_signal{check="rollout_rollback",deployment="*",workload="story"}'] == 1
+    assert samples['draftwatch_health_signal{check="rollout_promotion",deployment="*"}'] == 0

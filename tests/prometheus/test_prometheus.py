@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from monitor.scheduler.health import SCRAPE_FAILURES
 from monitor.scheduler.jobs import delivery_job, drift_job, run_tick
 from monitor.scheduler.lease import Lease
 from monitor.store.engine import create_engine
+from monitor.store.rollouts import Rollout, RolloutEvent, insert_rollout, record_event, save_rollout
 from monitor.store.routing import RoutingEvent, record_switch
 from monitor.store.scrape import ScrapeIntervalRow
 from monitor.store.types import Fence
@@ -277,14 +278,15 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         post(sidecar, history(datetime.now(UTC)))
         run_the_scheduler_jobs(db_url, env)
         route_a_workload_to_plain(db_url)
+        stage_rollouts(db_url)
         stuck = spool_for_two_minutes(tmp / "data" / "spool", live(datetime.now(UTC), seed=20)[0])
         post(sidecar, live(datetime.now(UTC), seed=10))
         wait_for("the first live records", lambda: prom.query("sum(draftwatch_requests_total) > 500"))
         post(sidecar, live(datetime.now(UTC), seed=12))
         wait_for("the second live records", lambda: prom.query("sum(draftwatch_requests_total) >= 600"))
         # Every health check active: failures, stale drift runs, dead letters, the old spool segment, the scrape,
-        # a workload routed to plain.
-        wait_for("every health check active", lambda: prom.query("count(draftwatch_health_signal == 1) == 6"))
+        # a workload routed to plain, a rollout's step and kept workload, another's promotion.
+        wait_for("every health check active", lambda: prom.query("count(draftwatch_health_signal == 1) == 9"))
         yield prom
     finally:
         process.send_signal(signal.SIGTERM)
@@ -301,6 +303,34 @@ def route_a_workload_to_plain(db_url: str) -> None:
     event = RoutingEvent(datetime.now(UTC), "qa", "qwen-coder-1.5b", True, "net loss established", 0.45, 0.38, 0.53)
     with engine.begin() as conn:
         record_switch(conn, event)
+    engine.dispose()
+
+
+def stage_rollouts(db_url: str) -> None:
+    """Two rollouts as the scheduler's rollout job leaves them (monitor/proxy/rollout.py): on the default
+    deployment one at its second step that kept workload qa on the current drafter, judged on code; on
+    qwen* one promoted."""
+    engine = create_engine(db_url)
+    now = datetime.now(UTC)
+    code = {"outcome": "pass", "score": 100, "reason": "decode_speed pass: 1.20x [1.10, 1.30]", "n_candidate": 40,
+            "n_current": 40, "metrics": [{"metric": "decode_speed", "outcome": "pass", "candidate": 8.0,
+                                          "current": 9.6, "ratio": 1.2, "ci": [1.1, 1.3]}]}  # fmt: skip
+    judgement = {"interval": [now.isoformat(), now.isoformat()], "workloads": {"code": code}, "judged": ["code"]}
+    with engine.begin() as conn:
+        running = insert_rollout(conn, Rollout("*", "eagle3-v2", (0.05, 0.25, 1.0), 1800.0, True, now, now))
+        assert running.id is not None
+        record_event(conn, RolloutEvent(running.id, now, "started", 0, 0.05, "started"))
+        running = replace(running, workloads={"qa": "current"})
+        kept = "qa kept on the current drafter (failed): decode_speed fail"
+        record_event(conn, RolloutEvent(running.id, now, "kept", 0, 0.05, kept, "qa"))
+        running = replace(running, step=1, judgement=judgement)
+        record_event(conn, RolloutEvent(running.id, now, "advanced", 1, 0.25, "step 2 of 3: every judged workload "
+                                        "passed (scores code 100)", judgement=judgement))  # fmt: skip
+        save_rollout(conn, running)
+        promoted = insert_rollout(conn, Rollout("qwen*", "ngram", (0.5, 1.0), 1800.0, False, now, now,
+                                                status="promoted", step=1, reason="promoted: code 100"))  # fmt: skip
+        assert promoted.id is not None
+        record_event(conn, RolloutEvent(promoted.id, now, "promoted", 1, 1.0, promoted.reason))
     engine.dispose()
 
 
@@ -336,6 +366,9 @@ def test_every_rule_expression_returns_data_and_every_alert_is_active(prometheus
         "webhook_dead_letters": "firing",
         "scrape_target_down": "firing",
         "routing_changed": "firing",
+        "rollout_advanced": "firing",
+        "rollout_rolled_back": "firing",
+        "rollout_promoted": "firing",
     }
     deadline = time.monotonic() + 10  # the rules are evaluated every second
     while (states := alert_states(prometheus)) != expected and time.monotonic() < deadline:
@@ -367,7 +400,7 @@ def test_the_docs_count_the_rules() -> None:
     alerts = sum("alert" in rule for group in groups for rule in group["rules"])
     recorded = sum("record" in rule for group in groups for rule in group["rules"])
     assert alerts == len(DEFAULT_RULES)
-    words = {3: "three", 5: "five", 8: "eight", 9: "nine"}
+    words = {3: "three", 5: "five", 8: "eight", 9: "nine", 12: "twelve"}
     for doc, text in (
         ("rule file", RULES.read_text().split("groups:", 1)[0]),
         ("api.md", (ROOT / "docs/api.md").read_text()),

@@ -39,6 +39,12 @@ the alerts' states.
   drafted tokens; SGLang's gauge averaged), so that panels and rules see scraped engines too.
 * ``draftwatch_speculation_speedup{workload, pair}`` and ``draftwatch_speculation_verdict{workload,
   pair, verdict}``: the newest drift run's net-loss verdict (:mod:`monitor.drift.verdict`).
+* ``draftwatch_rollout_step`` and ``draftwatch_rollout_share{deployment, drafter, rollout}``: each
+  active drafter rollout's step (1-based) and the share of the deployment's speculative traffic its
+  candidate serves (:mod:`monitor.proxy.rollout`); per workload of its newest judgement,
+  ``draftwatch_rollout_score{deployment, drafter, rollout, workload}`` (0-100, NaN: unjudged) and
+  ``draftwatch_rollout_decode_speed_ratio`` (the current drafter's ms per token over the
+  candidate's, above 1: the candidate is faster; NaN: not measured).
 
 These are the same for every replica of one database, so rules take ``max`` over them
 (docs/prometheus/draftwatch-rules.yml). A scrape never waits long on the database: the figures are
@@ -86,6 +92,7 @@ from monitor.drift.verdict import VERDICTS, verdict_of
 from monitor.log_safe import describe
 from monitor.scheduler.health import health_signals
 from monitor.store.reads.results import Pair
+from monitor.store.rollouts import Rollout, active_rollouts
 from monitor.store.scrape import ScrapedSummary, TargetHealth, scraped_summaries, target_health
 
 if TYPE_CHECKING:
@@ -326,6 +333,7 @@ class StoreRead:
     alerts: Sequence[AlertItem]
     scraped: Sequence[ScrapedSummary] = ()
     targets: Sequence[TargetHealth] = ()
+    rollouts: Sequence[Rollout] = ()  # the active ones, one per deployment
 
 
 def store_families(read: StoreRead | None, settings: Settings) -> list[Family]:
@@ -379,7 +387,53 @@ def store_families(read: StoreRead | None, settings: Settings) -> list[Family]:
             "gauge",
             [_scraped_sample(s) for s in (read.scraped if read else ())[:MAX_LABEL_SETS]],
         ),
+        *_rollout_families(read.rollouts if read else ()),
     ]
+
+
+def _rollout_families(rollouts: Sequence[Rollout]) -> list[Family]:
+    """Each active rollout's step and share, and per workload of its newest judgement the score and decode speed."""
+    steps: list[tuple[Labels, float]] = []
+    shares: list[tuple[Labels, float]] = []
+    scores: list[tuple[Labels, float]] = []
+    ratios: list[tuple[Labels, float]] = []
+    for r in rollouts:
+        labels: Labels = (("deployment", r.deployment), ("drafter", r.drafter), ("rollout", str(r.id)))
+        steps.append((labels, float(r.step + 1)))
+        shares.append((labels, r.step_share))
+        judged = r.judgement.get("workloads", {})
+        for workload in sorted(judged)[:MAX_LABEL_SETS]:
+            found = judged[workload]
+            ratio = next((m.get("ratio") for m in found.get("metrics", ()) if m.get("metric") == "decode_speed"), None)
+            scores.append(((*labels, ("workload", workload)), _or_nan(found.get("score"))))
+            ratios.append(((*labels, ("workload", workload)), _or_nan(ratio)))
+    return [
+        Family("draftwatch_rollout_step", "An active drafter rollout's current step, 1-based.", "gauge", steps),
+        Family(
+            "draftwatch_rollout_share",
+            "The share of a deployment's speculative requests a rollout's candidate drafter serves now.",
+            "gauge",
+            shares,
+        ),
+        Family(
+            "draftwatch_rollout_score",
+            "A rollout's newest judgement per workload: the share of judged metrics the candidate passed, 0-100 "
+            "(NaN: unjudged).",
+            "gauge",
+            scores,
+        ),
+        Family(
+            "draftwatch_rollout_decode_speed_ratio",
+            "A rollout's newest judgement per workload: the current drafter's decode ms per token over the "
+            "candidate's (above 1: the candidate is faster; NaN: not measured).",
+            "gauge",
+            ratios,
+        ),
+    ]
+
+
+def _or_nan(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
 
 
 def _verdict_samples(read: StoreRead | None) -> tuple[list[tuple[Labels, float]], list[tuple[Labels, float]]]:
@@ -429,6 +483,7 @@ def read_figures(engine: Engine, settings: Settings) -> StoreRead:
         alerts=list_alerts(engine, ALERT_STATES, limit=MAX_ALERT_ROWS),
         scraped=scraped_summaries(engine, now - settings.drift.current_window, now),
         targets=target_health(engine),
+        rollouts=list(active_rollouts(engine).values()),
     )
 
 
