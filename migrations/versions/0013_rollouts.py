@@ -42,6 +42,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_rollouts")),
     )
     op.create_index("ix_rollouts_status", "rollouts", ["status"])
+    active = sa.text("status IN ('running', 'promoted')")
+    op.create_index("uq_rollouts_active_deployment", "rollouts", ["deployment"], unique=True,
+                    postgresql_where=active, sqlite_where=active)  # fmt: skip
     op.create_table(
         "rollout_events",
         sa.Column("id", BIG_ID, autoincrement=True, nullable=False),
@@ -66,5 +69,6 @@ def downgrade() -> None:
     op.drop_index("ix_rollout_events_ts", table_name="rollout_events")
     op.drop_index("ix_rollout_events_rollout_id_ts", table_name="rollout_events")
     op.drop_table("rollout_events")
+    op.drop_index("uq_rollouts_active_deployment", table_name="rollouts")
     op.drop_index("ix_rollouts_status", table_name="rollouts")
     op.drop_table("rollouts")

@@ -13,7 +13,8 @@ drafter's requests of the same step (:class:`monitor.drift.detectors.judge.Judge
   with the reason; with ``per_workload`` only that workload is kept on the current drafter and the
   rollout goes on with the others;
 * the step has lasted ``rollout.interval`` and every judged workload **passes**: the next step;
-  after the last (100 %) the candidate is **promoted**: it serves everything, or, per workload,
+  after the last step below 100 % the candidate is **promoted** (100 %: nothing would be left on
+  the current drafter to judge it against): it serves everything, or, per workload,
   the workloads where it passed (the rest stay on the current drafter, a drafter chosen per
   workload);
 * otherwise (a workload marginal, or none judged) the step goes on, its requests accumulating,
@@ -37,8 +38,8 @@ from typing import Literal
 
 import numpy as np
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
-from decoder.record import MAX_TEXT
 from monitor.drift.detectors.judge import Judge, Side, WorkloadJudgement
 from monitor.drift.detectors.net_loss import Population
 from monitor.drift.sampling import Sample, sample_requests
@@ -46,6 +47,7 @@ from monitor.proxy.settings import ProxySettings, RolloutSettings
 from monitor.store.reads.results import Pair
 from monitor.store.rollouts import (
     CURRENT_DRAFTER,
+    MAX_DRAFTER,
     EventKind,
     Rollout,
     RolloutEvent,
@@ -62,7 +64,17 @@ log = logging.getLogger(__name__)
 
 
 class RolloutError(ValueError):
-    """A rollout command that cannot be carried out; the message says why and what to do."""
+    """A rollout command that cannot be carried out; the message says why and what to do.
+
+    ``field`` names the value refused (``route``, ``candidate``, ``drafter``) where a value is at
+    fault; otherwise the state forbids it and ``code`` says which: ``no_candidate_pool``,
+    ``rollout_active``, ``status_conflict``, ``not_found``.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, code: str = "invalid") -> None:
+        super().__init__(message)
+        self.field = field
+        self.code = code
 
 
 def deployment_of(proxy: ProxySettings, route: int | None) -> tuple[str, tuple[str, ...]]:
@@ -71,7 +83,8 @@ def deployment_of(proxy: ProxySettings, route: int | None) -> tuple[str, tuple[s
         return "*", proxy.candidate_upstream
     if not 1 <= route <= len(proxy.routes):
         raise RolloutError(f"route={route}: expected a route number 1-{len(proxy.routes)} of [[proxy.routes]]"
-                           if proxy.routes else f"route={route}: no [[proxy.routes]] are configured")  # fmt: skip
+                           if proxy.routes else f"route={route}: no [[proxy.routes]] are configured",
+                           field="route")  # fmt: skip
     chosen = proxy.routes[route - 1]
     return chosen.model, chosen.candidate_upstream
 
@@ -89,27 +102,47 @@ def start_rollout(
     where = "proxy.candidate_upstream" if route is None else f"candidate_upstream of route {route}"
     if not pool:
         raise RolloutError(f"deployment {deployment!r} has no candidate pool: set {where} to the same target served "
-                           "with the new drafter, on every sidecar, then start the rollout")  # fmt: skip
+                           "with the new drafter, on every sidecar, then start the rollout",
+                           code="no_candidate_pool")  # fmt: skip
     if candidate is not None and candidate.rstrip("/") not in pool:
         raise RolloutError(f"candidate={candidate!r} is not in {where} ({len(pool)} URL(s)): a rollout only sends "
-                           "traffic to a configured candidate; add it there first")  # fmt: skip
+                           "traffic to a configured candidate; add it there first", field="candidate")  # fmt: skip
     name = settings.drafter.strip()
-    if not name or len(name) > MAX_TEXT or name in (CURRENT_DRAFTER, "none"):
+    if not name or len(name) > MAX_DRAFTER or name in (CURRENT_DRAFTER, "none"):
         raise RolloutError(f"rollout.drafter={settings.drafter!r}: expected a name for the candidate drafter, at "
-                           f"most {MAX_TEXT} characters, other than {CURRENT_DRAFTER!r} and 'none'")  # fmt: skip
-    with engine.begin() as conn:
-        active = active_rollouts(conn).get(deployment)
-        if active is not None:
-            raise RolloutError(f"rollout {active.id} is {active.status} on deployment {deployment!r}: promote or "
-                               f"abort it first (draftwatch rollout abort {active.id})")  # fmt: skip
-        rollout = insert_rollout(conn, Rollout(
-            deployment, name, settings.steps, settings.interval.total_seconds(), settings.per_workload, now, now,
-            reason=f"started: {_shares(settings.steps)}, {settings.interval.total_seconds():g} s a step",
-        ))  # fmt: skip
-        event = _event(rollout, now, "started", rollout.reason)
-        record_event(conn, event)
+                           f"most {MAX_DRAFTER} characters, other than {CURRENT_DRAFTER!r} and 'none'",
+                           field="drafter")  # fmt: skip
+    new = Rollout(
+        deployment,
+        name,
+        settings.steps,
+        settings.interval.total_seconds(),
+        settings.per_workload,
+        now,
+        now,
+        reason=f"started: {_shares(settings.steps)}, {settings.interval.total_seconds():g} s a step",
+    )
+    try:
+        with engine.begin() as conn:
+            active = active_rollouts(conn).get(deployment)
+            if active is not None:
+                raise _active(active)
+            rollout = insert_rollout(conn, new)
+            event = _event(rollout, now, "started", rollout.reason)
+            record_event(conn, event)
+    except IntegrityError:  # another start on the deployment committed first: one active rollout per deployment
+        raced = active_rollouts(engine).get(deployment)
+        if raced is None:
+            raise
+        raise _active(raced) from None
     _log(rollout, event)
     return rollout
+
+
+def _active(active: Rollout) -> RolloutError:
+    return RolloutError(f"rollout {active.id} is {active.status} on deployment {active.deployment!r}: one rollout at "
+                        f"a time; promote or abort it first (draftwatch rollout abort {active.id}, or POST "
+                        f"/v1/rollouts/{active.id}/abort)", code="rollout_active")  # fmt: skip
 
 
 def promote(engine: Engine, rollout_id: int, now: datetime) -> Rollout:
@@ -129,13 +162,14 @@ def _finish(
     engine: Engine, rollout_id: int, now: datetime, kind: Literal["promoted", "aborted"], reason: str
 ) -> Rollout:
     with engine.begin() as conn:
-        rollout = get_rollout(conn, rollout_id)
+        rollout = get_rollout(conn, rollout_id, lock=True)
         if rollout is None:
-            raise RolloutError(f"no rollout {rollout_id}: draftwatch rollout status lists them")
+            raise RolloutError(f"no rollout {rollout_id}: draftwatch rollout status (GET /v1/rollouts) lists them",
+                               code="not_found")  # fmt: skip
         allowed = ("running",) if kind == "promoted" else ("running", "promoted")
         if rollout.status not in allowed:
             raise RolloutError(f"rollout {rollout_id} is {rollout.status}: only a {' or '.join(allowed)} one can be "
-                               f"{kind}")  # fmt: skip
+                               f"{kind}", code="status_conflict")  # fmt: skip
         # A promotion by hand gives the candidate every workload not kept, as a whole rollout's does.
         per_workload = rollout.per_workload and kind != "promoted"
         done = replace(rollout, status=kind, finished_at=now, reason=reason[:1024], per_workload=per_workload)
@@ -151,7 +185,7 @@ def advance_rollouts(
 ) -> list[RolloutEvent]:
     """Judge every running rollout's current step and write what it calls for (see the module docstring)."""
     judge = Judge(tolerance=settings.tolerance, min_requests=settings.min_requests,
-                  max_extra_errors=settings.max_extra_errors)  # fmt: skip
+                  max_extra_errors=settings.max_extra_errors, ci_level=settings.ci_level)  # fmt: skip
     events: list[RolloutEvent] = []
     for rollout in active_rollouts(engine).values():
         if rollout.status != "running":
@@ -162,6 +196,10 @@ def advance_rollouts(
         with engine.begin() as conn:
             if fence is not None:
                 fence(conn)
+            stored = get_rollout(conn, rollout.id or 0, lock=True)
+            if stored is None or (stored.status, stored.step) != (rollout.status, rollout.step):
+                # Promoted or aborted by hand while it was judged: that decision stands.
+                continue
             save_rollout(conn, updated)
             for event in new:
                 record_event(conn, event)
@@ -174,11 +212,15 @@ def advance_rollouts(
 def judge_step(
     conn: Connection, rollout: Rollout, judge: Judge, now: datetime, sample_size: int
 ) -> dict[str, WorkloadJudgement]:
-    """Per workload on the candidate's side of the rollout, its judgement over the current step so far."""
+    """Per workload on the candidate's side of the rollout, its judgement over the current step so far.
+
+    A workload served for several targets (a deployment of several models) is judged on its busiest
+    one, the target with the most candidate requests, as its verdict is on its busiest pair.
+    """
     start = rollout.step_started_at
     candidate, current = outcomes(conn, rollout.drafter, start, now), outcomes(conn, CURRENT_DRAFTER, start, now)
     found: dict[str, WorkloadJudgement] = {}
-    for key in sorted(candidate):
+    for key in sorted(candidate, key=lambda k: (-candidate[k][0], k)):
         workload, target, draft_model = key
         if workload in rollout.workloads or workload in found:
             continue
@@ -218,6 +260,9 @@ def _decide(
         return _ended(r, now, "rolled_back", f"rolled back at step {r.step + 1}: {reason}", events)
     if failed:
         r = _keep(r, failed, now, events, "failed")
+        if all(w in r.workloads for w in judgements):
+            reason = "; ".join(f"{w}: {j.reason}" for w, j in failed.items())
+            return _ended(r, now, "rolled_back", f"rolled back: kept off every workload it served; {reason}", events)
     elapsed = now - r.step_started_at
     if elapsed < interval:
         return r, events
@@ -250,14 +295,18 @@ def _next_step(
 ) -> tuple[Rollout, list[RolloutEvent]]:  # fmt: skip
     scores = ", ".join(f"{w} {j.score}" for w, j in sorted(passing.items()))
     left = f"; unjudged (too few requests): {', '.join(unjudged)}" if unjudged else ""
-    if r.step + 1 < len(r.steps):
+    # The last step (100 %) is the promotion itself: with every request on the candidate, nothing would be
+    # left on the current drafter to judge it against.
+    if r.step + 2 < len(r.steps):
         r = replace(r, step=r.step + 1, step_started_at=now, holds=0)
         events.append(_event(r, now, "advanced", f"step {r.step + 1} of {len(r.steps)}: every judged workload "
                                                  f"passed (scores {scores}){left}"))  # fmt: skip
         return r, events
     workloads = dict(r.workloads)
     if r.per_workload:
-        workloads.update({w: "candidate" for w in passing})
+        # Every workload that passed a step and was not kept since: at the last step too few to judge
+        # is no reason to take back what the earlier steps showed.
+        workloads.update({w: "candidate" for w in sorted(seen) if w not in workloads})
         if not any(side == "candidate" for side in workloads.values()):
             return _ended(r, now, "rolled_back", "rolled back: the candidate passed on no workload", events)
     never = sorted(set(unjudged) - seen)

@@ -369,6 +369,10 @@ def parse_steps(raw: Any) -> tuple[float, ...]:
     Traceback (most recent call last):
     ...
     ValueError: expected steps that rise, such as 5,25,50,100; 25 follows 50
+    >>> parse_steps("100")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected a step below 100 before it, such as 5,100: the candidate is judged at the steps below 100, and passing the last of them promotes it
     """
     items = raw if isinstance(raw, list | tuple) else parse_str(raw).split(",")
     try:
@@ -382,6 +386,9 @@ def parse_steps(raw: Any) -> tuple[float, ...]:
             raise ValueError(f"expected steps that rise, such as 5,25,50,100; {after:g} follows {before:g}")
     if steps[-1] != 100:
         raise ValueError(f"expected the last step to be 100 (the candidate serves everything), got {steps[-1]:g}")
+    if len(steps) < 2:
+        raise ValueError("expected a step below 100 before it, such as 5,100: the candidate is judged at the steps "
+                         "below 100, and passing the last of them promotes it")  # fmt: skip
     return tuple(s / 100 for s in steps)
 
 
@@ -394,7 +401,8 @@ class RolloutSettings:
         parse_steps,
         (0.05, 0.25, 0.5, 1.0),
         "the shares of a deployment's speculative traffic a rollout gives the candidate drafter in turn, in percent, "
-        "rising to 100; each lasts rollout.interval and advances when every judged workload passes",
+        "rising to 100; each step below 100 lasts rollout.interval and advances when every judged workload passes, "
+        "and passing the last of them promotes the candidate (100: it serves everything)",
     )
     interval: timedelta = setting(
         "rollout.interval",
@@ -409,6 +417,15 @@ class RolloutSettings:
         "how much slower (decode ms per token, time to first token) the candidate may be and still pass: 0.05 "
         "passes a candidate down to 0.95x the current drafter's speed; it fails beyond it with the interval's "
         "upper bound below",
+    )
+    ci_level: float = setting(
+        "rollout.ci_level",
+        parse_fraction,
+        0.98,
+        "the level of the judge's intervals: a candidate fails when the upper bound of its decode speed at this "
+        "level is below 1 - rollout.tolerance; above the drift tests' 0.95 because a step is judged again every "
+        "scheduler.rollout_interval (benchmarks/rollout.py: at 0.98 under 1 % of intervals fail a candidate equal "
+        "to the current drafter, and 95 % of 20 % slower ones are caught within two intervals)",
     )
     min_requests: int = setting(
         "rollout.min_requests",

@@ -38,10 +38,10 @@ class SchedulerService:
         self.engine = engine or create_engine(settings.database.url)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = Lease(self.engine, self.holder, settings.scheduler.lease_ttl_s)
-        # Scrape mode's job runs only where targets are configured, the rollout's where a candidate pool is:
-        # elsewhere they would fill the job history.
-        needs = {"scrape": bool(settings.scrape.targets), "rollout": settings.proxy.has_candidate}
-        default = [name for name in JOBS if needs.get(name, True)]
+        # Scrape mode's job runs only where targets are configured: elsewhere it would fill the job history.
+        # The rollout's runs everywhere: the elected scheduler may have no candidate pool of its own, and
+        # a rollout that no one judged would wait at its step for ever.
+        default = [name for name in JOBS if name != "scrape" or settings.scrape.targets]
         self.jobs = list(jobs) if jobs is not None else default
         unknown = set(self.jobs) - set(JOBS)
         if unknown:

@@ -46,7 +46,7 @@ class SchedulerSettings:
         parse_duration,
         timedelta(minutes=1),
         "how often a running drafter rollout is judged (draftwatch rollout): a failing workload rolls it back within "
-        "this long; the job runs where a candidate pool is configured (proxy.candidate_upstream)",
+        "this long",
     )
     misfire_grace_s: float = setting(
         "scheduler.misfire_grace_s",

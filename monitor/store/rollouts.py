@@ -17,7 +17,21 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, case, func, insert, select, update
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    case,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -28,6 +42,8 @@ STATUSES: Final = ("running", "promoted", "rolled_back", "aborted")
 ACTIVE: Final = ("running", "promoted")
 EventKind = Literal["started", "advanced", "held", "kept", "rolled_back", "promoted", "aborted"]
 EVENT_KINDS: Final = ("started", "advanced", "held", "kept", "rolled_back", "promoted", "aborted")
+# The rollout's drafter column holds at most this many characters.
+MAX_DRAFTER: Final = 256
 # The drafter the proxy stores its speculative pool's requests under (what it knows of the engine's drafter).
 CURRENT_DRAFTER: Final = "upstream"
 # A workload's place once decided: on the candidate (promoted where it won) or kept on the current drafter.
@@ -39,7 +55,7 @@ class RolloutRow(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     deployment: Mapped[str] = mapped_column(String(512))
-    drafter: Mapped[str] = mapped_column(String(256))
+    drafter: Mapped[str] = mapped_column(String(MAX_DRAFTER))
     steps: Mapped[list[float]] = mapped_column(JSON)
     interval_s: Mapped[float] = mapped_column(Float)
     per_workload: Mapped[bool] = mapped_column(Boolean)
@@ -53,7 +69,14 @@ class RolloutRow(Base):
     workloads: Mapped[dict[str, str]] = mapped_column(JSON)
     judgement: Mapped[dict[str, Any]] = mapped_column(JSON)
 
-    __table_args__ = (Index("ix_rollouts_status", "status"),)
+    __table_args__ = (
+        Index("ix_rollouts_status", "status"),
+        # One active rollout per deployment, whoever starts it: the check before the insert cannot see a
+        # concurrent start's uncommitted row, the index refuses it.
+        Index("uq_rollouts_active_deployment", "deployment", unique=True,
+              postgresql_where=text("status IN ('running', 'promoted')"),
+              sqlite_where=text("status IN ('running', 'promoted')")),
+    )  # fmt: skip
 
 
 class RolloutEventRow(Base):
@@ -196,8 +219,14 @@ def rollouts(engine: Engine | Connection, *, status: Sequence[str] = STATUSES, l
     return [_rollout(row) for row in _read(engine, query.order_by(RolloutRow.id.desc()).limit(limit))]
 
 
-def get_rollout(engine: Engine | Connection, rollout_id: int) -> Rollout | None:
-    rows = _read(engine, select(*RolloutRow.__table__.c).where(RolloutRow.id == rollout_id))
+def get_rollout(engine: Engine | Connection, rollout_id: int, *, lock: bool = False) -> Rollout | None:
+    """One rollout; ``lock`` (on a connection in a transaction) holds its row until the transaction ends.
+
+    Every change of a rollout reads it locked: the judge's step and a promotion or abort by hand
+    cannot then write over each other (PostgreSQL's ``FOR UPDATE``; SQLite has one writer at a time).
+    """
+    query = select(*RolloutRow.__table__.c).where(RolloutRow.id == rollout_id)
+    rows = _read(engine, query.with_for_update() if lock else query)
     return _rollout(rows[0]) if rows else None
 
 

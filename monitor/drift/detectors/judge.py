@@ -15,13 +15,14 @@ classified with a tolerance:
   it above at the interval's level; **pass** when it is not above by more than ``max_extra_errors``.
 * ``ttft`` (judged, not critical): time to first token, current mean over candidate mean, with a
   bootstrap interval, classified as decode speed is. A drafter that loads slowly or drafts on the
-  prompt shows here.
+  prompt shows here. Only its **fail** holds a workload: a marginal TTFT is noise more often than
+  not (a small pool's prompt cache is not the large pool's).
 * ``acceptance`` (shown, not judged): accepted per drafted token of each side. It is the early
   signal, but a drafter that drafts longer accepts a smaller share and can still be faster; the
   speed it buys is what is judged.
 
-A workload **fails** when a critical metric fails, **passes** when every judged metric passes,
-and is **marginal** otherwise; it is **unjudged** while either side has fewer than
+A workload **fails** when a critical metric fails, **passes** when every critical metric passes
+and no other fails, and is **marginal** otherwise; it is **unjudged** while either side has fewer than
 ``min_requests`` requests with a decode time (an error rate may still fail it: a candidate that
 fails every request has no decode time at all). The score is the share of judged metrics that
 pass, 0-100, as Kayenta's.
@@ -118,8 +119,8 @@ class Judge:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
         if min_requests < 2:
             raise ValueError(f"min_requests must be at least 2, got {min_requests!r}")
-        if not 0.0 <= max_extra_errors < 1.0:
-            raise ValueError(f"max_extra_errors must be in [0, 1), got {max_extra_errors!r}")
+        if not 0.0 <= max_extra_errors <= 1.0:
+            raise ValueError(f"max_extra_errors must be in [0, 1], got {max_extra_errors!r}")
         if not 0.5 <= ci_level < 1.0:
             raise ValueError(f"ci_level must be in [0.5, 1), got {ci_level!r}")
         self.tolerance = tolerance
@@ -150,7 +151,10 @@ class Judge:
         outcomes = [m.outcome for m in judged]
         score = round(100 * outcomes.count("pass") / len(judged))
         failed = [m for m in judged if m.outcome == "fail" and m.metric in CRITICAL]
-        outcome: WorkloadOutcome = "fail" if failed else "pass" if outcomes.count("pass") == len(judged) else "marginal"
+        # A metric that is not critical holds the workload only when it fails (slower beyond doubt): TTFT
+        # swings with prompt caches, which differ between a small pool and a large one.
+        holding = [m for m in judged if m.outcome != "pass" and (m.metric in CRITICAL or m.outcome == "fail")]
+        outcome: WorkloadOutcome = "fail" if failed else "marginal" if holding else "pass"
         reason = "; ".join(_describe(m) for m in (failed or judged))
         return WorkloadJudgement(workload, outcome, reason, score, (*judged, *shown), **sizes)
 
