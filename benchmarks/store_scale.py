@@ -1,7 +1,7 @@
 """A store at production volume: 10 million requests (30 days, 50 workloads, 3 pairs) in PostgreSQL, measured.
 
     .venv/bin/python benchmarks/store_scale.py                          # 10,000,000 requests, writes RESULTS.md
-    .venv/bin/python benchmarks/store_scale.py --records 1000000 --no-write
+    .venv/bin/python benchmarks/store_scale.py --rows 1000000 --no-write
     .venv/bin/python benchmarks/store_scale.py --generate-only          # build (or check) the cached database
     .venv/bin/python benchmarks/store_scale.py --drop                   # drop the cached database and exit
 
@@ -28,10 +28,17 @@ Measurements, each bounded (a page render times out after 120 s, the writer runs
 * ``GET /v1/workloads`` (the last hour, 24 hours and 7 days) and ``GET /metrics`` through the real
   app served by uvicorn on loopback; plus the database read behind ``/metrics`` on its own;
 * the retention job (monitor/scheduler/retention.py ``apply_retention``, ``requests_days`` one less than
-  the data's days, so it deletes the oldest day) while a writer commits batches of 100 records
+  the data's days, so it removes the oldest day) while a writer commits batches of 100 records
   through the store's own ``write_batch`` every 50 ms: the longest batch commit during the job is the
-  longest stall of ingest (target: under 1 s). Afterwards the deleted day is copied back and the
-  writer's rows removed, so the cached database stays as generated.
+  longest stall of ingest (target: under 1 s). On a partitioned ``requests`` (docs/postgresql.md) it
+  runs twice: deleting the day row by row as before partitioning (``by_partition=False``), then
+  dropping its partition; each with its seconds, the WAL it wrote (``pg_current_wal_lsn()`` before
+  and after, the writer's few rows included) and the table's size afterwards. After each the day
+  is copied back and the writer's rows removed, so the cached database stays as generated.
+
+The database is migrated as a new installation is, so ``requests`` is partitioned by day
+(migration 0014) and the data's days get their partitions before the load; a database cached
+before partitioning keeps its plain table (``draftwatch db partition`` converts it).
 
 Targets (issue 23): every page under 2 s at 1M requests and under 5 s at 10M; a drift run at most
 10 s at 10M; no lock stalling ingest for more than a second.
@@ -410,8 +417,8 @@ def _secondary_indexes(conn: psycopg.Connection[Any], tables: tuple[str, ...]) -
             "WHERE x.indrelid = %s::regclass AND NOT x.indisprimary",
             (table,),
         ).fetchall():
-            if name not in taken:
-                found.append((table, name, definition))
+            if name not in taken:  # a partitioned table's index is made again on every partition
+                found.append((table, name, definition.replace(" ON ONLY ", " ON ")))
     return found
 
 
@@ -461,10 +468,50 @@ def generate(plan: Plan, dsn: str) -> float:
             conn.execute(definition)
             conn.commit()
             print(f"    {name}: {time.perf_counter() - t1:.0f} s", flush=True)
+    _name_partition_indexes(dsn)
     with _connect(dsn, autocommit=True) as conn:
         print("  VACUUM ANALYZE", flush=True)
         conn.execute("VACUUM ANALYZE")
     return time.perf_counter() - t0
+
+
+def _name_partition_indexes(dsn: str) -> None:
+    """The partitions' indexes rebuilt above named as the store names them (ix_requests_ts_p20261203)."""
+    from monitor.store.engine import create_engine
+    from monitor.store.partitions import is_partitioned, list_partitions, name_partition_indexes
+
+    engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{dsn.rsplit('dbname=', 1)[1]}")
+    with engine.begin() as conn:
+        if is_partitioned(conn):
+            for partition in list_partitions(conn):
+                name_partition_indexes(conn, partition.name)
+    engine.dispose()
+
+
+def _layout(dsn: str) -> str:
+    with _connect(dsn) as conn:
+        (kind,) = conn.execute("SELECT relkind FROM pg_class WHERE oid = 'requests'::regclass").fetchone() or ("r",)
+    return "partitioned by day" if kind == "p" else "one table, not partitioned"
+
+
+def _requests_size(dsn: str) -> int:
+    """Bytes of requests with its indexes, its partitions' when partitioned."""
+    with _connect(dsn) as conn:
+        (size,) = conn.execute(
+            "SELECT pg_total_relation_size('requests') + coalesce((SELECT sum(pg_total_relation_size(inhrelid)) "
+            "FROM pg_inherits WHERE inhparent = 'requests'::regclass), 0)"
+        ).fetchone() or (0,)
+    return int(size)
+
+
+def _partitions_for(url: str, plan: Plan) -> None:
+    """The partitions of the plan's days (the store makes today's and ahead; these are the past's)."""
+    from monitor.store.engine import create_engine
+    from monitor.store.partitions import ensure_partitions
+
+    engine = create_engine(url)
+    ensure_partitions(engine, plan.anchor - timedelta(days=plan.days), plan.days + 1, partition_days=1)
+    engine.dispose()
 
 
 def _sum_columns() -> tuple[str, ...]:
@@ -622,6 +669,7 @@ def prepare(name: str, records: int, days: int, workloads: int, seed: int, max_a
     engine.dispose()
     anchor = datetime.now(UTC).replace(second=0, microsecond=0)
     plan = Plan(records, days, workloads, seed, anchor)
+    _partitions_for(url, plan)
     print(f"generating {records:,} requests over {days} days into {name} (chunks of whole minutes)", flush=True)
     seconds = generate(plan, dsn)
     with _connect(dsn) as conn:
@@ -737,16 +785,20 @@ def measure_api(url: str, plan: Plan, repeats: int) -> list[tuple[str, list[floa
 
 @dataclass(frozen=True, slots=True)
 class RetentionFigures:
+    how: str  # "delete" (row by row, batched) or "drop" (the partition)
     seconds: float
     deleted: dict[str, int]
     batches_before: list[float]
     batches_during: list[float]
     batches_after: list[float]
     longest_gap_s: float
+    wal_bytes: int
+    size_after: int
 
 
-def measure_retention(url: str, dsn: str, plan: Plan, writer_s: float) -> RetentionFigures:
-    """The retention job deleting the oldest day while a writer commits a batch every 50 ms; then restore."""
+def measure_retention(url: str, dsn: str, plan: Plan, writer_s: float, how: str = "drop") -> RetentionFigures:
+    """The retention job removing the oldest day (``how``: delete or drop) while a writer commits a batch every
+    50 ms; then restore."""
     from monitor.ingest.synthetic import synthetic_record
     from monitor.scheduler.retention import apply_retention
     from monitor.scheduler.settings import RetentionSettings
@@ -783,9 +835,12 @@ def measure_retention(url: str, dsn: str, plan: Plan, writer_s: float) -> Retent
     thread.start()
     time.sleep(writer_s)
     settings = RetentionSettings(requests_days=plan.days - 1)
-    t_start = time.perf_counter()
-    deleted = apply_retention(engine, settings, plan.anchor)
-    t_end = time.perf_counter()
+    with _connect(dsn, autocommit=True) as conn:
+        (lsn_start,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone() or ("0/0",)
+        t_start = time.perf_counter()
+        deleted = apply_retention(engine, settings, plan.anchor, by_partition=how == "drop")
+        t_end = time.perf_counter()
+        (wal,) = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn_start,)).fetchone() or (0,)
     time.sleep(writer_s)
     stop.set()
     thread.join(30)
@@ -798,20 +853,26 @@ def measure_retention(url: str, dsn: str, plan: Plan, writer_s: float) -> Retent
     # A stall also shows as a gap between one commit's end and the next one's: the writer waits 50 ms.
     ends = sorted(t + s for t, s in commits)
     gaps = [b - a for a, b in itertools.pairwise(ends) if b >= t_start and a <= t_end]
-    figures = RetentionFigures(t_end - t_start, deleted, before, during, after, max(gaps, default=0.0))
+    figures = RetentionFigures(how, t_end - t_start, deleted, before, during, after, max(gaps, default=0.0),
+                               int(wal), _requests_size(dsn))  # fmt: skip
     print(
-        f"  retention: {figures.seconds:.2f} s, deleted {deleted.get('requests', 0):,} requests; writer batches "
-        f"during it: {len(during)}, longest {max(during, default=0):.3f} s; longest gap between commits "
-        f"{figures.longest_gap_s:.3f} s",
+        f"  retention ({how}): {figures.seconds:.2f} s, {_removed(deleted):,} requests, {figures.wal_bytes:,} bytes "
+        f"of WAL; writer batches during it: {len(during)}, longest {max(during, default=0):.3f} s; longest gap "
+        f"between commits {figures.longest_gap_s:.3f} s; requests now {figures.size_after:,} bytes",
         flush=True,
     )
-    restore(dsn, plan)
+    restore(url, dsn, plan)
     return figures
 
 
-def restore(dsn: str, plan: Plan) -> None:
+def _removed(deleted: dict[str, int]) -> int:
+    return deleted.get("requests", 0) + deleted.get("requests_rows_dropped_estimate", 0)
+
+
+def restore(url: str, dsn: str, plan: Plan) -> None:
     """Put back the day the retention job deleted and remove the writer's rows, so the cache stays as generated."""
     t0 = time.perf_counter()
+    _partitions_for(url, plan)  # the dropped day's partition made again
     cut_us = int((plan.anchor - timedelta(days=plan.days - 1)).timestamp() * 1_000_000)
     with _connect(dsn) as conn:
         conn.execute("DELETE FROM requests WHERE workload = %s", (WRITER_WORKLOAD,))
@@ -848,15 +909,17 @@ def report(
     drift: list[tuple[str, float, float, int]],
     pages: dict[tuple[str, str], list[float]],
     api: list[tuple[str, list[float]]],
-    retention: RetentionFigures | None,
+    retention: list[RetentionFigures],
     load: tuple[float, float],
     rollup_mismatches: int | None,
+    layout: str = "one table, not partitioned",
 ) -> str:
     from benchmarks.dashboard_speed import PAGES, RANGES
 
     lines = [
         f"{plan.records:,} requests over {plan.days} days, {plan.workloads} workloads (Zipf-like shares), 3 pairs "
-        f"(every tenth workload split between two), {HOLDOUT_SHARE:.0%} holdout, in PostgreSQL (database {size}); "
+        f"(every tenth workload split between two), {HOLDOUT_SHARE:.0%} holdout, in PostgreSQL (database {size}, "
+        f"requests {layout}); "
         f"rollups as the writer makes them"
         + ("" if rollup_mismatches is None else f" ({rollup_mismatches} of 40 sampled keys differ from rollups.py)")
         + "."
@@ -882,18 +945,18 @@ def report(
                 )
     for label, times in api:
         lines.append(f"| {label} | {statistics.median(times):.3f} | {max(times):.3f} | |")
-    if retention is not None:
-        r = retention
+    for r in retention:
+        verb = "deleting one day row by row" if r.how == "delete" else "dropping one day's partition"
         lines.append(
-            f"| retention job deleting one day ({r.deleted.get('requests', 0):,} requests) | {r.seconds:.2f} | "
-            f"{r.seconds:.2f} | |"
+            f"| retention job {verb} ({_removed(r.deleted):,} requests; {r.wal_bytes / 2**20:,.1f} MiB of WAL; "
+            f"requests {r.size_after / 2**20:,.0f} MiB after) | {r.seconds:.2f} | {r.seconds:.2f} | |"
         )
         for label, batch in (("before", r.batches_before), ("during", r.batches_during), ("after", r.batches_after)):
             if batch:
-                lines.append(f"| a writer's batch of 100 records, {label} the job ({len(batch)} batches) | "
+                lines.append(f"| a writer's batch of 100 records, {label} the job ({r.how}, {len(batch)} batches) | "
                              f"{statistics.median(batch):.3f} | {max(batch):.3f} | "
                              + (f"< {STALL_TARGET_S:.0f} s |" if label == "during" else "|"))  # fmt: skip
-        lines.append(f"| longest gap between two commits during the job | {r.longest_gap_s:.3f} | "
+        lines.append(f"| longest gap between two commits during the job ({r.how}) | {r.longest_gap_s:.3f} | "
                      f"{r.longest_gap_s:.3f} | < {STALL_TARGET_S:.0f} s |")  # fmt: skip
     lines += [
         "",
@@ -909,7 +972,9 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=10_000_000, help="requests to generate (default 10,000,000)")
+    parser.add_argument(
+        "--records", "--rows", type=int, default=10_000_000, help="requests to generate (default 10,000,000)"
+    )
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--workloads", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
@@ -949,8 +1014,13 @@ def main(argv: list[str] | None = None) -> int:
 
         pages = render_times(url, args.repeats)
     api = measure_api(url, plan, args.repeats) if "api" not in args.skip else []
-    retention = measure_retention(url, dsn, plan, args.writer_seconds) if "retention" not in args.skip else None
-    body = report(plan, generated_s, size, drift, pages, api, retention, (load_start, os.getloadavg()[0]), mismatches)
+    layout = _layout(dsn)
+    retention = []
+    if "retention" not in args.skip:
+        ways = ("delete", "drop") if layout.startswith("partitioned") else ("delete",)
+        retention = [measure_retention(url, dsn, plan, args.writer_seconds, how) for how in ways]
+    body = report(plan, generated_s, size, drift, pages, api, retention, (load_start, os.getloadavg()[0]), mismatches,
+                  layout)  # fmt: skip
     print(body)
     if not args.no_write:
         from benchmarks.results import write_section

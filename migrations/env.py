@@ -11,7 +11,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from monitor.store.engine import create_engine
-from monitor.store.models import Base
+from monitor.store.models import Base, declared_for
 
 config = context.config
 target_metadata = Base.metadata
@@ -24,6 +24,10 @@ def _configure(connection: Connection) -> None:
         # SQLite cannot ALTER most things in place: batch mode copies the table instead.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        # Of the models, compare only what they declare on this dialect (requests' unique key differs).
+        include_object=lambda obj, _name, _type, reflected, _other: (
+            reflected or declared_for(obj, connection.dialect.name)
+        ),
     )
 
 

@@ -1,9 +1,15 @@
-"""``draftwatch db upgrade | current | downgrade REV``: the schema, from the command line."""
+"""``draftwatch db upgrade | current | downgrade REV | partition | unpartition``: the schema, from the command line.
+
+``partition`` converts a PostgreSQL ``requests`` that held rows when migration 0014 ran to the
+partitioned layout online, ``unpartition`` back (monitor/store/repartition.py, docs/postgresql.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from monitor.commands.common import add_settings_arguments, run_with_engine
@@ -11,6 +17,8 @@ from monitor.config import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+
+    from monitor.store.repartition import Progress
 
 
 def register(subparsers: Any) -> None:
@@ -31,6 +39,20 @@ def register(subparsers: Any) -> None:
     downgrade = commands.add_parser("downgrade", help="migrate the schema down to REV ('base' empties it)")
     downgrade.add_argument("revision", help="target revision, e.g. base or 0001")
     downgrade.set_defaults(handler=_downgrade)
+
+    for name, layout in (("partition", "partitioned by day"), ("unpartition", "unpartitioned (the way back)")):
+        convert = commands.add_parser(
+            name,
+            help=f"PostgreSQL: convert requests to the {layout} layout online, in batches, resumable",
+            description=f"Convert requests to the {layout} layout while the services run: a new table beside it, "
+            "the rows copied in batches by ts_start (run again to go on after an interruption), the rows written "
+            "meanwhile copied by triggers, then one short swap. docs/postgresql.md tells the whole story.",
+        )
+        convert.add_argument("--batch-rows", type=int, default=50_000, help="rows copied per transaction (about)")
+        convert.add_argument("--max-batches", type=int, default=None, help="stop after so many batches (resume later)")
+        convert.add_argument("--keep-old", action="store_true", help="keep the old table as requests_old after it")
+        convert.add_argument("--abort", action="store_true", help="abandon a conversion under way (drops its table)")
+        convert.set_defaults(handler=_partition if name == "partition" else _unpartition)
 
 
 def _run(args: argparse.Namespace, action: str) -> int:
@@ -64,3 +86,64 @@ def _current(args: argparse.Namespace) -> int:
 
 def _downgrade(args: argparse.Namespace) -> int:
     return _run(args, "downgrade")
+
+
+def _partition(args: argparse.Namespace) -> int:
+    return _convert(args, partitioned=True)
+
+
+def _unpartition(args: argparse.Namespace) -> int:
+    return _convert(args, partitioned=False)
+
+
+def _convert(args: argparse.Namespace, *, partitioned: bool) -> int:
+    command = "db partition" if partitioned else "db unpartition"
+
+    def act(engine: Engine, settings: Settings) -> int:
+        from monitor.store import migrate, repartition
+
+        if engine.dialect.name != "postgresql":
+            print(f"draftwatch {command}: only PostgreSQL partitions requests; SQLite keeps one table", file=sys.stderr)
+            return 1
+        if args.abort:
+            print("conversion abandoned" if repartition.abort(engine) else "no conversion under way")
+            return 0
+        if not migrate.is_current(engine):
+            print(f"draftwatch {command}: the schema is not at the newest revision: run draftwatch db upgrade first",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        outcome = repartition.convert(
+            engine,
+            partitioned=partitioned,
+            partition_days=settings.database.partition_days,
+            ahead_days=settings.database.partitions_ahead_days,
+            batch_rows=args.batch_rows,
+            max_batches=args.max_batches,
+            keep_old=args.keep_old,
+            progress=_Reporter(),
+        )
+        if outcome.state == "already":
+            print(f"requests is already {'partitioned' if partitioned else 'unpartitioned'}: nothing to do")
+        elif outcome.state == "paused":
+            print(f"paused after {outcome.batches} batches ({outcome.rows_copied:,} rows): run {command} again")
+        else:
+            print(f"requests is now {'partitioned' if partitioned else 'unpartitioned'} "
+                  f"({outcome.rows_copied:,} rows copied in this run)")  # fmt: skip
+        return 0
+
+    return run_with_engine(args, command, act, upgrade=False)
+
+
+class _Reporter:
+    """Progress on the terminal: one line rewritten in place on a TTY, a line every 10 s otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.last = 0.0
+
+    def __call__(self, progress: Progress) -> None:
+        now = time.monotonic()
+        if now - self.last < (0.5 if self.tty else 10.0) and progress.fraction < 1:
+            return
+        self.last = now
+        print(("\r" if self.tty else "") + progress.line(), end="" if self.tty else "\n", flush=True)

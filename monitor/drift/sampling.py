@@ -5,7 +5,8 @@ the same over a thousand requests as over millions. Per-request values come from
 at most ``limit`` per window, workload and pair, chosen by a fixed hash of the row id
 (``(id mod P) · K mod P`` with K ≈ P·(√5 − 1)/2, Fibonacci hashing): the choice ignores every
 measured value, so the sample is unbiased for the tests, consecutive ids scatter evenly over the
-window (no bias towards its start), and the same data always gives the same sample. The ids are
+window (no bias towards its start), and the same data always gives the same sample, in id order
+whatever the plan or the table's layout (partitioned or not). The ids are
 picked in a subquery; when a workload has a single pair, that subquery only touches the
 ``(workload, ts_start)`` index, so the database reads ``limit`` rows, not the whole window.
 """
@@ -158,7 +159,15 @@ def sample_requests(
             # A mode asked for is a population of its own: a plain one holds no request merely read as plain.
             inner = inner.where(r.mode_inferred.is_(False))
     inner = inner.order_by(hashed).limit(limit)
-    query = select(*_COLUMNS).where(r.id.in_(inner.scalar_subquery()), r.finish_reason != "error")
+    # The window again outside the ids: on partitioned PostgreSQL the rows are then read from the window's
+    # partitions only, where ids alone would be looked up in every partition (the same rows either way). In id
+    # order: the tests' resampling depends on it, and the order of a plan's join (which differs between the
+    # layouts and with the table's size) must not.
+    query = (
+        select(*_COLUMNS)
+        .where(r.id.in_(inner.scalar_subquery()), r.ts_start >= start, r.ts_start < end, r.finish_reason != "error")
+        .order_by(r.id)
+    )
     rows = conn.execute(query).all()
     numeric_names = [name for name in Sample.__dataclass_fields__ if name != "mode"]
     if not rows:

@@ -12,6 +12,14 @@ before the next (and each bounded in time on PostgreSQL by ``retention.batch_tim
 transaction over a month of a busy fleet's requests would hold its locks and its WAL for hours. The
 leader's fence is checked in every one of them, so a replica that lost the lease stops after at most
 one more batch, and what was committed stays deleted.
+
+On PostgreSQL, where ``requests`` is partitioned by day (docs/postgresql.md), its expired days are
+not deleted row by row: each partition that ends before the cutoff is detached and dropped in a
+transaction of its own, fenced (:func:`monitor.store.partitions.drop_expired_partitions`), and only
+the rows before the cutoff in the partition holding it (and in the default partition) go by the
+batched delete. Should a partition stay locked past its attempts, the batched delete of requests is
+skipped this time (it would delete that whole day row by row) and the job fails, to run again on
+its next tick. While ``draftwatch db partition`` converts the table, requests are left alone.
 """
 
 from __future__ import annotations
@@ -29,15 +37,26 @@ from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
 from monitor.scheduler.settings import RetentionSettings
 from monitor.store.models import RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
+from monitor.store.partitions import PartitionLockError, drop_expired_partitions, is_partitioned
+from monitor.store.repartition import conversion_in_progress
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
 
 
 def apply_retention(
-    engine: Engine, retention: RetentionSettings, now: datetime, fence: Fence | None = None
+    engine: Engine,
+    retention: RetentionSettings,
+    now: datetime,
+    fence: Fence | None = None,
+    *,
+    by_partition: bool = True,
 ) -> dict[str, int]:
-    """Delete what is past retention, in bounded transactions (see the module docstring); rows deleted per table."""
+    """Delete what is past retention, in bounded transactions (see the module docstring); rows deleted per table.
+
+    ``by_partition`` False deletes expired requests row by row even from a partitioned table (what
+    benchmarks/store_scale.py compares dropping partitions with).
+    """
     plan: list[tuple[str, int, Any, Any]] = [
         ("requests", retention.requests_days, RequestRow, lambda c: RequestRow.ts_start < c),
         ("rollup_minute", retention.rollups_days, RollupMinuteRow, lambda c: RollupMinuteRow.bucket < c),
@@ -53,12 +72,43 @@ def apply_retention(
         ("recorder_batches", retention.batches_days, RecorderBatchRow, lambda c: RecorderBatchRow.committed_at < c),
     ]  # fmt: skip
     deleted: dict[str, int] = {}
+    failed: PartitionLockError | None = None
     for table, days, model, expired in plan:
-        if days > 0:
-            deleted[table] = _delete_in_batches(engine, model, expired(now - timedelta(days=days)), retention, fence)
+        if days <= 0:
+            continue
+        cutoff = now - timedelta(days=days)
+        if table == "requests":
+            try:
+                if not _drop_request_partitions(engine, cutoff, fence, deleted, drop=by_partition):
+                    continue
+            except PartitionLockError as error:
+                log.warning("retention: %s; requests are deleted on the next run", error)
+                failed = error
+                continue
+        deleted[table] = _delete_in_batches(engine, model, expired(cutoff), retention, fence)
     if any(deleted.values()):
         log.info("retention deleted %s", {k: v for k, v in deleted.items() if v})
+    if failed is not None:
+        raise failed
     return deleted
+
+
+def _drop_request_partitions(
+    engine: Engine, cutoff: datetime, fence: Fence | None, deleted: dict[str, int], *, drop: bool
+) -> bool:
+    """Drop requests' whole expired partitions (PostgreSQL, ``drop``); False when requests must not be deleted now."""
+    if engine.dialect.name != "postgresql":
+        return True
+    with engine.connect() as conn:
+        converting, partitioned = conversion_in_progress(conn), is_partitioned(conn)
+    if converting:
+        log.info("retention leaves requests alone while `draftwatch db partition` converts the table")
+        return False
+    if partitioned and drop:
+        dropped = drop_expired_partitions(engine, cutoff, fence)
+        deleted["requests_partitions_dropped"] = len(dropped)
+        deleted["requests_rows_dropped_estimate"] = sum(d.rows_estimate for d in dropped)
+    return True
 
 
 def _delete_in_batches(
@@ -72,7 +122,9 @@ def _delete_in_batches(
             if conn.dialect.name == "postgresql":
                 # SET LOCAL takes no bind parameter; the value is a parsed float, in milliseconds.
                 conn.execute(text(f"SET LOCAL statement_timeout = {max(1, int(retention.batch_timeout_s * 1000))}"))
-            count = int(conn.execute(delete(model).where(model.id.in_(batch))).rowcount or 0)
+            # The condition again outside the batch's ids: on a partitioned table it confines the delete to
+            # the partitions before the cutoff, where ids alone would be looked up in every one.
+            count = int(conn.execute(delete(model).where(expired, model.id.in_(batch))).rowcount or 0)
             if fence is not None:
                 fence(conn)
         total += count

@@ -4,7 +4,9 @@ The Alembic configuration is built in code; ``script_location`` is the repositor
 directory, found next to the ``monitor`` package (the project runs installed in editable mode).
 Several replicas may start at once: on PostgreSQL, :func:`upgrade` and :func:`downgrade` hold a
 session-level advisory lock while Alembic runs, on SQLite an exclusive lock on a file next to the
-database, so one replica migrates and the others then find the schema current.
+database, so one replica migrates and the others then find the schema current. On PostgreSQL
+:func:`upgrade` then makes the partitions of ``requests`` from today's to some days ahead
+(:func:`monitor.store.partitions.ensure_partitions`), outside that lock and without failing the start.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -24,6 +27,7 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Connection, Engine
 
 from monitor.store.engine import sqlite_path
+from monitor.store.partitions import DEFAULT_AHEAD_DAYS, ensure_partitions
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,19 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> str | None:
-    """Migrate the database up to ``revision`` under the migration lock; returns the new revision."""
+def upgrade(
+    engine: Engine,
+    revision: str = "head",
+    *,
+    partition_days: int | None = None,
+    partitions_ahead_days: int = DEFAULT_AHEAD_DAYS,
+) -> str | None:
+    """Migrate the database up to ``revision`` under the migration lock; returns the new revision.
+
+    On PostgreSQL the partitions of ``requests`` are then made ahead (``database.partition_days``
+    and ``database.partitions_ahead_days``; ``partition_days`` None keeps the existing partitions'
+    width). A failure there is logged, not raised: the default partition takes the records meanwhile.
+    """
     with _migration_lock(engine) as conn:
         before = MigrationContext.configure(conn).get_current_revision()
         command.upgrade(alembic_config(conn), revision)
@@ -73,6 +88,11 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
         after = MigrationContext.configure(conn).get_current_revision()
     if before != after:
         log.info("database upgraded from %s to %s", before or "empty", after)
+    if engine.dialect.name == "postgresql":
+        try:
+            ensure_partitions(engine, datetime.now(UTC), partitions_ahead_days, partition_days=partition_days)
+        except Exception as error:  # the start goes on; the scheduler's retention job tries again
+            log.warning("could not create the partitions of requests ahead: %s", str(error).splitlines()[0])
     return after
 
 

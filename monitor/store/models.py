@@ -3,6 +3,11 @@
 Tables:
 
 * ``requests``: one row per :class:`decoder.record.RequestRecord`, every field, ``request_id`` unique.
+  On PostgreSQL it is partitioned by ``RANGE (ts_start)`` (migration 0014, :mod:`monitor.store.partitions`):
+  there its primary key is ``(id, ts_start)`` and the unique key ``(request_id, ts_start)``, since a
+  partitioned table's unique keys must hold the partition key. The ORM maps ``id`` alone as the
+  identity (ids come from one sequence, so they stay unique), and the unique keys are declared per
+  dialect (``ddl_if``; :func:`declared_for` says which the comparison with a database holds to).
 * ``model_versions`` and ``deployment_events``: the first time a (role, model, version) is seen is
   an event with a timestamp, so the monitor can annotate charts and reset baselines.
 * ``rollup_minute`` and ``rollup_bins``: per-minute counts and sums per workload, pair and mode,
@@ -35,6 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.schema import SchemaItem
 from sqlalchemy.types import TypeDecorator
 
 # Alembic autogenerate and the constraint names in migrations follow this convention.
@@ -88,13 +94,23 @@ class Base(DeclarativeBase):
 BASELINE_MODES = "mode <> 'speculative'"
 
 
+def declared_for(item: SchemaItem, dialect_name: str) -> bool:
+    """Whether the model declares ``item`` (an index, a constraint) on ``dialect_name``, not for another (``ddl_if``).
+
+    Alembic's comparison of the models with a database (autogenerate, the migration tests) passes
+    its objects through this, so that each dialect's unique key of ``requests`` is compared only there.
+    """
+    condition = getattr(item, "_ddl_if", None)
+    return condition is None or condition.dialect in (None, dialect_name)
+
+
 class RequestRow(Base):
     """One finished request: the record's fields, nothing derived."""
 
     __tablename__ = "requests"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    request_id: Mapped[str] = mapped_column(String(128), unique=True)
+    request_id: Mapped[str] = mapped_column(String(128))
     ts_start: Mapped[datetime]
     ts_end: Mapped[datetime]
     workload: Mapped[str] = mapped_column(String(64))
@@ -135,6 +151,10 @@ class RequestRow(Base):
     ingested_at: Mapped[datetime]
 
     __table_args__ = (
+        # A record is stored once: by request id on SQLite, by request id and start on partitioned PostgreSQL
+        # (migration 0014; a PostgreSQL table still to convert with `draftwatch db partition` has the former).
+        UniqueConstraint("request_id").ddl_if(dialect="sqlite"),
+        UniqueConstraint("request_id", "ts_start").ddl_if(dialect="postgresql"),
         # Covering on PostgreSQL (migration 0002): drift sampling reads ids per workload and window from the index.
         Index("ix_requests_workload_ts", "workload", "ts_start", postgresql_include=["id"]),
         Index("ix_requests_pair_ts", "target_model", "drafter", "draft_model", "ts_start"),

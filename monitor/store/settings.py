@@ -1,4 +1,4 @@
-"""The store's settings: which database, and whether a service migrates it when it starts."""
+"""The store's settings: which database, whether a service migrates it when it starts, and its partitions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitor.settings.fields import setting
-from monitor.settings.parsers import parse_bool, parse_str
+from monitor.settings.parsers import parse_bool, parse_int, parse_str
 
 
 def parse_database_url(raw: Any) -> str:
@@ -31,4 +31,18 @@ class DatabaseSettings:
         parse_bool,
         True,
         "run the schema migrations when a service starts",
+    )
+    partition_days: int = setting(
+        "database.partition_days",
+        parse_int(1, 366),
+        1,
+        "days of requests per partition on PostgreSQL (monitor/store/partitions.py; docs/postgresql.md): retention "
+        "drops whole partitions; a change applies to the partitions created after it; SQLite has no partitions",
+    )
+    partitions_ahead_days: int = setting(
+        "database.partitions_ahead_days",
+        parse_int(1, 366),
+        7,
+        "days ahead of today for which PostgreSQL partitions are kept created (at start and by the scheduler's "
+        "retention job); a record past them lands in the default partition and moves out when its own is created",
     )

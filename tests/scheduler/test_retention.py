@@ -1,17 +1,29 @@
-"""The retention job on a real store: what is past retention goes, what is not stays (SQLite and PostgreSQL)."""
+"""The retention job on a real store: what is past retention goes, what is not stays (SQLite and PostgreSQL).
+
+On PostgreSQL requests' expired days go as whole partitions, the day at the cutoff by the batched delete.
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import Connection, Engine
 
+from monitor.config import Settings
+from monitor.ingest.synthetic import synthetic_record
+from monitor.scheduler.jobs import retention_job
 from monitor.scheduler.retention import apply_retention
 from monitor.scheduler.settings import RetentionSettings
-from monitor.store.models import RecorderBatchRow
+from monitor.store import partitions
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
+from monitor.store.models import RecorderBatchRow, RequestRow
+from monitor.store.partitions import PartitionLockError, ensure_partitions, list_partitions, partition_name
+from monitor.store.writes.writer import write_batch
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -104,3 +116,105 @@ def test_a_fence_that_fails_stops_retention_and_keeps_what_was_committed(engine:
     with engine.connect() as conn:
         # The first batch committed; the second was rolled back with its failed fence; the third never ran.
         assert conn.execute(select(func.count()).select_from(RecorderBatchRow)).scalar_one() == 4
+
+
+DAY = datetime(2026, 11, 20, tzinfo=UTC)
+
+
+def only_requests(**settings: Any) -> RetentionSettings:
+    """Retention of requests alone, every other table kept."""
+    kept = dict.fromkeys(("rollups_days", "drift_days", "alerts_days", "jobs_days", "batches_days"), 0)
+    return RetentionSettings(**kept, **settings)
+
+
+def _requests_over(engine: Engine, days: int, per_day: int) -> None:
+    records = [
+        synthetic_record(d * per_day + i, start=DAY + timedelta(days=d, hours=24 * i / per_day), spacing=timedelta(0))
+        for d in range(days)
+        for i in range(per_day)
+    ]
+    with engine.begin() as conn:
+        write_batch(conn, records, "days", "sync")
+
+
+def _request_starts(engine: Engine) -> list[datetime]:
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(RequestRow.ts_start)).scalars())
+
+
+def test_expired_days_of_requests_are_dropped_whole_and_the_edge_deleted_in_batches(engine: Engine) -> None:
+    # Five days of 12 requests (one every two hours) from DAY; on PostgreSQL each day in its own partition.
+    ensure_partitions(engine, DAY, 4)
+    _requests_over(engine, 5, 12)
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(text("ANALYZE requests"))  # the dropped rows are counted by the statistics
+    now = DAY + timedelta(days=5, hours=7)  # 2 days kept: the cutoff is day 3, 07:00
+    fenced: list[str] = []
+    deleted = apply_retention(engine, only_requests(requests_days=2, batch_size=2), now, lambda c: fenced.append(""))
+    cutoff = now - timedelta(days=2)
+    assert _request_starts(engine)[0] >= cutoff and len(_request_starts(engine)) == 60 - 36 - 4
+    if engine.dialect.name == "postgresql":
+        # Days 0-2 (36 requests) dropped as three partitions, day 3's 00:00-06:00 (4 requests) deleted in 2 batches.
+        assert deleted == {"requests_partitions_dropped": 3, "requests_rows_dropped_estimate": 36, "requests": 4}
+        assert len(fenced) == 3 + 3  # a transaction per partition; batches of 2, 2 and the last, empty one
+        with engine.connect() as conn:
+            assert [
+                p.name for p in list_partitions(conn) if p.start is not None and p.start < now - timedelta(days=2)
+            ] == ["requests_p20261123"]
+    else:
+        assert deleted == {"requests": 40}  # one table: every expired row by the batched delete
+        assert len(fenced) == 21
+
+
+def test_a_partition_held_by_a_long_read_is_neither_dropped_nor_deleted_row_by_row(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(partitions, "DDL_LOCK_TIMEOUT_MS", 100)
+    monkeypatch.setattr(partitions, "DDL_ATTEMPTS", 2)
+    monkeypatch.setattr(partitions, "DDL_BACKOFF_S", 0.01)
+    engine = create_engine(pg_url)
+    upgrade(engine)
+    ensure_partitions(engine, DAY, 2)
+    _requests_over(engine, 3, 4)
+    now = DAY + timedelta(days=2, hours=12)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(RecorderBatchRow).values(
+                batch_id="old", origin="live", n_records=1, committed_at=DAY - timedelta(days=10)
+            )
+        )
+    settings = RetentionSettings(requests_days=1, batches_days=7, rollups_days=0, drift_days=0, alerts_days=0,
+                                 jobs_days=0)  # fmt: skip
+    with engine.connect() as reader:
+        reader.execute(text("SELECT count(*) FROM requests"))  # an open read holds its lock on requests
+        with pytest.raises(PartitionLockError):
+            apply_retention(engine, settings, now)
+        reader.rollback()
+    assert len(_request_starts(engine)) == 12  # left whole for the next run, not deleted row by row meanwhile
+    with engine.connect() as conn:  # the other tables' retention ran
+        assert set(conn.execute(select(RecorderBatchRow.batch_id)).scalars()) == {"days"}
+    engine.dispose()
+
+
+def test_the_retention_job_makes_the_partitions_ahead_past_its_next_run(pg_url: str, tmp_path: Path) -> None:
+    engine = create_engine(pg_url)
+    upgrade(engine)
+    environ = {
+        "HOME": str(tmp_path),
+        "DRAFTWATCH_DATABASE_URL": pg_url,
+        "DRAFTWATCH_DATABASE_PARTITIONS_AHEAD_DAYS": "2",
+        "DRAFTWATCH_SCHEDULER_RETENTION_INTERVAL": "5d",
+    }
+    detail = retention_job(engine, Settings.from_env(environ, None), datetime.now(UTC), lambda conn: None)
+    with engine.connect() as conn:
+        starts = [p.start for p in list_partitions(conn) if p.start is not None]
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    # The upgrade made today to 7 days ahead; the job, whose next run is 5 days away, keeps 6 ahead: none missing.
+    assert detail["partitions_created"] == 0 and starts[-1] == today + timedelta(days=7)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {partition_name(today + timedelta(days=6))}"))
+        conn.execute(text(f"DROP TABLE {partition_name(today + timedelta(days=7))}"))
+    detail = retention_job(engine, Settings.from_env(environ, None), datetime.now(UTC), lambda conn: None)
+    assert detail["partitions_created"] == 1  # day 6 again, not day 7: max(2, 5 + 1) days ahead
+    engine.dispose()

@@ -3,8 +3,12 @@
 ``requests`` rows are the hot path (tens of thousands a second):
 
 * PostgreSQL: ``COPY`` (text format, built here) into a session-local staging table, then one
-  ``INSERT INTO requests SELECT ... ON CONFLICT (request_id) DO NOTHING RETURNING request_id``, which
-  tells exactly which rows were new even with other processes inserting at the same time.
+  ``INSERT INTO requests SELECT ... ON CONFLICT DO NOTHING RETURNING request_id``, which tells
+  exactly which rows were new even with other processes inserting at the same time. The conflict
+  has no target, so that it holds on both layouts: the unique key is ``(request_id, ts_start)`` on
+  the partitioned table (migration 0014; a replayed record has the same start, so it is still
+  stored once) and ``request_id`` on a table ``draftwatch db partition`` has not converted yet, and
+  a writer's statement stays valid across that conversion's swap.
 * SQLite: the caller's transaction already holds SQLite's single write lock (the batch marker was
   written first), so the ids that already exist are read with one ``SELECT``, and the rows go in
   with one prepared ``INSERT ... ON CONFLICT DO NOTHING`` executed for all rows by the driver.
@@ -55,8 +59,7 @@ def _insert_requests_postgresql(conn: Connection, records: Sequence[RequestRecor
     with raw.cursor() as cursor, cursor.copy(f"COPY {stage} ({columns}) FROM STDIN") as copy:
         copy.write("".join([copy_line(rec, ingested) for rec in records]))
     result = conn.exec_driver_sql(
-        f"INSERT INTO requests ({columns}) SELECT {columns} FROM {stage} "
-        f"ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
+        f"INSERT INTO requests ({columns}) SELECT {columns} FROM {stage} ON CONFLICT DO NOTHING RETURNING request_id"
     )
     stored = {r[0] for r in result}
     conn.exec_driver_sql(f"DELETE FROM {stage}")  # the next batch may share this transaction
