@@ -372,7 +372,7 @@ def parse_steps(raw: Any) -> tuple[float, ...]:
     >>> parse_steps("100")
     Traceback (most recent call last):
     ...
-    ValueError: expected a step below 100 before it, such as 5,100: the candidate is judged at the steps below 100, and passing the last of them promotes it
+    ValueError: expected a step below 100 before it, such as 5,100: passing the last step below 100 promotes
     """
     items = raw if isinstance(raw, list | tuple) else parse_str(raw).split(",")
     try:
@@ -387,8 +387,8 @@ def parse_steps(raw: Any) -> tuple[float, ...]:
     if steps[-1] != 100:
         raise ValueError(f"expected the last step to be 100 (the candidate serves everything), got {steps[-1]:g}")
     if len(steps) < 2:
-        raise ValueError("expected a step below 100 before it, such as 5,100: the candidate is judged at the steps "
-                         "below 100, and passing the last of them promotes it")  # fmt: skip
+        raise ValueError("expected a step below 100 before it, such as 5,100: passing the last step below 100 "
+                         "promotes")  # fmt: skip
     return tuple(s / 100 for s in steps)
 
 

@@ -177,7 +177,10 @@ def test_refusals_name_what_was_wrong(client: TestClient, store: Engine) -> None
     for path in ("/v1/rollouts/999/promote", "/v1/rollouts/999/abort"):
         missing = post(client, path)
         assert missing.status_code == 404
-        assert missing.json() == {"error": "not_found", "message": "no rollout 999: draftwatch rollout status (GET /v1/rollouts) lists them"}
+        assert missing.json() == {
+            "error": "not_found",
+            "message": "no rollout 999: draftwatch rollout status (GET /v1/rollouts) lists them",
+        }
     assert client.get("/v1/rollouts/999", headers=auth(READ)).status_code == 404
     for path in ("/v1/rollouts/0", f"/v1/rollouts/{2**63}", "/v1/rollouts/x"):
         assert client.get(path, headers=auth(READ)).status_code == 422, path
