@@ -200,7 +200,7 @@ def config_error(tmp_path: Path, toml: str) -> str:
          "route 1: kind='tgi': expected one of auto, vllm, sglang, llamacpp, openai"),
         ('[[proxy.routes]]\nmodel = "a"\nupstreams = "http://h:1"\n',
          "route 1: unknown key 'upstreams' (did you mean upstream?): the keys are model, upstream, kind, "
-         "baseline_upstream"),
+         "baseline_upstream, candidate_upstream"),
         ('[[proxy.routes]]\nupstream = "http://h:1"\n',
          "route 1: model is missing: each route needs model and upstream"),
         ('[[proxy.routes]]\nmodel = 7\nupstream = "http://h:1"\n',
