@@ -15,11 +15,15 @@ one more batch, and what was committed stays deleted.
 
 On PostgreSQL, where ``requests`` is partitioned by day (docs/postgresql.md), its expired days are
 not deleted row by row: each partition that ends before the cutoff is detached and dropped in a
-transaction of its own, fenced (:func:`monitor.store.partitions.drop_expired_partitions`), and only
-the rows before the cutoff in the partition holding it (and in the default partition) go by the
-batched delete. Should a partition stay locked past its attempts, the batched delete of requests is
-skipped this time (it would delete that whole day row by row) and the job fails, to run again on
-its next tick. While ``draftwatch db partition`` converts the table, requests are left alone.
+transaction of its own, fenced (:func:`monitor.store.partitions.drop_expired_partitions`). The
+partition holding the cutoff is kept whole until it has expired too (``retention.requests_edge``
+keep): deleting its expired rows at each run would, over its day, delete nearly all of them row by
+row, the WAL and bloat partitioning is there to avoid. With ``requests_edge`` delete they go by the
+batched delete, for retention exact to the minute. The default partition's expired rows always go by
+the batched delete (no partition drop ever takes them). Should a partition stay locked past its
+attempts, the batched delete of requests is skipped this time (it would delete that whole day row by
+row) and the job fails, to run again on its next tick. While ``draftwatch db partition`` converts the
+table, requests are left alone.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
 from monitor.scheduler.settings import RetentionSettings
 from monitor.store.models import RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
-from monitor.store.partitions import PartitionLockError, drop_expired_partitions, is_partitioned
+from monitor.store.partitions import PartitionLockError, drop_expired_partitions, is_partitioned, partition_start
 from monitor.store.repartition import conversion_in_progress
 from monitor.store.types import Fence
 
@@ -76,14 +80,16 @@ def apply_retention(
     for table, days, model, expired in plan:
         if days <= 0:
             continue
-        cutoff = now - timedelta(days=days)
+        cutoff: datetime | None = now - timedelta(days=days)
         if table == "requests":
             try:
-                if not _drop_request_partitions(engine, cutoff, fence, deleted, drop=by_partition):
-                    continue
+                cutoff = _drop_request_partitions(engine, cutoff, fence, deleted, drop=by_partition,
+                                                  edge=retention.requests_edge)  # fmt: skip
             except PartitionLockError as error:
                 log.warning("retention: %s; requests are deleted on the next run", error)
                 failed = error
+                continue
+            if cutoff is None:
                 continue
         deleted[table] = _delete_in_batches(engine, model, expired(cutoff), retention, fence)
     if any(deleted.values()):
@@ -94,21 +100,26 @@ def apply_retention(
 
 
 def _drop_request_partitions(
-    engine: Engine, cutoff: datetime, fence: Fence | None, deleted: dict[str, int], *, drop: bool
-) -> bool:
-    """Drop requests' whole expired partitions (PostgreSQL, ``drop``); False when requests must not be deleted now."""
+    engine: Engine, cutoff: datetime, fence: Fence | None, deleted: dict[str, int], *, drop: bool, edge: str
+) -> datetime | None:
+    """Drop requests' whole expired partitions (PostgreSQL, ``drop``); the cutoff left for the batched delete.
+
+    None: requests must not be deleted now. With ``edge`` keep, the cutoff moves back to the start of
+    the partition holding it, so that only the default partition's expired rows are deleted.
+    """
     if engine.dialect.name != "postgresql":
-        return True
+        return cutoff
     with engine.connect() as conn:
         converting, partitioned = conversion_in_progress(conn), is_partitioned(conn)
+        edge_start = partition_start(conn, cutoff) if partitioned and drop and edge == "keep" else None
     if converting:
         log.info("retention leaves requests alone while `draftwatch db partition` converts the table")
-        return False
+        return None
     if partitioned and drop:
         dropped = drop_expired_partitions(engine, cutoff, fence)
         deleted["requests_partitions_dropped"] = len(dropped)
         deleted["requests_rows_dropped_estimate"] = sum(d.rows_estimate for d in dropped)
-    return True
+    return cutoff if edge_start is None else min(cutoff, edge_start)
 
 
 def _delete_in_batches(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Final
 
 from monitor.settings.fields import setting
-from monitor.settings.parsers import parse_bool, parse_duration, parse_int, parse_seconds
+from monitor.settings.parsers import parse_bool, parse_choice, parse_duration, parse_int, parse_seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +87,9 @@ class SchedulerSettings:
     )
 
 
+REQUESTS_EDGES: Final = ("keep", "delete")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetentionSettings:
     requests_days: int = setting(
@@ -93,6 +97,15 @@ class RetentionSettings:
         parse_int(0),
         30,
         "days of requests kept; 0 keeps everything",
+    )
+    requests_edge: str = setting(
+        "retention.requests_edge",
+        parse_choice(REQUESTS_EDGES),
+        "keep",
+        "on partitioned PostgreSQL, the expired requests of the partition holding the cutoff: keep waits until the "
+        "whole partition has expired and drops it (requests live up to database.partition_days past "
+        "retention.requests_days; none is deleted row by row); delete removes them in batches (retention exact "
+        "to the minute, at a delete's WAL and bloat); SQLite and an unpartitioned table always delete exactly",
     )
     rollups_days: int = setting(
         "retention.rollups_days",

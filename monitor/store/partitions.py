@@ -198,6 +198,14 @@ def with_ddl_retries(engine: Engine, what: str, work: Callable[[Connection], T])
     raise PartitionLockError(f"{what}: a lock was held past {DDL_LOCK_TIMEOUT_MS} ms on each of {attempts} attempts")
 
 
+def partition_start(conn: Connection, ts: datetime, parent: str = PARENT) -> datetime | None:
+    """The start of ``parent``'s partition whose range holds ``ts``; None when only the default partition does."""
+    for p in list_partitions(conn, parent):
+        if p.start is not None and p.end is not None and p.start <= ts < p.end:
+            return p.start
+    return None
+
+
 def partition_width(partitions: list[Partition]) -> int:
     """The width in days of the newest partition, the layout's own (1 when it has none)."""
     ranged = [p for p in partitions if p.start is not None and p.end is not None]

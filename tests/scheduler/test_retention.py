@@ -151,7 +151,8 @@ def test_expired_days_of_requests_are_dropped_whole_and_the_edge_deleted_in_batc
             conn.execute(text("ANALYZE requests"))  # the dropped rows are counted by the statistics
     now = DAY + timedelta(days=5, hours=7)  # 2 days kept: the cutoff is day 3, 07:00
     fenced: list[str] = []
-    deleted = apply_retention(engine, only_requests(requests_days=2, batch_size=2), now, lambda c: fenced.append(""))
+    settings = only_requests(requests_days=2, batch_size=2, requests_edge="delete")
+    deleted = apply_retention(engine, settings, now, lambda c: fenced.append(""))
     cutoff = now - timedelta(days=2)
     assert _request_starts(engine)[0] >= cutoff and len(_request_starts(engine)) == 60 - 36 - 4
     if engine.dialect.name == "postgresql":
@@ -165,6 +166,30 @@ def test_expired_days_of_requests_are_dropped_whole_and_the_edge_deleted_in_batc
     else:
         assert deleted == {"requests": 40}  # one table: every expired row by the batched delete
         assert len(fenced) == 21
+
+
+def test_by_default_the_partition_at_the_cutoff_is_kept_whole_until_it_can_be_dropped(engine: Engine) -> None:
+    # As above, plus one request ten days before DAY: no partition covers it, so it sits in the default one.
+    ensure_partitions(engine, DAY, 4)
+    _requests_over(engine, 5, 12)
+    stray = synthetic_record(999, start=DAY - timedelta(days=10), spacing=timedelta(0), prefix="stray")
+    with engine.begin() as conn:
+        write_batch(conn, [stray], "stray", "sync")
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("ANALYZE requests"))
+    now = DAY + timedelta(days=5, hours=7)  # the cutoff is day 3, 07:00
+    deleted = apply_retention(engine, only_requests(requests_days=2, batch_size=2), now)
+    starts = _request_starts(engine)
+    if engine.dialect.name == "postgresql":
+        # Days 0-2 dropped whole; day 3 kept whole (its 00:00-06:00 too) until the run after it ends; the
+        # stray request deleted from the default partition, which no drop would ever take.
+        assert deleted == {"requests_partitions_dropped": 3, "requests_rows_dropped_estimate": 36, "requests": 1}
+        assert starts[0] == DAY + timedelta(days=3) and len(starts) == 60 - 36
+        later = apply_retention(engine, only_requests(requests_days=2), now + timedelta(days=1))
+        assert later["requests_partitions_dropped"] == 1 and later["requests"] == 0
+        assert _request_starts(engine)[0] == DAY + timedelta(days=4)
+    else:  # no partitions: retention stays exact
+        assert deleted == {"requests": 41} and starts[0] >= now - timedelta(days=2)
 
 
 def test_a_partition_held_by_a_long_read_is_neither_dropped_nor_deleted_row_by_row(
