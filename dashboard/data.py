@@ -28,15 +28,20 @@ from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.reads import dashboard as dq
 from monitor.store.reads import queries
+from monitor.store.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
 
 TTL_S: Final = 30
 
 
+def _database() -> DatabaseSettings:
+    return Settings.from_env(os.environ, default_config_file(os.environ, Path.cwd())).database
+
+
 def database_url() -> str:
     """The store's URL from the settings (``DRAFTWATCH_DATABASE_URL`` or ``draftwatch.toml``)."""
-    return Settings.from_env(os.environ, default_config_file(os.environ, Path.cwd())).database.url
+    return _database().url
 
 
 @st.cache_resource(show_spinner=False)
@@ -45,7 +50,7 @@ def engine(url: str) -> Engine:
     created = create_engine(url)
     # A fresh store (first start, before any record) has no tables yet: migrate so that pages can
     # show their empty state instead of an error. Same call the API makes at start-up.
-    upgrade(created)
+    upgrade(created, database=_database())
     log.info("dashboard reading %s", created.url.render_as_string(hide_password=True))
     return created
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from monitor.api.auth import TokenSet, require
 from monitor.api.dates import DateMiddleware
 from monitor.api.decoding import generate, openai_chat
 from monitor.api.decoding.controller_state import STATE_FILE
+from monitor.api.decoding.staging import follow_rollout
 from monitor.api.decoding.worker import DecodeWorker
 from monitor.api.events import EventBatchIn, EventIn
 from monitor.api.ingest import routes as ingest
@@ -45,6 +47,7 @@ from monitor.proxy.forward import routes as forward
 from monitor.proxy.routing import build_router, refresh_routes
 from monitor.store import migrate
 from monitor.store.engine import create_engine
+from monitor.store.settings import DatabaseSettings
 
 if TYPE_CHECKING:
     from decoder.speculation.speculative import SpeculativeDecoder
@@ -86,7 +89,7 @@ def create_app(
             # The start waits for the first attempt, but never long: a database that hangs (or comes up
             # later) must not hold the proxy or ingest, which spool meanwhile; the attempts go on.
             tried = asyncio.Event()
-            schema_task = asyncio.create_task(_upgrade_until_done(eng, tried))
+            schema_task = asyncio.create_task(_upgrade_until_done(eng, settings.database, tried))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tried.wait(), SCHEMA_WAIT_S)
             if not tried.is_set():
@@ -103,6 +106,9 @@ def create_app(
                 seed=decode_seed,
                 state_path=settings.data_dir / STATE_FILE,
             ).start()
+        staging: asyncio.Task[None] | None = None
+        if decoder is not None and decoder.candidate is not None:  # staged by a rollout: decoding/staging.py
+            staging = asyncio.create_task(follow_rollout(decoder, eng, settings.proxy.route_refresh_s))
         if settings.capture.share > 0:
             state.capture = PromptCapture(settings.capture).start()
             log.info("prompt sample on: %g of requests considered, kept in %s", settings.capture.share,
@@ -117,6 +123,8 @@ def create_app(
         finally:
             if schema_task is not None:
                 schema_task.cancel()
+            if staging is not None:
+                staging.cancel()
             if state.worker is not None:
                 await anyio.to_thread.run_sync(state.worker.stop)
             if state.router is not None:
@@ -165,20 +173,21 @@ def create_app(
     return app
 
 
-async def _upgrade(engine: Engine) -> bool:
+async def _upgrade(engine: Engine, database: DatabaseSettings) -> bool:
     try:
         # Abandoned on shutdown: a migration hung on a frozen database must not hold the event loop.
-        await anyio.to_thread.run_sync(migrate.upgrade, engine, abandon_on_cancel=True)
+        upgrade = functools.partial(migrate.upgrade, engine, database=database)
+        await anyio.to_thread.run_sync(upgrade, abandon_on_cancel=True)
     except Exception as error:  # the service still starts: it spools, and readyz reports the schema
         log.error("schema upgrade failed (%s); retrying in the background", str(error).splitlines()[0])
         return False
     return True
 
 
-async def _upgrade_until_done(engine: Engine, tried: asyncio.Event) -> None:
+async def _upgrade_until_done(engine: Engine, database: DatabaseSettings, tried: asyncio.Event) -> None:
     """Upgrade the schema, retrying until it succeeds; ``tried`` is set once the first attempt ended."""
     failed = False
-    while not await _upgrade(engine):
+    while not await _upgrade(engine, database):
         failed = True
         tried.set()
         await asyncio.sleep(SCHEMA_RETRY_S)

@@ -103,7 +103,7 @@ def run_with_engine(args: argparse.Namespace, command: str, action: Action, *, u
     try:
         engine = create_engine(settings.database.url)
         if upgrade and settings.database.upgrade_on_start:
-            migrate.upgrade(engine)
+            migrate.upgrade(engine, database=settings.database)
         return int(action(engine, settings))
     except Exception as error:  # the CLI reports, the log keeps the traceback
         log.debug("draftwatch %s failed", command, exc_info=True)

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from monitor.store.engine import sqlite_path
 from monitor.store.partitions import DEFAULT_AHEAD_DAYS, ensure_partitions
+from monitor.store.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +73,14 @@ def upgrade(
     engine: Engine,
     revision: str = "head",
     *,
-    partition_days: int | None = None,
-    partitions_ahead_days: int = DEFAULT_AHEAD_DAYS,
+    database: DatabaseSettings | None = None,
 ) -> str | None:
     """Migrate the database up to ``revision`` under the migration lock; returns the new revision.
 
-    On PostgreSQL the partitions of ``requests`` are then made ahead (``database.partition_days``
-    and ``database.partitions_ahead_days``; ``partition_days`` None keeps the existing partitions'
-    width). A failure there is logged, not raised: the default partition takes the records meanwhile.
+    On PostgreSQL the partitions of ``requests`` are then made ahead (``database``'s
+    ``partition_days`` and ``partitions_ahead_days``; without ``database``, the existing partitions'
+    width and the default days ahead). A failure there is logged, not raised: the default partition
+    takes the records meanwhile.
     """
     with _migration_lock(engine) as conn:
         before = MigrationContext.configure(conn).get_current_revision()
@@ -90,7 +91,9 @@ def upgrade(
         log.info("database upgraded from %s to %s", before or "empty", after)
     if engine.dialect.name == "postgresql":
         try:
-            ensure_partitions(engine, datetime.now(UTC), partitions_ahead_days, partition_days=partition_days)
+            ahead = DEFAULT_AHEAD_DAYS if database is None else database.partitions_ahead_days
+            days = None if database is None else database.partition_days
+            ensure_partitions(engine, datetime.now(UTC), ahead, partition_days=days)
         except Exception as error:  # the start goes on; the scheduler's retention job tries again
             log.warning("could not create the partitions of requests ahead: %s", str(error).splitlines()[0])
     return after
