@@ -34,7 +34,10 @@ def register(subparsers: Any) -> None:
         description="Print the HTTPRoute (gateway.networking.k8s.io/v1) that routes each workload as draftwatch "
         "decided: by the workload header (proxy.workload_header), a workload routed to plain to the baseline "
         "Service but for a probe share, every other one to the speculative Service with the holdout share to "
-        "the baseline. --apply sends it to the Kubernetes API (server-side apply, field manager draftwatch).",
+        "the baseline. With --candidate-service, a running or promoted rollout of the default deployment (draftwatch "
+        "rollout start without --route) splits the speculative weight as its step says, per workload where it kept "
+        "or promoted one: run it again as the steps advance (deploy/gateway's CronJob does, every 5 minutes). "
+        "--apply sends it to the Kubernetes API (server-side apply, field manager draftwatch).",
     )
     add_settings_arguments(export)
     export.add_argument("--name", default="draftwatch", help="the HTTPRoute's name (default: %(default)s)")
@@ -48,6 +51,11 @@ def register(subparsers: Any) -> None:
     export.add_argument("--baseline-service", default=BASELINE_SERVICE,
                         help="Service of the plain baseline (default: %(default)s)")  # fmt: skip
     export.add_argument("--baseline-port", type=int, default=SERVICE_PORT, help="its port (default: %(default)s)")
+    export.add_argument("--candidate-service", default=None,
+                        help="Service of the candidate pool (the same target with the new drafter): the active "
+                             "rollout's share of the speculative weight goes there (default: none, no rollout is "
+                             "weighed: the sidecars split, if they have the candidate pool)")  # fmt: skip
+    export.add_argument("--candidate-port", type=int, default=SERVICE_PORT, help="its port (default: %(default)s)")
     export.add_argument("--no-baseline", action="store_true",
                         help="no plain baseline: everything to the speculative Service")  # fmt: skip
     export.add_argument("--baseline-share", type=SHARE, default=None,
@@ -64,9 +72,12 @@ def register(subparsers: Any) -> None:
 def _export(args: argparse.Namespace) -> int:
     from monitor.gateways.httproute import RouteSpec, Service, render_httproute, to_yaml
     from monitor.gateways.kube import KubeError, apply, find_cluster
+    from monitor.proxy.rollout import deployment_of
+    from monitor.store.rollouts import active_rollouts
     from monitor.store.routing import latest_routing
 
     def action(engine: Engine, settings: Settings) -> int:
+        candidate = None if args.candidate_service is None else Service(args.candidate_service, args.candidate_port)
         try:
             spec = RouteSpec(
                 name=args.name,
@@ -79,12 +90,15 @@ def _export(args: argparse.Namespace) -> int:
                 baseline_share=settings.decoder.holdout_share if args.baseline_share is None else args.baseline_share,
                 workload_header=settings.proxy.workload_header,
                 default_workload=settings.proxy.default_workload,
+                candidate=candidate,
             )
         except ValueError as error:
             print(f"draftwatch {COMMAND}: {error}", file=sys.stderr)
             return 2
         try:
-            route = render_httproute(spec, latest_routing(engine))
+            # The route sends every model to one speculative Service: the default deployment's, and its rollout.
+            rollout = active_rollouts(engine).get(deployment_of(settings.proxy, None)[0]) if spec.candidate else None
+            route = render_httproute(spec, latest_routing(engine), rollout)
         except ValueError as error:
             print(f"draftwatch {COMMAND}: {error}", file=sys.stderr)
             return 1
@@ -107,8 +121,11 @@ def _export(args: argparse.Namespace) -> int:
             return 1
         done = "created" if status == 201 else "updated"
         version = stored.get("metadata", {}).get("resourceVersion", "?")
+        rules = len(route["spec"]["rules"])
+        weighed = "" if rollout is None else (f", rollout {rollout.id} of {rollout.drafter} {rollout.status} at "
+                                              f"{100 * rollout.step_share:g} %")  # fmt: skip
         print(f"draftwatch {COMMAND}: HTTPRoute {spec.namespace}/{spec.name} {done} at {cluster.server} "
-              f"(resourceVersion {version}, {len(route['spec']['rules'])} rules)", file=sys.stderr)  # fmt: skip
+              f"(resourceVersion {version}, {rules} rules{weighed})", file=sys.stderr)  # fmt: skip
         return 0
 
     return run_with_engine(args, COMMAND, action)

@@ -1,19 +1,30 @@
-"""Today's routing decisions as a Gateway API ``HTTPRoute`` (``gateway.networking.k8s.io/v1``).
+"""Today's routing decisions and the active rollout as a Gateway API ``HTTPRoute`` (``gateway.networking.k8s.io/v1``).
 
 The route says what the proxy's router does (``monitor/proxy/routing.py``), in the gateway's terms:
-the workload header (``proxy.workload_header``) is the match, and the two pools are two Services.
+the workload header (``proxy.workload_header``) is the match, and the pools are Services.
 
 * ``plain``: requests naming a workload the scheduler routed to plain go to the baseline Service,
   but for a probe share that keeps reaching the speculative Service, so that the workload's speedup
   is still measured and it can come back;
 * ``default``: every other request goes to the speculative Service, with the baseline's holdout
   share as the baseline Service's weight (or to the speculative Service alone, without a baseline);
-* ``speculative``: only when the default workload (requests naming none) is itself routed to plain,
-  so that ``default`` holds that state: requests naming any other workload stay speculative.
+* ``speculative``: only when the default workload (requests naming none) has a rule of its own
+  (routed to plain, or decided by the rollout), so that ``default`` holds that state: requests naming
+  any other workload keep the split every workload without a decision gets.
+
+With a candidate Service (the same target with the new drafter) and a running rollout of the
+default deployment (``draftwatch rollout start`` without ``--route``), the speculative share of each
+rule is split again as the sidecar's router splits it (:meth:`Rollout.share`): the step's share
+weighted to the candidate. A workload a per-workload rollout kept on the current drafter gets a rule
+(``current``) without the candidate, one it promoted a rule (``candidate``) with the candidate
+alone; a promoted rollout gives the candidate all of its share; a rolled back or aborted one is not
+active and weighs nothing. A routed workload's probes are split the same way (``plain-current``,
+``plain-candidate`` where its share differs from the other routed workloads').
 
 A gateway cannot count each workload's holdouts per drift window as the holdout policy's target
 does, so both shares are the one static ``baseline_share``. The rendering is pure: the decisions
-are read by the caller (``monitor.store.routing.latest_routing``).
+and the rollout are read by the caller (``monitor.store.routing.latest_routing``,
+``monitor.store.rollouts.active_rollouts``).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import Any, Final
 
 import yaml
 
+from monitor.store.rollouts import Rollout
 from monitor.store.routing import RoutingEvent
 
 API_VERSION: Final = "gateway.networking.k8s.io/v1"
@@ -63,6 +75,7 @@ class RouteSpec:
     default_workload: str
     gateway_namespace: str | None = None
     gateway_section: str | None = None
+    candidate: Service | None = None  # the same target with the new drafter, weighted while a rollout runs
 
     def __post_init__(self) -> None:
         _check("route name", self.name, _DNS_SUBDOMAIN, 253, "a DNS subdomain: lower-case letters, digits, '-', '.'")
@@ -72,12 +85,17 @@ class RouteSpec:
             _check("gateway namespace", self.gateway_namespace, _DNS_LABEL, 63, "a DNS label")
         if self.gateway_section is not None:
             _check("gateway section", self.gateway_section, _DNS_SUBDOMAIN, 253, "a listener's name, a DNS subdomain")
-        for role, service in (("speculative", self.speculative), ("baseline", self.baseline)):
+        roles = {"speculative": self.speculative, "baseline": self.baseline, "candidate": self.candidate}
+        for role, service in roles.items():
             if service is None:
                 continue
             _check(f"{role} service", service.name, _SERVICE_NAME, 63, "a Service name: a DNS-1035 label")
             if not 1 <= service.port <= 65535:
                 raise ValueError(f"{role} service port {service.port}: expected a port 1-65535")
+        others = {self.speculative.name, self.baseline.name if self.baseline else None}
+        if self.candidate is not None and self.candidate.name in others:
+            raise ValueError(f"candidate service {self.candidate.name!r} is also the speculative or baseline Service: "
+                             "expected the Service of the pods serving the target with the new drafter")  # fmt: skip
         if not 0 <= self.baseline_share <= 1:
             raise ValueError(f"baseline share {self.baseline_share!r}: expected a share between 0 and 1")
         _check("workload header", self.workload_header, _HEADER_NAME, 256, "an HTTP header name (RFC 9110 token)")
@@ -88,28 +106,55 @@ def _check(what: str, value: str, pattern: re.Pattern[str], max_length: int, exp
         raise ValueError(f"{what} {value!r}: expected {expected}, at most {max_length} characters")
 
 
-def render_httproute(spec: RouteSpec, decisions: Mapping[str, RoutingEvent]) -> dict[str, Any]:
-    """The ``HTTPRoute`` for ``decisions`` (each workload's latest switch), as a Kubernetes object."""
-    routed = sorted(w for w, event in decisions.items() if event.routed) if spec.baseline else []
-    # A routed workload keeps a probe share on the speculative pool; every other one holds out the share.
-    plain, speculative = spec.baseline_share, 1.0 - spec.baseline_share
+@dataclass(frozen=True, slots=True, order=True)
+class _Split:
+    """Where one rule's requests go: the baseline's weight as for a routed workload (all but the probes) or as the
+    holdout, and the candidate's share of what stays on speculation."""
+
+    routed: bool
+    candidate_share: float
+
+
+# No workload is named "" (decoder.record.WORKLOAD_PATTERN): its split is that of every workload without a decision.
+_UNDECIDED: Final = ""
+
+
+def render_httproute(
+    spec: RouteSpec, decisions: Mapping[str, RoutingEvent], rollout: Rollout | None = None
+) -> dict[str, Any]:
+    """The ``HTTPRoute`` for ``decisions`` (each workload's latest switch) and ``rollout`` (the default deployment's
+    active rollout, if any; weighed only with a candidate Service), as a Kubernetes object."""
+    routed = {w for w, event in decisions.items() if event.routed} if spec.baseline else set()
+    staged = rollout if spec.candidate is not None and rollout is not None and rollout.active else None
+
+    def split(workload: str) -> _Split:
+        return _Split(workload in routed, staged.share(workload) if staged else 0.0)
+
+    anyone = split(_UNDECIDED)
+    groups: dict[_Split, list[str]] = {}
+    for workload in sorted(routed | set(staged.workloads if staged else ())):
+        if split(workload) != anyone:
+            groups.setdefault(split(workload), []).append(workload)
     rules: list[dict[str, Any]] = []
-    for start in range(0, len(routed), MAX_MATCHES_PER_RULE):
-        chunk = routed[start : start + MAX_MATCHES_PER_RULE]
-        name = "plain" if start == 0 else f"plain-{start // MAX_MATCHES_PER_RULE + 1}"
-        by_header = [_header(spec, "Exact", w) for w in chunk]
-        rules.append({"name": name, "matches": by_header, "backendRefs": _backends(spec, plain)})
-    default_routed = spec.default_workload in routed
-    if default_routed:
+    for _, name, key in sorted((not key.routed, _rule_name(key, anyone), key) for key in groups):
+        workloads = groups[key]
+        for start in range(0, len(workloads), MAX_MATCHES_PER_RULE):
+            chunk = workloads[start : start + MAX_MATCHES_PER_RULE]
+            numbered = name if start == 0 else f"{name}-{start // MAX_MATCHES_PER_RULE + 1}"
+            by_header = [_header(spec, "Exact", w) for w in chunk]
+            rules.append({"name": numbered, "matches": by_header, "backendRefs": _backends(spec, key)})
+    default = split(spec.default_workload)
+    if default != anyone:
         # Exact matches tie with this one on the header count, and a tie goes to the rule listed first.
         rules.append({"name": "speculative", "matches": [_header(spec, "RegularExpression", ".*")],
-                      "backendRefs": _backends(spec, speculative)})  # fmt: skip
-    rules.append({"name": "default", "backendRefs": _backends(spec, plain if default_routed else speculative)})
+                      "backendRefs": _backends(spec, anyone)})  # fmt: skip
+    rules.append({"name": "default", "backendRefs": _backends(spec, default)})
     matches = sum(len(rule.get("matches", [None])) for rule in rules)  # no matches: the one PathPrefix "/"
     if len(rules) > MAX_RULES or matches > MAX_MATCHES:
         raise ValueError(
-            f"{len(routed)} workloads routed to plain need {matches} matches in {len(rules)} rules: one HTTPRoute "
-            f"holds at most {MAX_MATCHES} in {MAX_RULES} (Gateway API v1), so the gateway cannot take them all"
+            f"{sum(map(len, groups.values()))} workloads with a rule of their own (routed to plain, or kept or "
+            f"promoted by the rollout) need {matches} matches in {len(rules)} rules: one HTTPRoute holds at most "
+            f"{MAX_MATCHES} in {MAX_RULES} (Gateway API v1), so the gateway cannot take them all"
         )
     parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": spec.gateway}
     if spec.gateway_namespace:
@@ -139,14 +184,27 @@ def _header(spec: RouteSpec, kind: str, value: str) -> dict[str, Any]:
             "headers": [{"type": kind, "name": spec.workload_header, "value": value}]}  # fmt: skip
 
 
-def _backends(spec: RouteSpec, speculative_share: float) -> list[dict[str, Any]]:
-    """The backendRefs splitting requests at ``speculative_share``: weights in millionths, reduced (95:5 is 19:1)."""
+def _rule_name(key: _Split, anyone: _Split) -> str:
+    """``plain`` for routed workloads; ``current`` and ``candidate`` for those the rollout decided (none, all)."""
+    side = "candidate" if key.candidate_share == 1.0 else "current"
+    if key.routed:
+        return "plain" if key.candidate_share == anyone.candidate_share else f"plain-{side}"
+    return side
+
+
+def _backends(spec: RouteSpec, split: _Split) -> list[dict[str, Any]]:
+    """The backendRefs of ``split``: weights in millionths, reduced (95:5 is 19:1); a Service weighted 0 is left out."""
     if spec.baseline is None:
-        return [_ref(spec.speculative, 1)]
-    to_speculative = round(speculative_share * MAX_WEIGHT)
-    weighted = ((spec.speculative, to_speculative), (spec.baseline, MAX_WEIGHT - to_speculative))
-    divisor = math.gcd(to_speculative, MAX_WEIGHT - to_speculative)
-    return [_ref(service, weight // divisor) for service, weight in weighted if weight]
+        to_baseline = 0
+    else:
+        to_baseline = round((1.0 - spec.baseline_share if split.routed else spec.baseline_share) * MAX_WEIGHT)
+    speculative = MAX_WEIGHT - to_baseline
+    to_candidate = round(split.candidate_share * speculative)
+    weighted = [(spec.speculative, speculative - to_candidate), (spec.candidate, to_candidate),
+                (spec.baseline, to_baseline)]  # fmt: skip
+    present = [(service, weight) for service, weight in weighted if service is not None and weight]
+    divisor = math.gcd(*(weight for _, weight in present))
+    return [_ref(service, weight // divisor) for service, weight in present]
 
 
 def _ref(service: Service, weight: int) -> dict[str, Any]:

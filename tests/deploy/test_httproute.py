@@ -1,7 +1,8 @@
-"""``draftwatch routes export [--apply]``: the decisions as a Gateway API HTTPRoute, and its RBAC (deploy/gateway).
+"""``draftwatch routes export [--apply]``: the decisions and the rollout as an HTTPRoute, and its RBAC (deploy/gateway).
 
-The decisions are written by the scheduler's own path (``decide_routes``) into a real store, SQLite
-and PostgreSQL. The route is checked against the HTTPRoute CRD's published schema (vendored from
+The decisions are written by the scheduler's own path (``decide_routes``), the rollouts by
+``monitor.proxy.rollout``'s (started, judged on stored records, promoted, aborted), into a real
+store, SQLite and PostgreSQL. The route is checked against the HTTPRoute CRD's published schema (vendored from
 gateway-api v1.6.1) and the CEL limits the schema cannot say. No Kubernetes API server installs
 here (none on PyPI or in Debian), so ``--apply`` meets a real HTTPS server that answers as the API
 server does (see :class:`ApiServer`).
@@ -10,6 +11,7 @@ server does (see :class:`ApiServer`).
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 import shutil
@@ -27,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import kubernetes_validate
+import numpy as np
 import pytest
 import yaml
 from sqlalchemy.engine import Engine
@@ -38,10 +41,14 @@ from monitor.drift.verdict import Verdict, VerdictName
 from monitor.gateways.httproute import MAX_MATCHES, RouteSpec, Service, render_httproute, to_yaml
 from monitor.gateways.kube import KubeError, apply, find_cluster
 from monitor.proxy.decide import decide_routes
-from monitor.proxy.settings import ProxySettings
+from monitor.proxy.rollout import abort, advance_rollouts, promote, start_rollout
+from monitor.proxy.settings import ProxySettings, RolloutSettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
+from monitor.store.rollouts import CURRENT_DRAFTER, Rollout, active_rollouts, save_rollout
 from monitor.store.routing import RoutingEvent, latest_routing
+from monitor.store.writes.writer import write_batch
+from tests.records import api_record
 from tests.serving import free_port
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -212,7 +219,8 @@ def test_routed_workloads_fill_rules_of_64_matches_up_to_the_route_s_128_and_no_
     assert list(rules) == ["plain", "plain-2", "default"]
     assert workloads_of(rules["plain"]) + workloads_of(rules["plain-2"]) == names
     assert len(rules["plain"]["matches"]) == 64
-    with pytest.raises(ValueError, match=r"^128 workloads routed to plain need 129 matches in 3 rules"):
+    too_many = r"^128 workloads with a rule of their own \(routed to plain, or kept or promoted by the rollout\) "
+    with pytest.raises(ValueError, match=too_many + "need 129 matches in 3 rules"):
         render_httproute(SPEC, switched(*names, "w127"))
 
 
@@ -224,11 +232,161 @@ def test_routed_workloads_fill_rules_of_64_matches_up_to_the_route_s_128_and_no_
         ({"workload_header": "X Workload"}, "workload header 'X Workload': expected an HTTP header name"),
         ({"speculative": Service("9engine", 80)}, "speculative service '9engine': expected a Service name"),
         ({"baseline": Service("engine-plain", 0)}, "baseline service port 0: expected a port 1-65535"),
+        ({"candidate": Service("Engine-Next", 80)}, "candidate service 'Engine-Next': expected a Service name"),
+        ({"candidate": Service("engine", 80)}, "candidate service 'engine' is also the speculative or baseline"),
     ],
 )
 def test_a_name_the_api_server_would_refuse_is_refused_with_its_value(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         replace(SPEC, **change)
+
+
+# A rollout's weights: the candidate Service beside the speculative one
+
+
+CANDIDATE_SPEC: Final = replace(SPEC, candidate=Service("engine-candidate", 80))
+CANARY: Final = ProxySettings(upstream=("http://engine:80",), candidate_upstream=("http://engine-candidate:80",))
+DRAFTER: Final = "ngram-m16"
+STEP: Final = timedelta(minutes=10)
+_requests = itertools.count()
+
+
+def rollout_settings(**changes: Any) -> RolloutSettings:
+    return replace(RolloutSettings(steps=(0.25, 0.5, 1.0), interval=STEP, min_requests=20, drafter=DRAFTER), **changes)
+
+
+def exported(engine: Engine, spec: RouteSpec = CANDIDATE_SPEC) -> dict[str, dict[str, Any]]:
+    """The route ``routes export --candidate-service engine-candidate`` renders from the store, checked, by rule."""
+    route = render_httproute(spec, latest_routing(engine), active_rollouts(engine).get("*"))
+    check_against_crd(route)
+    return by_name(route)
+
+
+def served(engine: Engine, start: datetime, speeds: dict[str, tuple[float, float]]) -> None:
+    """Per workload, 40 speculative requests on each drafter as the sidecar stores them (the current one under
+    ``upstream``, the candidate under the rollout's name), at (current, candidate) ms per token, lognormal."""
+    rng = np.random.default_rng(int(start.timestamp()))
+    records = []
+    for workload, pair in sorted(speeds.items()):
+        for drafter, ms in zip((CURRENT_DRAFTER, DRAFTER), pair, strict=True):
+            for i, per_token in enumerate(rng.lognormal(np.log(ms), 0.15, 40).tolist()):
+                ts = start + timedelta(seconds=7 * i)
+                records.append(api_record(
+                    f"q{next(_requests)}", ts_start=ts, ts_end=ts + timedelta(seconds=1), workload=workload,
+                    drafter=drafter, target_model="smollm2-135m", draft_model=None, output_tokens=33,
+                    decode_ms=per_token * 32, ttft_ms=40.0, latency_ms=40.0 + per_token * 32, upstream_inflight=1,
+                ))  # fmt: skip
+    with engine.begin() as conn:
+        write_batch(conn, records, f"b{next(_requests)}", "sync")
+
+
+def test_a_running_rollout_weighs_the_candidate_at_its_step_s_share_of_the_speculative_requests(
+    engine: Engine,
+) -> None:
+    decide(engine, T0, qa="net_loss")
+    r = start_rollout(engine, CANARY, rollout_settings(), T0)
+    rules = exported(engine)
+    assert list(rules) == ["plain", "default"]
+    # 5 % held out for the baseline, a quarter of the other 95 % to the candidate: 71.25 : 23.75 : 5.
+    assert weights(rules["default"]) == {"engine": 57, "engine-candidate": 19, "engine-plain": 4}
+    # A routed workload's 5 % of probes are split as the sidecar splits them.
+    assert weights(rules["plain"]) == {"engine": 3, "engine-candidate": 1, "engine-plain": 76}
+    with engine.begin() as conn:
+        save_rollout(conn, replace(r, step=1))
+    assert weights(exported(engine)["default"]) == {"engine": 19, "engine-candidate": 19, "engine-plain": 2}
+    # Without a candidate Service the route weighs no rollout: the sidecars split, where they have the pool.
+    assert weights(exported(engine, SPEC)["default"]) == {"engine": 19, "engine-plain": 1}
+
+
+def test_per_workload_a_kept_workload_gets_the_current_drafter_and_the_promoted_ones_the_candidate(
+    engine: Engine,
+) -> None:
+    settings = rollout_settings(per_workload=True)
+    start_rollout(engine, CANARY, settings, T0)
+    served(engine, T0, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+    (kept,) = advance_rollouts(engine, settings, T0 + timedelta(minutes=5, seconds=1))
+    assert (kept.kind, kept.workload) == ("kept", "story")
+    rules = exported(engine)
+    assert list(rules) == ["current", "default"]
+    assert workloads_of(rules["current"]) == ["story"]
+    assert weights(rules["current"]) == {"engine": 19, "engine-plain": 1}
+    assert weights(rules["default"]) == {"engine": 57, "engine-candidate": 19, "engine-plain": 4}
+    t = T0
+    for kind in ("advanced", "promoted"):
+        served(engine, t, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+        t += STEP + timedelta(seconds=1)
+        (event,) = advance_rollouts(engine, settings, t)
+        assert event.kind == kind, event.reason
+    rules = exported(engine)
+    # Promoted where it won: copy on the candidate alone; story, like any workload it never won, on the current.
+    assert list(rules) == ["candidate", "default"]
+    assert workloads_of(rules["candidate"]) == ["copy"]
+    assert weights(rules["candidate"]) == {"engine-candidate": 19, "engine-plain": 1}
+    assert weights(rules["default"]) == {"engine": 19, "engine-plain": 1}
+
+
+def test_a_promoted_rollout_takes_all_of_the_speculative_weight_and_an_ended_one_none(engine: Engine) -> None:
+    decide(engine, T0, qa="net_loss")
+    r = start_rollout(engine, CANARY, rollout_settings(), T0)
+    assert r.id is not None
+    promote(engine, r.id, T0 + STEP)
+    rules = exported(engine)
+    assert weights(rules["default"]) == {"engine-candidate": 19, "engine-plain": 1}
+    assert weights(rules["plain"]) == {"engine-candidate": 1, "engine-plain": 19}
+    abort(engine, r.id, T0 + 2 * STEP)
+    rules = exported(engine)
+    assert weights(rules["default"]) == {"engine": 19, "engine-plain": 1}
+    assert weights(rules["plain"]) == {"engine": 1, "engine-plain": 19}
+
+
+def test_a_rolled_back_rollout_weighs_nothing(engine: Engine) -> None:
+    start_rollout(engine, CANARY, rollout_settings(), T0)
+    served(engine, T0, {"copy": (10.0, 7.0), "story": (10.0, 13.0)})
+    (event,) = advance_rollouts(engine, rollout_settings(), T0 + timedelta(minutes=5, seconds=1))
+    assert event.kind == "rolled_back", event.reason
+    (rule,) = exported(engine).values()
+    assert weights(rule) == {"engine": 19, "engine-plain": 1}
+
+
+def test_with_the_default_workload_kept_other_named_workloads_keep_the_step_s_split(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'routes.db'}")
+    upgrade(engine)
+    r = start_rollout(engine, CANARY, rollout_settings(), T0)
+    with engine.begin() as conn:
+        save_rollout(conn, replace(r, workloads={"default": "current"}))
+    rules = exported(engine)
+    engine.dispose()
+    assert list(rules) == ["current", "speculative", "default"]
+    assert workloads_of(rules["current"]) == ["default"]
+    assert weights(rules["speculative"]) == {"engine": 57, "engine-candidate": 19, "engine-plain": 4}
+    assert weights(rules["default"]) == weights(rules["current"]) == {"engine": 19, "engine-plain": 1}
+
+
+def test_a_routed_workload_the_rollout_decided_has_its_probes_split_its_own_way() -> None:
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    running = Rollout("*", DRAFTER, (0.25, 1.0), 600.0, True, at, at, workloads={"qa": "current", "chat": "candidate"})
+    rules = by_name(render_httproute(CANDIDATE_SPEC, switched("qa", "chat", "batch"), running))
+    assert list(rules) == ["plain", "plain-candidate", "plain-current", "default"]
+    assert [workloads_of(rules[n]) for n in ("plain", "plain-candidate", "plain-current")] == [["batch"], ["chat"],
+                                                                                                ["qa"]]  # fmt: skip
+    assert weights(rules["plain-candidate"]) == {"engine-candidate": 1, "engine-plain": 19}
+    assert weights(rules["plain-current"]) == {"engine": 1, "engine-plain": 19}
+
+
+@pytest.mark.parametrize("holdout", [0.0, 0.05, 0.3, 0.012345])
+@pytest.mark.parametrize("step", [0.01, 0.05, 1 / 3, 0.5, 0.999])
+def test_the_three_weights_are_the_shares_in_millionths_or_finer(holdout: float, step: float) -> None:
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    running = Rollout("*", DRAFTER, (step, 1.0), 600.0, False, at, at)
+    route = render_httproute(replace(CANDIDATE_SPEC, baseline_share=holdout), {}, running)
+    check_against_crd(route)
+    (rule,) = route["spec"]["rules"]
+    got = weights(rule)
+    total = sum(got.values())
+    assert total <= 1_000_000 and all(w >= 1 for w in got.values())
+    expected = {"engine": (1 - holdout) * (1 - step), "engine-candidate": (1 - holdout) * step, "engine-plain": holdout}
+    for service, share in expected.items():
+        assert got.get(service, 0) / total == pytest.approx(share, abs=1e-6), service
 
 
 # deploy/gateway: the RBAC and the CronJob
@@ -468,6 +626,30 @@ def test_apply_creates_the_route_then_updates_it_as_the_api_server_requires(
     assert "HTTPRoute serving/draftwatch updated" in capsys.readouterr().err
 
 
+def test_apply_with_a_candidate_service_carries_the_rollout_s_weights_and_says_so(
+    api: tuple[ApiServer, str], pki: Pki, hermetic: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server, url = api
+    config = kubeconfig(hermetic / "kubeconfig", url, pki.ca, {"token": TOKEN})
+    engine = create_engine(f"sqlite:///{hermetic / 'routes.db'}")
+    upgrade(engine)
+    r = start_rollout(engine, CANARY, rollout_settings(), T0)
+    engine.dispose()
+
+    # Without the flag the route weighs no rollout: in that topology the sidecars split.
+    assert export(hermetic, "--apply", "--kubeconfig", str(config)) == 0
+    assert capsys.readouterr().err.endswith("(resourceVersion 1, 1 rules)\n")
+    (rule,) = server.stored["serving/draftwatch"]["spec"]["rules"]
+    assert weights(rule) == {"engine": 19, "engine-plain": 1}
+
+    assert export(hermetic, "--apply", "--kubeconfig", str(config), "--candidate-service", "engine-candidate") == 0
+    out, err = capsys.readouterr()
+    assert err.endswith(f"(resourceVersion 2, 1 rules, rollout {r.id} of {DRAFTER} running at 25 %)\n")
+    (rule,) = server.stored["serving/draftwatch"]["spec"]["rules"]
+    assert weights(rule) == {"engine": 57, "engine-candidate": 19, "engine-plain": 4}
+    assert yaml.safe_load(out)["spec"] == server.stored["serving/draftwatch"]["spec"]
+
+
 def test_in_a_pod_the_service_account_s_token_and_ca_are_used(
     api: tuple[ApiServer, str], pki: Pki, tmp_path: Path
 ) -> None:
@@ -567,6 +749,7 @@ def test_kubeconfig_s_first_file_is_read_with_a_client_certificate(pki: Pki, tmp
         (["--apply"], 1, "draftwatch routes export: no cluster configuration: no kubeconfig at "),
         (["--name", "Draft_Watch"], 2, "draftwatch routes export: route name 'Draft_Watch': expected a DNS subdomain"),
         (["--baseline-port", "70000"], 2, "draftwatch routes export: baseline service port 70000: expected a port"),
+        (["--candidate-service", "engine-plain"], 2, "draftwatch routes export: candidate service 'engine-plain' is"),
         (["--output", "missing/route.yaml"], 1, "draftwatch routes export: --output missing/route.yaml: No such file"),
     ],
 )
