@@ -72,8 +72,8 @@ class DraftwatchLogger(CustomLogger):
                 return data
             headers = (data.get("proxy_server_request") or {}).get("headers") or {}
             workload = self.gate.workload(headers, metadata)
-            data["model"], diverted = self.gate.choose(model, workload)
-            metadata[MARK] = {"workload": workload, "diverted": diverted}
+            data["model"], diverted, drafter = self.gate.choose(model, workload)
+            metadata[MARK] = {"workload": workload, "diverted": diverted, "drafter": drafter}
         except Exception as error:  # never the user's request's failure
             log.error("draftwatch pre-call hook failed (%s): the request goes on unrouted", describe(error))
         return data
@@ -87,15 +87,17 @@ class DraftwatchLogger(CustomLogger):
             metadata = (kwargs.get("litellm_params") or {}).get("metadata") or {}
             mark = metadata.get(MARK) or {}
             group = (kwargs.get("standard_logging_object") or {}).get("model_group") or metadata.get("model_group")
-            mode = self.gate.mode_of(group, mark.get("diverted")) if isinstance(group, str) else None
-            if mode is not None and kwargs.get("stream"):
+            declared = (self.gate.declared(group, mark.get("diverted"), mark.get("drafter"))
+                        if isinstance(group, str) else None)  # fmt: skip
+            if declared is not None and kwargs.get("stream"):
                 self._skip_stream()
                 return
             response = _provider_response(kwargs.get("original_response"), response_obj)
-            if mode is None or response is None:
+            if declared is None or response is None:
                 return
+            mode, drafter = declared
             workload = mark.get("workload") or self.gate.workload(metadata.get("headers") or {}, metadata)
-            self.reporter.offer(report_body(response, workload=workload, mode=mode,
+            self.reporter.offer(report_body(response, workload=workload, mode=mode, drafter=drafter,
                                             started=start_time.timestamp(), ended=end_time.timestamp()))  # fmt: skip
         except Exception as error:
             log.error("draftwatch success hook failed (%s): this response is not reported", describe(error))

@@ -3,14 +3,17 @@
 The body is the stack's own response as LiteLLM received it (llama.cpp's ``timings``, vLLM's
 ``metrics``, SGLang's ``meta_info``) with the caller's fields that the adapter takes (docs/api.md):
 the workload, the declared mode (with ``speculative``, so a speculative answer that drafted nothing
-is stored speculative with 0 drafts) and the gateway's clock. Generated text never leaves the
-gateway: it is cut out before the body is queued.
+is stored speculative with 0 drafts), the drafter where one is known (the current drafter's name on
+a speculative answer, the rollout's on the candidate's) and the gateway's clock. Generated text
+never leaves the gateway: it is cut out before the body is queued.
 
 >>> answer = {"id": "c1", "model": "m", "timings": {"draft_n": 4, "draft_n_accepted": 3},
 ...           "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "secret"}}]}
->>> body = report_body(answer, workload="chat", mode="holdout", started=0.0, ended=1.5)
->>> body["choices"], body["speculative"], body["mode"], body["ts_end"]
-([{'index': 0, 'finish_reason': 'stop'}], False, 'holdout', '1970-01-01T00:00:01.500000+00:00')
+>>> body = report_body(answer, workload="chat", mode="holdout", drafter=None, started=0.0, ended=1.5)
+>>> body["choices"], body["speculative"], body["mode"], "drafter" in body, body["ts_end"]
+([{'index': 0, 'finish_reason': 'stop'}], False, 'holdout', False, '1970-01-01T00:00:01.500000+00:00')
+>>> report_body(answer, workload="chat", mode="speculative", drafter="upstream", started=0.0, ended=1.5)["drafter"]
+'upstream'
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ _TEXT: Final = ("text", "output", "prompt_logprobs")
 MAX_REFUSALS_LOGGED: Final = 20
 
 
-def report_body(response: dict[str, Any], *, workload: str, mode: Mode, started: float, ended: float) -> dict[str, Any]:
+def report_body(
+    response: dict[str, Any], *, workload: str, mode: Mode, drafter: str | None, started: float, ended: float
+) -> dict[str, Any]:
     """The adapter's body for ``response`` (the provider's JSON object); ``started``/``ended`` are epoch seconds."""
     body = {key: value for key, value in response.items() if key not in _TEXT}
     choices = response.get("choices")
@@ -49,7 +54,7 @@ def report_body(response: dict[str, Any], *, workload: str, mode: Mode, started:
         "speculative": mode == "speculative",
         "ts_start": datetime.fromtimestamp(started, UTC).isoformat(),
         "ts_end": datetime.fromtimestamp(ended, UTC).isoformat(),
-    }
+    } | ({"drafter": drafter} if drafter else {})
 
 
 class Reporter:

@@ -13,6 +13,12 @@ Traceback (most recent call last):
 ...
 monitor.settings.parsers.ConfigError: DRAFTWATCH_LITELLM_DEPLOYMENTS='a': expected SPECULATIVE=PLAIN model names, \
 comma-separated, e.g. llama=llama-plain
+>>> load_settings({"DRAFTWATCH_LITELLM_URL": "http://d", "DRAFTWATCH_LITELLM_DEPLOYMENTS": "a=a-plain",
+...                "DRAFTWATCH_LITELLM_CANDIDATES": "b=b-next"})
+Traceback (most recent call last):
+...
+monitor.settings.parsers.ConfigError: DRAFTWATCH_LITELLM_CANDIDATES: b=b-next: expected the speculative name of a pair \
+in DRAFTWATCH_LITELLM_DEPLOYMENTS (a) and a candidate name of its own
 """
 
 from __future__ import annotations
@@ -52,12 +58,25 @@ def parse_deployments(raw: Any) -> tuple[tuple[str, str], ...]:
     >>> parse_deployments("llama=llama-plain, qwen = qwen-plain")
     (('llama', 'llama-plain'), ('qwen', 'qwen-plain'))
     """
+    return _pairs(raw, "PLAIN", "llama=llama-plain")
+
+
+def parse_candidates(raw: Any) -> tuple[tuple[str, str], ...]:
+    """``spec=candidate`` pairs: a speculative deployment and the same target served with the new drafter.
+
+    >>> parse_candidates("llama=llama-eagle3-v2")
+    (('llama', 'llama-eagle3-v2'),)
+    """
+    return _pairs(raw, "CANDIDATE", "llama=llama-eagle3-v2")
+
+
+def _pairs(raw: Any, right: str, example: str) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in parse_str(raw).split(","):
-        speculative, sep, plain = (part.strip() for part in item.partition("="))
-        if not (sep and speculative and plain) or speculative == plain:
-            raise ValueError("expected SPECULATIVE=PLAIN model names, comma-separated, e.g. llama=llama-plain")
-        pairs.append((speculative, plain))
+        speculative, sep, other = (part.strip() for part in item.partition("="))
+        if not (sep and speculative and other) or speculative == other:
+            raise ValueError(f"expected SPECULATIVE={right} model names, comma-separated, e.g. {example}")
+        pairs.append((speculative, other))
     return tuple(pairs)
 
 
@@ -80,11 +99,19 @@ class LitellmSettings:
         "LiteLLM model names, SPECULATIVE=PLAIN, comma-separated: the same model served with and without "
         "speculation (required)",
     )
+    candidates: tuple[tuple[str, str], ...] = setting(
+        "litellm.candidates",
+        parse_candidates,
+        (),
+        "LiteLLM model names, SPECULATIVE=CANDIDATE, comma-separated: the same target served with a new drafter, "
+        "which a running or promoted draftwatch rollout of the default deployment gives its share of the "
+        "speculative deployment's requests, reported under the rollout's drafter name",
+    )
     stack: str = setting(
         "litellm.stack",
         parse_choice(STACKS),
         "llamacpp",
-        "the serving stack behind both deployments, whose response carries the speculative figures",
+        "the serving stack behind the deployments, whose response carries the speculative figures",
     )
     workload_header: str = setting(
         "litellm.workload_header", parse_str, "X-Workload", "request header naming a request's workload"
@@ -144,7 +171,16 @@ def load_settings(environ: Mapping[str, str]) -> LitellmSettings:
     """The section from ``environ``; raises :class:`ConfigError` naming the variable and what to set."""
     settings = resolve(LitellmSettings, lambda spec: (spec.env, environ[spec.env]) if spec.env in environ else None,
                        Path("."))  # fmt: skip
-    for name, spec in specs(LitellmSettings):
+    named = dict(specs(LitellmSettings))
+    for name, spec in named.items():
         if name in _REQUIRED and not getattr(settings, name):
             raise ConfigError(f"{spec.env} is not set: set it in the LiteLLM proxy's environment ({spec.help})")
+    paired = dict(settings.deployments)
+    taken = set(paired) | set(paired.values())
+    for speculative, candidate in settings.candidates:
+        if speculative not in paired or candidate in taken:
+            raise ConfigError(
+                f"{named['candidates'].env}: {speculative}={candidate}: expected the speculative name of a pair in "
+                f"{named['deployments'].env} ({', '.join(paired)}) and a candidate name of its own"
+            )
     return settings

@@ -1,13 +1,15 @@
-"""The LiteLLM integration in a real LiteLLM proxy, in front of two real llama-servers, reporting to a real draftwatch.
+"""The LiteLLM integration in a real LiteLLM proxy, in front of real llama-servers, reporting to a real draftwatch.
 
-Both llama-servers serve smollm2-135m; the speculative one drafts with llama.cpp's n-gram drafter
-on answers that copy their prompt, the plain one never drafts. Which server answered is read off
-llama.cpp alone: an answer with ``timings.draft_n`` came from the speculative one, and each server's
-``llamacpp:tokens_predicted_total`` (its ``/metrics``) grows by the answers it gave. LiteLLM names
-them ``smol`` and ``smol-plain``; clients ask for ``smol``, with ``X-Workload`` or
-``metadata.workload``. The integration holds a quarter of each workload out (share 0.25, no target),
-so that every 4 consecutive requests of a workload send exactly one to the plain deployment
-(decoder/holdout.py's systematic schedule), and reads the routing decisions every 0.2 s.
+The llama-servers serve smollm2-135m; the speculative one drafts with llama.cpp's n-gram drafter
+on answers that copy their prompt, the plain one never drafts, and the candidate (another n-gram
+drafter) answers only while a rollout gives it a share. Which server answered is read off llama.cpp
+alone: each server's ``llamacpp:tokens_predicted_total`` (its ``/metrics``) grows by the answers it
+gave, and outside a rollout an answer with ``timings.draft_n`` came from the speculative one.
+LiteLLM names them ``smol``, ``smol-plain`` and ``smol-next``; clients ask for ``smol``, with
+``X-Workload`` or ``metadata.workload``. The integration holds a quarter of each workload out
+(share 0.25, no target), so that every 4 consecutive requests of a workload send exactly one to the
+plain deployment (decoder/holdout.py's systematic schedule), and reads the routing decisions and
+the rollouts every 0.2 s.
 
 LiteLLM runs from the virtual environment ``scripts/ensure-litellm.sh`` makes; without it the tests
 skip, except under ``CI=true``, where ``make test`` has made it and its absence is a failure.
@@ -21,7 +23,7 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,10 @@ import httpx
 import pytest
 
 from decoder.models.fetch import cache_dir, fetch_preset
+from monitor.proxy.rollout import abort, start_rollout
+from monitor.proxy.settings import ProxySettings, RolloutSettings
 from monitor.store.engine import create_engine
+from monitor.store.rollouts import CURRENT_DRAFTER, save_rollout
 from monitor.store.routing import RoutingEvent, record_switch
 from tests.api.conftest import ADMIN
 from tests.proxy.engine import rows
@@ -44,6 +49,10 @@ WORDS = "apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiw
 SHARE = 0.25
 # Every 4 consecutive requests of a workload hold out exactly one at 0.25: these counts are exact.
 ROUNDS = 8
+# The candidate of a rollout: the same GGUF with another n-gram drafter (after any token seen before, the 16 that
+# followed it), its answers stored under the rollout's drafter name.
+CANDIDATE = "ngram-m16"
+CANDIDATE_ARGS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "16")
 
 
 def require_litellm() -> Path:
@@ -70,6 +79,7 @@ class Stack:
     db_url: str
     plain: LlamaServer
     speculative: LlamaServer
+    candidate: LlamaServer
 
     def ask(self, client: httpx.Client, workload: str, i: int, *, by: str = "header") -> dict[str, Any]:
         """One chat request for ``smol`` that copies a list (so the speculative server drafts), workload by header or
@@ -113,12 +123,16 @@ class Stack:
         time.sleep(1.0)
 
     def predicted(self) -> dict[str, int]:
-        """Each server's ``llamacpp:tokens_predicted_total``: the tokens of every answer it gave."""
-        totals = {}
-        for role, server in (("holdout", self.plain), ("speculative", self.speculative)):
-            text = httpx.get(f"{server.url}/metrics", timeout=10).text
-            totals[role] = int(float(re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.M).group(1)))
-        return totals
+        """The plain and the speculative server's output so far, by the mode their records declare."""
+        return {"holdout": tokens(self.plain), "speculative": tokens(self.speculative)}
+
+
+def tokens(server: LlamaServer) -> int:
+    """The server's ``llamacpp:tokens_predicted_total``: the tokens of every answer it gave."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    found = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.M)
+    assert found, text[-500:]
+    return int(float(found.group(1)))
 
 
 def drafted(answer: dict[str, Any]) -> bool:
@@ -152,6 +166,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with (
         llama_server(model, *BASE_ARGS, "--metrics", "--threads", "1", binary=binary) as plain,
         llama_server(model, *BASE_ARGS, *NGRAM_ARGS, "--metrics", "--threads", "1", binary=binary) as speculative,
+        llama_server(model, *BASE_ARGS, *CANDIDATE_ARGS, "--metrics", "--threads", "1", binary=binary) as candidate,
     ):
         config = tmp / "config.yaml"
         config.write_text(
@@ -159,7 +174,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             + "".join(
                 f"  - model_name: {name}\n"
                 f"    litellm_params: {{model: openai/smollm2-135m, api_base: '{server.url}/v1', api_key: none}}\n"
-                for name, server in (("smol", speculative), ("smol-plain", plain))
+                for name, server in (("smol", speculative), ("smol-plain", plain), ("smol-next", candidate))
             )
             + 'litellm_settings:\n  callbacks: ["monitor.gateways.litellm_callback.handler"]\n'
         )
@@ -171,6 +186,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "DRAFTWATCH_LITELLM_URL": f"http://127.0.0.1:{port}",
             "DRAFTWATCH_LITELLM_TOKEN": ADMIN,
             "DRAFTWATCH_LITELLM_DEPLOYMENTS": "smol=smol-plain",
+            "DRAFTWATCH_LITELLM_CANDIDATES": "smol=smol-next",
             "DRAFTWATCH_LITELLM_HOLDOUT_SHARE": str(SHARE),
             "DRAFTWATCH_LITELLM_HOLDOUT_TARGET": "0",
             "DRAFTWATCH_LITELLM_REFRESH_S": "0.2",
@@ -196,7 +212,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     pass
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.2)
-            yield Stack(url, key, log, draftwatch, db_url, plain, speculative)
+            yield Stack(url, key, log, draftwatch, db_url, plain, speculative, candidate)
         finally:
             gateway.terminate()
             gateway.wait(15)
@@ -272,6 +288,42 @@ def test_a_streamed_answer_is_served_and_not_reported_and_that_is_logged_once(st
     log = stack.log.read_text()
     assert log.count("streamed responses are not reported") == 1 and "refused" not in log, log[-3000:]
     assert not [r for r in rows(stack.db_url) if r["workload"] == "streamed"]
+
+
+def test_a_rollout_sends_its_share_to_the_candidate_under_its_drafter_and_a_kept_workload_none(stack: Stack) -> None:
+    engine = create_engine(stack.db_url)
+    pool = ProxySettings(upstream=(stack.speculative.url,), candidate_upstream=(stack.candidate.url,))
+    rollout = start_rollout(engine, pool, RolloutSettings(steps=(0.5, 1.0), drafter=CANDIDATE), datetime.now(UTC))
+    assert rollout.id is not None
+    try:
+        time.sleep(1.0)  # the gate reads GET /v1/rollouts every 0.2 s
+        before = tokens(stack.candidate)
+        with httpx.Client(timeout=120) as client:
+            answers = [stack.ask(client, "canary", i) for i in range(ROUNDS)]
+        stored = stack.stored(answers)
+        on_candidate = [a for a in answers if stored[a["id"]]["drafter"] == CANDIDATE]
+        # The candidate server's output grew by exactly the answers stored under the rollout's drafter.
+        assert tokens(stack.candidate) - before == sum(a["usage"]["completion_tokens"] for a in on_candidate)
+        # Half of the speculative three quarters, drawn: some each way.
+        assert 0 < len(on_candidate) < ROUNDS - ROUNDS // 4, [stored[a["id"]]["drafter"] for a in answers]
+        # Both drafters' answers are speculative, each under its own name: the two sides the judge compares.
+        speculative = {stored[a["id"]]["drafter"] for a in answers if stored[a["id"]]["mode"] == "speculative"}
+        assert speculative == {CANDIDATE, CURRENT_DRAFTER}
+        assert all(stored[a["id"]]["mode"] == "speculative" for a in on_candidate)
+
+        with engine.begin() as conn:  # the judge kept canary on the current drafter
+            save_rollout(conn, replace(rollout, workloads={"canary": "current"}))
+        time.sleep(1.0)
+        before = tokens(stack.candidate)
+        with httpx.Client(timeout=120) as client:
+            kept = [stack.ask(client, "canary", ROUNDS + i) for i in range(ROUNDS)]
+        records = stack.stored(kept).values()
+        assert {r["drafter"] for r in records if r["mode"] == "speculative"} == {CURRENT_DRAFTER}
+        assert tokens(stack.candidate) == before
+    finally:
+        abort(engine, rollout.id, datetime.now(UTC))
+        engine.dispose()
+        time.sleep(1.0)
 
 
 def test_with_draftwatch_stopped_requests_still_succeed_and_the_outage_is_logged_once(stack: Stack) -> None:
