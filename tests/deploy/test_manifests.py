@@ -6,8 +6,9 @@ kubernetes-validate bundles, strictly (an unknown field fails); the Prometheus O
 against its CRDs' schemas (tests/fixtures/prometheus-operator/, from release v0.93.0), made strict
 the way the API server's strict field validation is. The wiring is what no schema sees: the
 sidecar's settings exist, Services reach a port of the pods they select, the probes and the
-baseline upstream point where they must, every referenced Secret key exists, and the copies of
-the rules file and the Grafana dashboard are still the files they were copied from.
+baseline and candidate upstreams point where they must, every referenced Secret key exists, the
+copies of the rules file and the Grafana dashboard are still the files they were copied from, and
+the canary's rollout can be started where its overlay says.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,14 @@ import pytest
 import yaml
 
 from monitor.config import Settings
+from monitor.proxy.rollout import start_rollout
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 GATEWAY = DEPLOY / "gateway"  # helper B's: its own kustomization and tests
-OVERLAYS = ("vllm", "sglang", "llamacpp", "fleet")
+OVERLAYS = ("vllm", "sglang", "llamacpp", "fleet", "canary")
 BIN = Path(sys.executable).parent
 CRDS = ROOT / "tests/fixtures/prometheus-operator"
 CRD_SCHEMAS = {
@@ -393,3 +398,50 @@ def test_a_scheduler_told_to_route_has_the_baseline_its_decisions_need(overlay: 
         assert settings.proxy.has_baseline, (
             f"deploy/{overlay}: {deployment['metadata']['name']} routes on a net loss but declares no baseline"
         )
+
+
+def speculative_config(container: Object) -> str:
+    [found] = [a for a in container["args"] if a.startswith("--speculative-config=")]
+    return found
+
+
+def test_the_canary_s_candidate_pool_is_the_same_model_with_another_drafter_and_no_sidecar() -> None:
+    objects = render("canary")
+    services = named(objects, "Service")
+    sidecars = [(spec, resolved_env(objects, c)) for _, spec, c in draftwatch_containers(objects)
+                if "DRAFTWATCH_PROXY_UPSTREAM" in resolved_env(objects, c)]  # fmt: skip
+    assert sidecars, "deploy/canary has no sidecar in proxy mode"
+    for spec, env in sidecars:
+        candidate = urlsplit(env["DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM"])
+        host = (candidate.hostname or "").split(".")[0]
+        assert host in services, f"deploy/canary: the candidate upstream {candidate.hostname} is no Service"
+        service = services[host]
+        [port] = [p for p in service["spec"]["ports"] if p["port"] == (candidate.port or 80)]
+        pods = selected(objects, service["spec"]["selector"])
+        [current] = [c for c in spec["containers"] if c["name"] == "engine"]
+        assert pods and spec not in pods, "deploy/canary: the candidate Service must select the candidate pods only"
+        for pod in pods:
+            assert not any(image_name(c["image"]) == SIDECAR_IMAGE for c in pod["containers"])
+            assert container_port(pod, port["targetPort"]) is not None
+            [engine] = pod["containers"]
+            assert (engine["image"], engine["args"][0]) == (current["image"], current["args"][0]), "not the same model"
+            assert speculative_config(engine) != speculative_config(current), "the candidate's drafter is the current"
+
+
+def test_the_canary_s_rollout_starts_from_the_scheduler_s_pod_as_its_overlay_says(tmp_path: Path) -> None:
+    """``kubectl exec deploy/draftwatch-scheduler -- draftwatch rollout start``: the settings there allow it."""
+    objects = render("canary")
+    how = (DEPLOY / "canary/kustomization.yaml").read_text()
+    assert "exec deploy/draftwatch-scheduler -- draftwatch rollout start" in how
+    [scheduler] = [c for d, _, c in draftwatch_containers(objects) if d["metadata"]["name"] == "draftwatch-scheduler"]
+    url = f"sqlite:///{tmp_path / 'draftwatch.db'}"
+    env = {**resolved_env(objects, scheduler), "HOME": str(tmp_path), "DRAFTWATCH_DATA_DIR": str(tmp_path),
+           "DRAFTWATCH_DATABASE_URL": url}  # fmt: skip
+    settings = Settings.from_env(env, None)
+    engine = create_engine(url)
+    try:
+        upgrade(engine)
+        r = start_rollout(engine, settings.proxy, settings.rollout, datetime.now(UTC))
+    finally:
+        engine.dispose()
+    assert (r.deployment, r.drafter, r.steps, r.per_workload) == ("*", "ngram-k5", (0.05, 0.25, 0.5, 1.0), True)
