@@ -16,6 +16,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from decoder.candidate import DRAFTER_KINDS, Candidate
 from decoder.extras import refuse_without
 from decoder.models.fetch import FetchError, fetch_preset, is_fetched, preset_path, remove_preset
 from decoder.models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
@@ -76,7 +77,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a draft model, same forms as --target; repeatable (default without --drafter: {DEFAULT_DRAFT})",
     )  # fmt: skip
     parser.add_argument(
-        "--drafter", action="append", choices=["model", "ngram"], default=None,
+        "--drafter", action="append", choices=DRAFTER_KINDS, default=None,
         help=f"a drafter kind; repeatable. model: the --draft models, or {DEFAULT_DRAFT} without one; "
         "ngram: prompt lookup, no draft model. --draft D --drafter ngram holds both, chosen per request",
     )  # fmt: skip
@@ -91,10 +92,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool = False) -> SpeculativeDecoder:
-    """Load the target and drafter that ``args`` name; raises ModelLoadError / FetchError on bad input.
+def build_decoder(
+    args: argparse.Namespace, progress: bool = True, plain: bool = False, candidate: Candidate | None = None
+) -> SpeculativeDecoder:
+    """Load the target and drafters that ``args`` name, and the ``candidate`` drafter a rollout may stage.
 
-    Needs the decoder extra: a caller checks ``refuse_without(command, "decoder")`` first.
+    Raises ModelLoadError / FetchError on bad input. Needs the decoder extra: a caller checks
+    ``refuse_without(command, "decoder")`` first.
     """
     from decoder.drafters import Drafter, ModelDrafter, NgramDrafter
     from decoder.models.loading import check_pair, load_model
@@ -104,15 +108,21 @@ def build_decoder(args: argparse.Namespace, progress: bool = True, plain: bool =
     target = load_model(args.target, progress=progress, quantize=quantize)
     if plain:
         return SpeculativeDecoder(target, None, gamma=args.gamma)
-    drafters: list[Drafter] = []
-    for _, spec in drafter_choices(args):
-        if spec is None:  # the n-gram drafter
-            drafters.append(NgramDrafter(min_n=args.ngram_min, max_n=args.ngram_max))
-            continue
-        draft = target if spec == args.target else load_model(spec, progress=progress, quantize=quantize)
-        check_pair(target, draft)
-        drafters.append(ModelDrafter(draft, target_vocab_size=target.vocab_size))
-    return SpeculativeDecoder(target, drafters, gamma=args.gamma)
+
+    loaded = {args.target: target}  # a model named twice (the target as draft, a candidate's draft) loads once
+
+    def drafter(spec: str | None, ngram: tuple[int, int]) -> Drafter:
+        """The n-gram drafter (``spec`` None) of ``ngram``'s sizes, or the draft model ``spec``."""
+        if spec is None:
+            return NgramDrafter(min_n=ngram[0], max_n=ngram[1])
+        if spec not in loaded:
+            loaded[spec] = load_model(spec, progress=progress, quantize=quantize)
+        check_pair(target, loaded[spec])
+        return ModelDrafter(loaded[spec], target_vocab_size=target.vocab_size)
+
+    drafters = [drafter(spec, (args.ngram_min, args.ngram_max)) for _, spec in drafter_choices(args)]
+    staged = None if candidate is None else drafter(candidate.model, (candidate.ngram_min, candidate.ngram_max))
+    return SpeculativeDecoder(target, drafters, gamma=args.gamma, candidate=staged)
 
 
 def drafter_choices(args: argparse.Namespace) -> list[tuple[str, str | None]]:

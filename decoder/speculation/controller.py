@@ -353,26 +353,28 @@ class SpeculationController:
         prompt_tokens: int = 0,
         max_new_tokens: int | None = None,
         drafters: Sequence[str] = (UNNAMED,),
+        candidate: str | None = None,
     ) -> Plan:
         """The drafter, mode and gamma for the next request of ``workload``, among ``drafters`` (labels).
 
         ``prompt_tokens`` and ``max_new_tokens`` describe the request: the drafter's prefill of a long
-        prompt before a short answer can cost more than speculation saves.
+        prompt before a short answer can cost more than speculation saves. ``candidate``: the label
+        of a rollout's candidate drafter (decoder/candidate.py) that serves this request unless the
+        holdout draws it (a held-out request is the portfolio's, as without a rollout); it is then
+        planned as a portfolio of its own, so that it serves as it would once promoted.
         """
         if not drafters:
             raise ValueError("plan needs at least one drafter to choose from")
-        options: dict[str, tuple[int, float]] = {}
-        for drafter in drafters:
-            gamma, step_speedup = self.best_gamma(workload, drafter=drafter)
-            options[drafter] = (
-                gamma,
-                self._request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens, drafter),
-            )
+        options = {label: self._option(workload, label, prompt_tokens, max_new_tokens) for label in drafters}
         best = max(drafters, key=lambda label: options[label][1])  # the first listed wins a tie
         gamma, speedup = options[best]
         reason = self.holdout.draw(workload)
         if reason is not None:
             return Plan("holdout", gamma, speedup, holdout_reason=reason, drafter=best)
+        if candidate is not None:
+            drafters, best = (candidate,), candidate
+            options = {candidate: self._option(workload, candidate, prompt_tokens, max_new_tokens)}
+            gamma, speedup = options[best]
         for drafter in drafters:
             state = self._arm(drafter, create=True).state(workload)
             state.gamma = options[drafter][0]
@@ -385,6 +387,13 @@ class SpeculationController:
             return Plan("plain", gamma, speedup, drafter=best)
         measure_t1 = self._arm(best).costs.single_passes < MIN_WEIGHT
         return Plan("speculative", gamma, speedup, measure_t1=measure_t1, drafter=best)
+
+    def _option(
+        self, workload: str, drafter: str, prompt_tokens: int, max_new_tokens: int | None
+    ) -> tuple[int, float]:
+        """``drafter``'s best gamma for ``workload`` and the request speedup it expects there."""
+        gamma, step_speedup = self.best_gamma(workload, drafter=drafter)
+        return gamma, self._request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens, drafter)
 
     def loss_budget_ms(self, workload: str, max_new_tokens: int, drafter: str = UNNAMED) -> tuple[float, float] | None:
         """``(t1, budget)`` in ms: what a token costs plain, and how much a request's drafting may lose in all.

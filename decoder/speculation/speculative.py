@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from decoder.candidate import CANDIDATE_LABEL, CandidateDraw, Staging
 from decoder.cpu.row_stable import row_stable_passes
 from decoder.drafters.base import Drafter, drafter_label
 from decoder.holdout import HoldoutReason
@@ -82,7 +83,10 @@ class _Sequence:
 
 @dataclass(slots=True)
 class _RequestPlan:
-    """How one request decodes: its drafter (label and object), mode, gamma, and what may steer it midway."""
+    """How one request decodes: its drafter (label and object), mode, gamma, and what may steer it midway.
+
+    ``staged``: the name a rollout records the candidate's requests under, when the candidate serves this one.
+    """
 
     label: str | None
     drafter: Drafter | None
@@ -92,6 +96,7 @@ class _RequestPlan:
     measure_t1: bool
     replan: Replan | None
     guard: LossGuard | None
+    staged: str | None = None
 
 
 @dataclass(slots=True)
@@ -208,6 +213,11 @@ class SpeculativeDecoder:
     what the request measured goes back to it; before the first such request, the pair's pass costs
     are timed once (:meth:`calibrate`) unless the controller already knows them or
     ``auto_calibrate`` is off (then the first requests measure them, speculating at the priors).
+
+    A ``candidate`` drafter (decoder/candidate.py) serves nothing until :attr:`staging` is set (by
+    the embedded server, from the store's active rollout): then a share of each workload's requests
+    that the controller plans, drawn by :class:`CandidateDraw`, goes to it instead of the portfolio,
+    planned by the controller on an arm of its own and recorded under the staging's drafter name.
     """
 
     def __init__(
@@ -220,6 +230,7 @@ class SpeculativeDecoder:
         source: str = "embedded",
         controller: SpeculationController | None = None,
         auto_calibrate: bool = True,
+        candidate: Drafter | None = None,
     ) -> None:
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
@@ -230,6 +241,11 @@ class SpeculativeDecoder:
         self.labels = tuple(drafter_label(d) for d in self.drafters)
         if len(set(self.labels)) < len(self.labels):
             raise ValueError(f"each drafter must be different, got {', '.join(self.labels)}")
+        self.candidate = candidate
+        self.candidate_label = None if candidate is None else CANDIDATE_LABEL + drafter_label(candidate)
+        # Replaced whole by the embedded server's refresh, read once per request by the decoding thread.
+        self.staging: Staging | None = None
+        self._candidate_draw = CandidateDraw()
         self.gamma = gamma
         self.sink = sink
         self.source = source
@@ -246,14 +262,17 @@ class SpeculativeDecoder:
     # Public API
 
     def calibrate(self, rounds: int = CALIBRATION_ROUNDS, only_unmeasured: bool = False) -> list[Observation]:
-        """Time each pair's passes (decoder/speculation/calibration.py) and give them to the controller.
+        """Time each pair's passes, the candidate's too (decoder/speculation/calibration.py), for the controller.
 
         Empty without a controller or a drafter. :meth:`calibrate_if_needed` is the usual entry.
         """
         if self.controller is None:
             return []
         timed = []
-        for drafter, label in zip(self.drafters, self.labels, strict=True):
+        pairs = list(zip(self.drafters, self.labels, strict=True))
+        if self.candidate is not None and self.candidate_label is not None:
+            pairs.append((self.candidate, self.candidate_label))
+        for drafter, label in pairs:
             if only_unmeasured and not self.controller.needs_calibration_for(label):
                 continue
             started = time.perf_counter()
@@ -332,7 +351,7 @@ class SpeculativeDecoder:
         if request_id:
             stats.request_id = request_id
         stats.prompt_tokens = len(prompt_ids)
-        identity = self._identity(workload, plan.drafter, temperature, top_p, prompt_hash)
+        identity = self._identity(workload, plan.drafter, temperature, top_p, prompt_hash, plan.staged)
         request = _Decoding(
             prompt_ids=prompt_ids,
             max_new_tokens=max_new_tokens,
@@ -376,10 +395,14 @@ class SpeculativeDecoder:
         """The request's drafter, mode and gamma: the caller's where given, else the controller's, else the defaults.
 
         Only a request the controller plans whole (neither mode nor gamma fixed) gets ``replan`` and
-        ``guard``: the controller may stop its drafting midway.
+        ``guard``: the controller may stop its drafting midway. A request whose mode and drafter are
+        left to the decoder may be drawn for a rollout's candidate (``staged``: its recorded name).
         """
         candidates = self.labels if drafter is None else (self._label_of(drafter),)
-        label = candidates[0] if candidates else None
+        staged: str | None = None
+        if self.candidate_label is not None and drafter is None and mode is None:
+            staged = self._candidate_draw.draw(self.staging, workload)
+        label = self.candidate_label if staged is not None else candidates[0] if candidates else None
         measure_t1 = False
         holdout_reason = None
         replan: Replan | None = None
@@ -387,8 +410,9 @@ class SpeculativeDecoder:
         if self.controller is not None and candidates and (mode is None or gamma is None):
             self.calibrate_if_needed()
             plan = self.controller.plan(
-                workload, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, drafters=candidates
-            )
+                workload, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, drafters=candidates,
+                candidate=self.candidate_label if staged is not None else None,
+            )  # fmt: skip
             label = plan.drafter
             if mode is None and gamma is None:
                 replan = partial(self.controller.replan, workload, drafter=label)
@@ -402,20 +426,28 @@ class SpeculativeDecoder:
         gamma = self.gamma if gamma is None else gamma
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma!r}")
-        chosen = self.drafters[self.labels.index(label)] if label is not None else None
+        if staged is not None and label == self.candidate_label:
+            chosen = self.candidate
+        else:  # the portfolio's, a request the holdout drew after the candidate's draw included
+            staged = None
+            chosen = self.drafters[self.labels.index(label)] if label is not None else None
         if mode == "speculative" and chosen is None:
             mode = "plain"
-        return _RequestPlan(label, chosen, mode, gamma, holdout_reason, measure_t1, replan, guard)
+        return _RequestPlan(label, chosen, mode, gamma, holdout_reason, measure_t1, replan, guard, staged)
 
     def _identity(
-        self, workload: str, drafter: Drafter | None, temperature: float, top_p: float, prompt_hash: str
-    ) -> dict[str, object]:
-        """The record's fields that say what served the request (the drafter chosen, even when it did not draft)."""
+        self, workload: str, drafter: Drafter | None, temperature: float, top_p: float, prompt_hash: str,
+        staged: str | None = None,
+    ) -> dict[str, object]:  # fmt: skip
+        """The record's fields that say what served the request (the drafter chosen, even when it did not draft).
+
+        A portfolio drafter is named by its kind; the candidate by the name its rollout gave it (``staged``).
+        """
         return {
             "workload": workload,
             "target_model": self.target.name,
             "target_version": self.target.version,
-            "drafter": drafter.kind if drafter is not None else "none",
+            "drafter": staged or (drafter.kind if drafter is not None else "none"),
             "draft_model": drafter.name if drafter is not None else None,
             "draft_version": drafter.version if drafter is not None else None,
             "temperature": float(temperature),

@@ -1,10 +1,11 @@
-"""The API's settings: where it listens, who may call it, its limits, the decoder worker's holdout."""
+"""The API's settings: where it listens, who may call it, its limits, the decoder worker's holdout and candidate."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from decoder.candidate import Candidate, parse_candidate
 from monitor.settings.fields import setting
 from monitor.settings.parsers import parse_int, parse_seconds, parse_share, parse_str
 
@@ -89,7 +90,7 @@ class ApiSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecoderSettings:
-    """The holdout of the sidecar's decoder worker (the decoder itself takes a plain HoldoutPolicy)."""
+    """The holdout of the sidecar's decoder worker (the decoder itself takes a plain HoldoutPolicy), its candidate."""
 
     holdout_share: float = setting(
         "decoder.holdout_share",
@@ -114,4 +115,12 @@ class DecoderSettings:
         "share held out while a workload is below decoder.holdout_target: the most a small workload pays for "
         "measuring its speedup",
         renamed_from=("DRAFTWATCH_HOLDOUT_MAX_SHARE",),
+    )
+    candidate: Candidate | None = setting(
+        "decoder.candidate",
+        parse_candidate,
+        None,
+        "the embedded decoder's candidate drafter, which a rollout (draftwatch rollout start) gives a share of the "
+        "requests beside the current drafters: ngram:MIN-MAX (prompt lookup of MIN- to MAX-grams) or model:MODEL "
+        "(a draft model, as --draft); serve --candidate-drafter and --candidate-draft set it",
     )

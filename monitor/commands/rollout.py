@@ -43,7 +43,8 @@ def register(subparsers: Any) -> None:
         "rollout",
         help="roll a new drafter out on live traffic, step by step, judged per workload against the current one",
         description="A rollout sends a rising share of a deployment's speculative requests to its candidate pool "
-        "(proxy.candidate_upstream: the same target served with the new drafter). The scheduler's rollout job "
+        "(proxy.candidate_upstream: the same target served with the new drafter), or, in the embedded decoder, to "
+        "its candidate drafter (decoder.candidate: serve --candidate-drafter). The scheduler's rollout job "
         "judges each step per workload against the current drafter's requests of the same interval, and advances, "
         "holds, promotes or rolls it back by itself; promote and abort decide by hand.",
     )
@@ -134,9 +135,10 @@ def _start(args: argparse.Namespace) -> int:
                  "drafter": args.drafter}  # fmt: skip
         chosen = dataclasses.replace(settings.rollout, **{k: v for k, v in flags.items() if v is not None})
         try:
-            _, pool = deployment_of(settings.proxy, args.route)
+            embedded = settings.decoder.candidate
+            pool = deployment_of(settings.proxy, args.route, embedded).pool
             r = start_rollout(engine, settings.proxy, chosen, datetime.now(UTC), route=args.route,
-                              candidate=args.candidate)  # fmt: skip
+                              candidate=args.candidate, embedded=embedded)  # fmt: skip
         except RolloutError as error:
             print(f"draftwatch rollout start: {error}", file=sys.stderr)
             return 2

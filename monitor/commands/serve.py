@@ -2,7 +2,8 @@
 
 Without API tokens the server binds loopback only and refuses anything else, with the reason; with
 ``--target`` it loads the drafters (``--draft D``, ``--drafter ngram``, or both: a portfolio the controller
-chooses from per request) before it starts listening.
+chooses from per request), and the candidate drafter a rollout stages beside them (``--candidate-drafter``,
+``--candidate-draft``: monitor/api/decoding/staging.py), before it starts listening.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Final
 
+from decoder.candidate import Candidate, parse_candidate
 from decoder.cli import add_model_arguments, build_decoder
 from decoder.extras import refuse_without
 from decoder.models.fetch import FetchError
-from monitor.commands.common import add_settings_arguments, settings_or_report
+from monitor.commands.common import add_settings_arguments, argument_type, settings_or_report
 from monitor.config import ConfigError
 from monitor.proxy.settings import PROXY_KINDS, parse_upstreams
 from monitor.settings.masking import quoted
@@ -30,6 +32,15 @@ log = logging.getLogger(__name__)
 
 # On the way out: how long a scheduler still starting (its first lease request held by a hung database) is waited for.
 SCHEDULER_START_WAIT_S: Final = 15.0
+
+
+def parse_candidate_model(raw: str) -> Candidate | None:
+    """``--candidate-draft MODEL``: the candidate drafter ``model:MODEL``."""
+    return parse_candidate(f"model:{raw}")
+
+
+CANDIDATE = argument_type(parse_candidate)
+CANDIDATE_MODEL = argument_type(parse_candidate_model)
 
 
 class PathOnly(logging.Filter):
@@ -97,6 +108,25 @@ def register(subparsers: Any) -> None:
         help="do not run the drift/alert scheduler inside this process (run `draftwatch scheduler` elsewhere)",
     )
     add_model_arguments(parser)
+    candidate = parser.add_mutually_exclusive_group()
+    candidate.add_argument(
+        "--candidate-drafter",
+        type=CANDIDATE,
+        default=None,
+        metavar="DRAFTER",
+        help="with --target: a NEW drafter beside --draft/--drafter that a rollout (draftwatch rollout start) gives "
+        "a rising share of the requests, judged per workload against them: ngram:MIN-MAX (prompt lookup of MIN- to "
+        "MAX-grams, e.g. ngram:1-2) or model:MODEL (default: decoder.candidate)",
+    )
+    candidate.add_argument(
+        "--candidate-draft",
+        type=CANDIDATE_MODEL,
+        default=None,
+        dest="candidate_drafter",
+        metavar="MODEL",
+        help="with --target: a NEW draft model as the rollout's candidate drafter, same forms as --draft "
+        "(--candidate-drafter model:MODEL)",
+    )
     # Decoding is optional here: no --target means an ingest-and-report sidecar.
     parser.set_defaults(handler=_serve, target=None)
 
@@ -104,7 +134,8 @@ def register(subparsers: Any) -> None:
 def mode_of(settings: Settings, decoder: SpeculativeDecoder | None) -> str:
     """What this sidecar does, for its banner: the embedded decoder, proxy mode (with or without a baseline), ingest."""
     if decoder is not None:
-        return f"embedded decoder: {decoder.target.name}"
+        staged = f", candidate drafter {settings.decoder.candidate} for a rollout" if decoder.candidate else ""
+        return f"embedded decoder: {decoder.target.name}{staged}"
     proxy = settings.proxy
     if not proxy.upstream:
         return "ingest only: POST /v1/events and the adapters" + (", scrape mode" if settings.scrape.targets else "")
@@ -164,6 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
         "proxy.upstream": upstream,
         "proxy.baseline_upstream": baseline_upstream,
         "proxy.candidate_upstream": candidate_upstream,
+        "decoder.candidate": args.candidate_drafter,
     }
     settings = settings_or_report(args, "serve", {**overrides, "proxy.kind": args.upstream_kind})
     if settings is None:
@@ -196,8 +228,9 @@ def _serve(args: argparse.Namespace) -> int:
     if refusal is not None:
         print(f"draftwatch serve: {refusal}", file=sys.stderr)
         return 2
-    if args.target is None and (args.draft or args.drafter):
-        print("draftwatch serve: --draft/--drafter need --target", file=sys.stderr)
+    if args.target is None and (args.draft or args.drafter or args.candidate_drafter):
+        print("draftwatch serve: --draft/--drafter/--candidate-drafter/--candidate-draft need --target",
+              file=sys.stderr)  # fmt: skip
         return 2
     decoder: SpeculativeDecoder | None = None
     if args.target is not None:
@@ -206,7 +239,7 @@ def _serve(args: argparse.Namespace) -> int:
         from decoder.models.loading import ModelLoadError
 
         try:
-            decoder = build_decoder(args, progress=sys.stderr.isatty())
+            decoder = build_decoder(args, progress=sys.stderr.isatty(), candidate=settings.decoder.candidate)
         except (ModelLoadError, FetchError, ValueError) as error:
             print(f"draftwatch serve: {error}", file=sys.stderr)
             return 1

@@ -4,6 +4,10 @@
 has a candidate pool (``proxy.candidate_upstream``, or a route's ``candidate_upstream``): the same
 target served with the new drafter. Every sidecar reads it (:func:`monitor.proxy.routing.refresh_routes`)
 and sends the current step's share of the deployment's speculative requests to the candidate.
+The embedded decoder's candidate drafter (``decoder.candidate``) is the default deployment's
+candidate where no proxy candidate pool is configured: the embedded server reads the rollout the
+same way (:func:`monitor.api.decoding.staging.follow_rollout`) and sends the share of the requests
+its controller plans to that drafter (decoder/candidate.py), judged against its portfolio's.
 
 The scheduler's elected leader runs :func:`advance_rollouts` every ``scheduler.rollout_interval``.
 Each run judges, per workload, the candidate's requests of the current step against the current
@@ -34,12 +38,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
+from decoder.candidate import DRAFTER_KINDS, Candidate
 from monitor.drift.detectors.judge import Judge, Side, WorkloadJudgement
 from monitor.drift.detectors.net_loss import Population
 from monitor.drift.sampling import Sample, sample_requests
@@ -48,6 +53,7 @@ from monitor.store.reads.results import Pair
 from monitor.store.rollouts import (
     CURRENT_DRAFTER,
     MAX_DRAFTER,
+    SERVED_MODES,
     EventKind,
     Rollout,
     RolloutEvent,
@@ -77,41 +83,61 @@ class RolloutError(ValueError):
         self.code = code
 
 
-def deployment_of(proxy: ProxySettings, route: int | None) -> tuple[str, tuple[str, ...]]:
-    """The deployment a rollout is for (``*`` or route N's model glob) and its candidate pool's URLs."""
+class Staged(NamedTuple):
+    """Where a rollout's candidate runs: its deployment, the candidates configured there (``where``, the setting
+    naming them), and the names the current side's requests are stored under."""
+
+    deployment: str
+    pool: tuple[str, ...]
+    where: str
+    current: tuple[str, ...]
+
+
+def deployment_of(proxy: ProxySettings, route: int | None, embedded: Candidate | None = None) -> Staged:
+    """The deployment a rollout is for (``*`` or route N's model glob) and its candidates.
+
+    The default deployment is the proxy's (its candidate pool's URLs) where ``proxy.candidate_upstream``
+    is set or no ``embedded`` candidate is (``decoder.candidate``); else the embedded decoder's, whose
+    one candidate is that drafter.
+    """
     if route is None:
-        return "*", proxy.candidate_upstream
+        if proxy.candidate_upstream or embedded is None:
+            return Staged("*", proxy.candidate_upstream, "proxy.candidate_upstream", (CURRENT_DRAFTER,))
+        return Staged("*", (str(embedded),), "decoder.candidate", DRAFTER_KINDS)
     if not 1 <= route <= len(proxy.routes):
         raise RolloutError(f"route={route}: expected a route number 1-{len(proxy.routes)} of [[proxy.routes]]"
                            if proxy.routes else f"route={route}: no [[proxy.routes]] are configured",
                            field="route")  # fmt: skip
     chosen = proxy.routes[route - 1]
-    return chosen.model, chosen.candidate_upstream
+    return Staged(chosen.model, chosen.candidate_upstream, f"candidate_upstream of route {route}", (CURRENT_DRAFTER,))
 
 
 def start_rollout(
     engine: Engine, proxy: ProxySettings, settings: RolloutSettings, now: datetime, *, route: int | None = None,
-    candidate: str | None = None,
+    candidate: str | None = None, embedded: Candidate | None = None,
 ) -> Rollout:  # fmt: skip
     """Store a new running rollout of ``settings``' steps on the deployment ``route`` names (None: the default).
 
-    ``candidate``, where given, must be one of the deployment's configured candidate URLs: a
-    rollout sends users' requests only where the configuration already allows.
+    ``candidate``, where given, must be one of the deployment's configured candidates (a URL, or the
+    embedded decoder's ``decoder.candidate``): a rollout sends users' requests only where the
+    configuration already allows. ``embedded``: the embedded decoder's candidate drafter, which
+    makes the default deployment the embedded decoder's when no proxy candidate pool is set.
     """
-    deployment, pool = deployment_of(proxy, route)
-    where = "proxy.candidate_upstream" if route is None else f"candidate_upstream of route {route}"
+    deployment, pool, where, current = deployment_of(proxy, route, embedded)
     if not pool:
+        other = " (or, for the embedded decoder, decoder.candidate: serve --candidate-drafter)" if route is None else ""
         raise RolloutError(f"deployment {deployment!r} has no candidate pool: set {where} to the same target served "
-                           "with the new drafter, on every sidecar, then start the rollout",
+                           f"with the new drafter{other}, on every sidecar, then start the rollout",
                            code="no_candidate_pool")  # fmt: skip
     if candidate is not None and candidate.rstrip("/") not in pool:
-        raise RolloutError(f"candidate={candidate!r} is not in {where} ({len(pool)} URL(s)): a rollout only sends "
+        raise RolloutError(f"candidate={candidate!r} is not in {where} ({len(pool)} configured): a rollout only sends "
                            "traffic to a configured candidate; add it there first", field="candidate")  # fmt: skip
     name = settings.drafter.strip()
-    if not name or len(name) > MAX_DRAFTER or name in (CURRENT_DRAFTER, "none"):
+    reserved = (CURRENT_DRAFTER, "none", *DRAFTER_KINDS)
+    if not name or len(name) > MAX_DRAFTER or name in reserved:
         raise RolloutError(f"rollout.drafter={settings.drafter!r}: expected a name for the candidate drafter, at "
-                           f"most {MAX_DRAFTER} characters, other than {CURRENT_DRAFTER!r} and 'none'",
-                           field="drafter")  # fmt: skip
+                           f"most {MAX_DRAFTER} characters, other than {', '.join(map(repr, reserved))} (the names "
+                           "the current drafters are stored under)", field="drafter")  # fmt: skip
     new = Rollout(
         deployment,
         name,
@@ -121,6 +147,7 @@ def start_rollout(
         now,
         now,
         reason=f"started: {_shares(settings.steps)}, {settings.interval.total_seconds():g} s a step",
+        current_drafters=current,
     )
     try:
         with engine.begin() as conn:
@@ -215,23 +242,45 @@ def judge_step(
     """Per workload on the candidate's side of the rollout, its judgement over the current step so far.
 
     A workload served for several targets (a deployment of several models) is judged on its busiest
-    one, the target with the most candidate requests, as its verdict is on its busiest pair.
+    one, the target with the most candidate requests, as its verdict is on its busiest pair. A side
+    is every request of the workload and target stored under its names, whatever the draft model:
+    the embedded decoder's current side is its whole portfolio, a draft model and the n-gram drafter.
     """
     start = rollout.step_started_at
-    candidate, current = outcomes(conn, rollout.drafter, start, now), outcomes(conn, CURRENT_DRAFTER, start, now)
+    candidate = _by_target(outcomes(conn, (rollout.drafter,), start, now))
+    current = _by_target(outcomes(conn, rollout.current_drafters, start, now))
     found: dict[str, WorkloadJudgement] = {}
-    for key in sorted(candidate, key=lambda k: (-candidate[k][0], k)):
-        workload, target, draft_model = key
+    for key in sorted(candidate, key=lambda k: (-sum(n for n, _ in candidate[k].values()), k)):
+        workload, target = key
         if workload in rollout.workloads or workload in found:
             continue
         sides = []
-        for drafter, counts in ((rollout.drafter, candidate), (CURRENT_DRAFTER, current)):
-            n, errors = counts.get(key, (0, 0))
-            pair = Pair(target, drafter, draft_model)
-            sample = sample_requests(conn, workload, pair, start, now, sample_size, mode="speculative")
-            sides.append(_side(sample, n, errors))
+        for pairs in (candidate[key], current.get(key, {})):
+            samples = [sample_requests(conn, workload, pair, start, now, sample_size, mode=SERVED_MODES)
+                       for pair in sorted(pairs, key=lambda p: (p.drafter, p.draft_model or ""))]  # fmt: skip
+            n, errors = sum(count for count, _ in pairs.values()), sum(failed for _, failed in pairs.values())
+            sides.append(_side(_joined(samples), n, errors))
         found[workload] = judge.judge(workload, *sides)
     return found
+
+
+def _by_target(
+    counts: Mapping[tuple[str, str, str, str | None], tuple[int, int]],
+) -> dict[tuple[str, str], dict[Pair, tuple[int, int]]]:
+    """:func:`outcomes` by (workload, target), each with its pairs' requests and failures."""
+    grouped: dict[tuple[str, str], dict[Pair, tuple[int, int]]] = {}
+    for (workload, target, drafter, draft_model), n in counts.items():
+        grouped.setdefault((workload, target), {})[Pair(target, drafter, draft_model)] = n
+    return grouped
+
+
+def _joined(samples: Sequence[Sample]) -> Sample:
+    """One side's samples of its pairs as one sample (a portfolio's requests are one population); empty for none."""
+    if len(samples) == 1:
+        return samples[0]
+    columns = {name: [getattr(s, name) for s in samples] for name in Sample.__dataclass_fields__}
+    return Sample(**{name: np.concatenate(arrays) if arrays else np.zeros(0, dtype=str if name == "mode" else float)
+                     for name, arrays in columns.items()})  # fmt: skip
 
 
 def _side(sample: Sample, n: int, errors: int) -> Side:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import fnmatch
+import functools
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from decoder.holdout import BaselineDraw, HoldoutPolicy, HoldoutReason
 from monitor.config import Settings
@@ -50,6 +52,7 @@ from monitor.store.rollouts import Rollout, active_rollouts
 from monitor.store.routing import RoutingEvent, latest_routing
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -164,8 +167,9 @@ class Router:
     def _speculative(self, d: Deployment, workload: str, member: Member | None = None) -> Route:
         """A speculative request: the candidate pool for the active rollout's share of it, else ``member`` or a pick."""
         rollout = self.rollouts.get(d.model)
-        if rollout is not None and d.candidate and self._candidate_draw.random() < rollout.share(workload):
-            return Route(d.candidate.pick(), d, drafter=rollout.drafter)
+        staged = rollout if rollout is not None and rollout.of_proxy and d.candidate else None  # not an embedded one's
+        if staged is not None and self._candidate_draw.random() < staged.share(workload):
+            return Route(d.candidate.pick(), d, drafter=staged.drafter)
         return Route(member or d.speculative.pick(), d)
 
     def passing(self, model: object = None) -> Route:
@@ -233,33 +237,50 @@ def build_router(settings: Settings, seed: int = 0) -> Router:
     return router
 
 
-async def refresh_routes(router: Router, engine: Engine, every_s: float) -> None:
-    """Keep ``router.routed`` and ``router.rollouts`` to the scheduler's decisions; the reads run off the event loop.
+async def follow_store(
+    engine: Engine, every_s: float, read: Callable[[Connection], T], take: Callable[[T], None], what: str
+) -> None:
+    """Hand ``take`` what ``read`` finds in the store, every ``every_s``; the reads run off the event loop.
 
-    A database that is away or hung leaves the last known routes in place: the proxy keeps forwarding.
+    A database that is away or hung leaves the last known decisions in place: the sidecar keeps
+    serving by them. ``what`` names the decisions in the log.
     """
     while True:
         try:
-            latest, rollouts = await asyncio.to_thread(_decisions, engine)
-        except Exception as error:  # the database is away: keep routing as last known
-            log.debug("routing decisions not read: %s", traceback_text(error).splitlines()[-1])
+            found = await asyncio.to_thread(_read, engine, read)
+        except Exception as error:  # the database is away: keep serving as last known
+            log.debug("%s not read: %s", what, traceback_text(error).splitlines()[-1])
         else:
-            routed = frozenset(w for w, event in latest.items() if event.routed)
-            if routed != router.routed:
-                log.info("routing: workloads served by the plain baseline now: %s", ", ".join(sorted(routed)) or "none")
-            router.routed = routed
-            _take_rollouts(router, rollouts)
+            take(found)
         await asyncio.sleep(every_s)
 
 
-def _served(rollout: Rollout) -> tuple[object, ...]:
+def _read(engine: Engine, read: Callable[[Connection], T]) -> T:
+    with engine.connect() as conn:
+        return read(conn)
+
+
+async def refresh_routes(router: Router, engine: Engine, every_s: float) -> None:
+    """Keep ``router.routed`` and ``router.rollouts`` to the scheduler's decisions (:func:`follow_store`)."""
+    await follow_store(engine, every_s, _decisions, functools.partial(_take_decisions, router), "routing decisions")
+
+
+def _decisions(conn: Connection) -> tuple[dict[str, RoutingEvent], dict[str, Rollout]]:
+    return latest_routing(conn), active_rollouts(conn)
+
+
+def _take_decisions(router: Router, decisions: tuple[dict[str, RoutingEvent], dict[str, Rollout]]) -> None:
+    latest, rollouts = decisions
+    routed = frozenset(w for w, event in latest.items() if event.routed)
+    if routed != router.routed:
+        log.info("routing: workloads served by the plain baseline now: %s", ", ".join(sorted(routed)) or "none")
+    router.routed = routed
+    _take_rollouts(router, rollouts)
+
+
+def served(rollout: Rollout) -> tuple[object, ...]:
     """What of a rollout decides where requests go (its judgement changes every run and does not)."""
     return rollout.id, rollout.status, rollout.step, sorted(rollout.workloads.items())
-
-
-def _decisions(engine: Engine) -> tuple[dict[str, RoutingEvent], dict[str, Rollout]]:
-    with engine.connect() as conn:
-        return latest_routing(conn), active_rollouts(conn)
 
 
 def _take_rollouts(router: Router, rollouts: dict[str, Rollout]) -> None:
@@ -270,11 +291,15 @@ def _take_rollouts(router: Router, rollouts: dict[str, Rollout]) -> None:
         if before == rollout:
             continue
         d = by_model.get(model)
-        if d is None or not d.candidate:
+        if not rollout.of_proxy:
+            log.warning("rollout %s of deployment %s is the embedded decoder's (its current drafters: %s): this "
+                        "proxy's traffic stays on the current drafter", rollout.id, model,
+                        ", ".join(rollout.current_drafters))  # fmt: skip
+        elif d is None or not d.candidate:
             log.warning("rollout %s of deployment %s: this sidecar has no candidate pool for it "
                         "(proxy.candidate_upstream, or the route's candidate_upstream), so its traffic here stays "
                         "on the current drafter", rollout.id, model)  # fmt: skip
-        elif before is None or _served(before) != _served(rollout):
+        elif before is None or served(before) != served(rollout):
             log.info("rollout %s of deployment %s: %s, the candidate %s serves %.0f%% of the speculative traffic%s",
                      rollout.id, model, rollout.status, rollout.drafter, 100 * rollout.step_share,
                      "".join(f"; {w}: {side}" for w, side in sorted(rollout.workloads.items())))  # fmt: skip

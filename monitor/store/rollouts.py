@@ -1,10 +1,15 @@
 """Rollouts (migration 0013): a candidate drafter staged on live traffic, and every step the judge took.
 
 A rollout belongs to one deployment (the default, ``*``, or a ``[[proxy.routes]]`` model glob)
-whose sidecars have a candidate pool (``proxy.candidate_upstream``). Every sidecar reads the
+whose sidecars have a candidate pool (``proxy.candidate_upstream``), or whose embedded decoder has
+a candidate drafter (``decoder.candidate``, the default deployment). Every sidecar reads the
 deployment's active rollout from here, so a whole fleet sends the same share to the candidate; the
 scheduler's elected leader judges it (``monitor.proxy.rollout``) and writes each decision as a row
 of ``rollout_events``: one place for the CLI, the API, the alerts and the dashboard to read.
+
+The candidate's requests are stored under the rollout's ``drafter``; the current side's under the
+names in ``current_drafters`` (migration 0015): ``upstream`` behind a proxy, the portfolio's
+drafter kinds (``model``, ``ngram``) in the embedded decoder.
 
 Statuses: ``running`` (a step's share goes to the candidate), ``promoted`` (it serves everything,
 or, per workload, the workloads where it won), ``rolled_back`` and ``aborted`` (nothing any more).
@@ -46,6 +51,8 @@ EVENT_KINDS: Final = ("started", "advanced", "held", "kept", "rolled_back", "pro
 MAX_DRAFTER: Final = 256
 # The drafter the proxy stores its speculative pool's requests under (what it knows of the engine's drafter).
 CURRENT_DRAFTER: Final = "upstream"
+# The modes of a side's requests: every one it served, drafting or not; holdout requests are the plain baseline's.
+SERVED_MODES: Final = ("speculative", "plain")
 # A workload's place once decided: on the candidate (promoted where it won) or kept on the current drafter.
 Side = Literal["candidate", "current"]
 
@@ -68,6 +75,7 @@ class RolloutRow(Base):
     reason: Mapped[str] = mapped_column(String(1024))
     workloads: Mapped[dict[str, str]] = mapped_column(JSON)
     judgement: Mapped[dict[str, Any]] = mapped_column(JSON)
+    current_drafters: Mapped[list[str]] = mapped_column(JSON, server_default=text(f"'[\"{CURRENT_DRAFTER}\"]'"))
 
     __table_args__ = (
         Index("ix_rollouts_status", "status"),
@@ -116,6 +124,7 @@ class Rollout:
     reason: str = ""
     workloads: Mapping[str, Side] = field(default_factory=dict)
     judgement: Mapping[str, Any] = field(default_factory=dict)  # the newest judgement, by workload
+    current_drafters: tuple[str, ...] = (CURRENT_DRAFTER,)  # the names the current side's requests are stored under
     id: int | None = None
 
     @property
@@ -147,6 +156,11 @@ class Rollout:
     def active(self) -> bool:
         return self.status in ACTIVE
 
+    @property
+    def of_proxy(self) -> bool:
+        """Is it a proxy's rollout (its current side the ``upstream`` pool), not the embedded decoder's?"""
+        return self.current_drafters == (CURRENT_DRAFTER,)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "deployment": self.deployment, "drafter": self.drafter, "status": self.status,
@@ -155,6 +169,7 @@ class Rollout:
             "step_started_at": self.step_started_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None, "reason": self.reason,
             "workloads": dict(self.workloads), "judgement": dict(self.judgement),
+            "current_drafters": list(self.current_drafters),
         }  # fmt: skip
 
 
@@ -182,12 +197,13 @@ _EVENT_FIELDS: Final = tuple(RolloutEvent.__dataclass_fields__)
 def _values(rollout: Rollout) -> dict[str, Any]:
     values = {name: getattr(rollout, name) for name in _ROLLOUT_FIELDS}
     return {**values, "steps": list(rollout.steps), "workloads": dict(rollout.workloads),
-            "judgement": dict(rollout.judgement)}  # fmt: skip
+            "judgement": dict(rollout.judgement), "current_drafters": list(rollout.current_drafters)}  # fmt: skip
 
 
 def _rollout(row: Any) -> Rollout:
     values = {name: getattr(row, name) for name in _ROLLOUT_FIELDS}
-    return Rollout(**{**values, "steps": tuple(row.steps)}, id=row.id)
+    return Rollout(**{**values, "steps": tuple(row.steps), "current_drafters": tuple(row.current_drafters)},
+                   id=row.id)  # fmt: skip
 
 
 def insert_rollout(conn: Connection, rollout: Rollout) -> Rollout:
@@ -255,18 +271,21 @@ def rollout_events(
 
 
 def outcomes(
-    conn: Connection, drafter: str, start: datetime, end: datetime
-) -> dict[tuple[str, str, str | None], tuple[int, int]]:
-    """Per (workload, target, draft model), the speculative requests a pool ended in ``[start, end)``, and its failures.
+    conn: Connection, drafters: Sequence[str], start: datetime, end: datetime
+) -> dict[tuple[str, str, str, str | None], tuple[int, int]]:
+    """Per (workload, target, drafter, draft model), the requests a side served in ``[start, end)``, and its failures.
 
-    ``drafter`` is the proxy's name of a pool: ``upstream`` for the current one, the rollout's
-    drafter for the candidate.
+    ``drafters`` name one side of a rollout: its ``drafter`` for the candidate, its
+    ``current_drafters`` for the current one. A side's requests are those of :data:`SERVED_MODES`:
+    the embedded decoder's controller decodes a request plain where its drafter would not pay, and
+    leaving those out would compare each side's requests selected on their outcome.
     """
     r = RequestRow
     failed = func.sum(case((r.finish_reason == "error", 1), else_=0))
     query = (
-        select(r.workload, r.target_model, r.draft_model, func.count(), failed)
-        .where(r.ts_start >= start, r.ts_start < end, r.drafter == drafter, r.mode == "speculative")
-        .group_by(r.workload, r.target_model, r.draft_model)
+        select(r.workload, r.target_model, r.drafter, r.draft_model, func.count(), failed)
+        .where(r.ts_start >= start, r.ts_start < end, r.drafter.in_(drafters), r.mode.in_(SERVED_MODES))
+        .group_by(r.workload, r.target_model, r.drafter, r.draft_model)
     )
-    return {(w, target, draft): (int(n), int(errors or 0)) for w, target, draft, n, errors in conn.execute(query)}
+    return {(w, target, drafter, draft): (int(n), int(errors or 0))
+            for w, target, drafter, draft, n, errors in conn.execute(query)}  # fmt: skip

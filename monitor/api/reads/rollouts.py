@@ -135,7 +135,7 @@ def post_rollout(request: Request, body: Annotated[RolloutIn | None, Body()] = N
     settings = dataclasses.replace(state.settings.rollout, **changes)
     try:
         rollout = start_rollout(state.engine, state.settings.proxy, settings, datetime.now(UTC), route=body.route,
-                                candidate=body.candidate)  # fmt: skip
+                                candidate=body.candidate, embedded=state.settings.decoder.candidate)  # fmt: skip
     except RolloutError as error:
         if error.field is not None:
             raise _problem(error.field, str(error)) from None
