@@ -1,7 +1,8 @@
 """``draftwatch db upgrade | current | downgrade REV | partition | unpartition``: the schema, from the command line.
 
-``partition`` converts a PostgreSQL ``requests`` that held rows when migration 0014 ran to the
-partitioned layout online, ``unpartition`` back (monitor/store/repartition.py, docs/postgresql.md).
+``partition`` converts PostgreSQL tables that held rows when their partitioning migration ran
+(``requests``: 0014; ``rollup_minute`` and ``rollup_bins``: 0016) to the partitioned layout online,
+``unpartition`` back (monitor/store/repartition.py, docs/postgresql.md).
 """
 
 from __future__ import annotations
@@ -40,18 +41,20 @@ def register(subparsers: Any) -> None:
     downgrade.add_argument("revision", help="target revision, e.g. base or 0001")
     downgrade.set_defaults(handler=_downgrade)
 
-    for name, layout in (("partition", "partitioned by day"), ("unpartition", "unpartitioned (the way back)")):
+    for name, layout in (("partition", "partitioned by time"), ("unpartition", "unpartitioned (the way back)")):
         convert = commands.add_parser(
             name,
-            help=f"PostgreSQL: convert requests to the {layout} layout online, in batches, resumable",
-            description=f"Convert requests to the {layout} layout while the services run: a new table beside it, "
-            "the rows copied in batches by ts_start (run again to go on after an interruption), the rows written "
-            "meanwhile copied by triggers, then one short swap. docs/postgresql.md tells the whole story.",
+            help=f"PostgreSQL: convert requests and the rollups to the {layout} layout online, in batches, resumable",
+            description=f"Convert requests, rollup_minute and rollup_bins to the {layout} layout while the "
+            "services run, one table after the other: a new table beside it, the rows copied in batches by time "
+            "(run again to go on after an interruption), the rows written meanwhile copied by triggers, then one "
+            "short swap. docs/postgresql.md tells the whole story.",
         )
         convert.add_argument("--batch-rows", type=int, default=50_000, help="rows copied per transaction (about)")
         convert.add_argument("--max-batches", type=int, default=None, help="stop after so many batches (resume later)")
-        convert.add_argument("--keep-old", action="store_true", help="keep the old table as requests_old after it")
-        convert.add_argument("--abort", action="store_true", help="abandon a conversion under way (drops its table)")
+        convert.add_argument("--keep-old", action="store_true", help="keep each old table as TABLE_old after it")
+        convert.add_argument("--abort", action="store_true", help="abandon the conversions under way (drops their "
+                             "new tables)")  # fmt: skip
         convert.set_defaults(handler=_partition if name == "partition" else _unpartition)
 
 
@@ -103,10 +106,12 @@ def _convert(args: argparse.Namespace, *, partitioned: bool) -> int:
         from monitor.store import migrate, repartition
 
         if engine.dialect.name != "postgresql":
-            print(f"draftwatch {command}: only PostgreSQL partitions requests; SQLite keeps one table", file=sys.stderr)
+            print(f"draftwatch {command}: only PostgreSQL partitions tables; SQLite keeps one table each",
+                  file=sys.stderr)  # fmt: skip
             return 1
         if args.abort:
-            print("conversion abandoned" if repartition.abort(engine) else "no conversion under way")
+            abandoned = repartition.abort(engine)
+            print(f"conversion of {', '.join(abandoned)} abandoned" if abandoned else "no conversion under way")
             return 0
         if not migrate.is_current(engine):
             print(f"draftwatch {command}: the schema is not at the newest revision: run draftwatch db upgrade first",
@@ -122,28 +127,33 @@ def _convert(args: argparse.Namespace, *, partitioned: bool) -> int:
             keep_old=args.keep_old,
             progress=_Reporter(),
         )
+        layout = "partitioned" if partitioned else "unpartitioned"
         if outcome.state == "already":
-            print(f"requests is already {'partitioned' if partitioned else 'unpartitioned'}: nothing to do")
+            print(f"{', '.join(repartition.ALL_TABLES)} are already {layout}: nothing to do")
         elif outcome.state == "paused":
-            print(f"paused after {outcome.batches} batches ({outcome.rows_copied:,} rows): run {command} again")
+            print(f"paused in {outcome.tables[0]} after {outcome.batches} batches ({outcome.rows_copied:,} rows): "
+                  f"run {command} again")  # fmt: skip
         else:
-            print(f"requests is now {'partitioned' if partitioned else 'unpartitioned'} "
-                  f"({outcome.rows_copied:,} rows copied in this run)")  # fmt: skip
+            print(f"{', '.join(outcome.tables)} now {layout} ({outcome.rows_copied:,} rows copied in this run)")
         return 0
 
     return run_with_engine(args, command, act, upgrade=False)
 
 
 class _Reporter:
-    """Progress on the terminal: one line rewritten in place on a TTY, a line every 10 s otherwise."""
+    """Progress on the terminal: a line per table rewritten in place on a TTY, a line every 10 s otherwise."""
 
     def __init__(self) -> None:
         self.tty = sys.stdout.isatty()
         self.last = 0.0
+        self.table: str | None = None
 
     def __call__(self, progress: Progress) -> None:
         now = time.monotonic()
-        if now - self.last < (0.5 if self.tty else 10.0) and progress.fraction < 1:
+        changed = progress.table != self.table
+        if now - self.last < (0.5 if self.tty else 10.0) and progress.fraction < 1 and not changed:
             return
-        self.last = now
+        if self.tty and changed and self.table is not None:
+            print()  # the last table's line stays
+        self.last, self.table = now, progress.table
         print(("\r" if self.tty else "") + progress.line(), end="" if self.tty else "\n", flush=True)

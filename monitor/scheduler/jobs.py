@@ -32,7 +32,7 @@ from monitor.scheduler.health import evaluate_health
 from monitor.scheduler.lease import Lease, LeaseLostError
 from monitor.scheduler.models import JobRunRow
 from monitor.scheduler.retention import apply_retention
-from monitor.store.partitions import PartitionLockError, ensure_partitions
+from monitor.store.partitions import PartitionLockError, ensure_all_partitions
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
@@ -73,14 +73,14 @@ def health_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence)
 
 
 def retention_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
-    """The partitions of requests made ahead (PostgreSQL), then retention (which drops the expired ones)."""
+    """The partitions of requests and rollups made ahead (PostgreSQL), then retention (which drops the expired ones)."""
     now = datetime.now(UTC)
     # Ahead at least past this job's next run, so that records never wait in the default partition for it.
     interval_days = math.ceil(settings.scheduler.retention_interval / timedelta(days=1))
     ahead = max(settings.database.partitions_ahead_days, interval_days + 1)
     failed: PartitionLockError | None = None
     try:
-        created = ensure_partitions(engine, now, ahead, partition_days=settings.database.partition_days)
+        created = ensure_all_partitions(engine, now, ahead, partition_days=settings.database.partition_days)
     except PartitionLockError as error:  # retention still runs; the job is reported failed below
         created, failed = [], error
     detail = {**apply_retention(engine, settings.retention, now, fence), "partitions_created": len(created)}

@@ -13,17 +13,19 @@ transaction over a month of a busy fleet's requests would hold its locks and its
 leader's fence is checked in every one of them, so a replica that lost the lease stops after at most
 one more batch, and what was committed stays deleted.
 
-On PostgreSQL, where ``requests`` is partitioned by day (docs/postgresql.md), its expired days are
-not deleted row by row: each partition that ends before the cutoff is detached and dropped in a
-transaction of its own, fenced (:func:`monitor.store.partitions.drop_expired_partitions`). The
-partition holding the cutoff is kept whole until it has expired too (``retention.requests_edge``
-keep): deleting its expired rows at each run would, over its day, delete nearly all of them row by
-row, the WAL and bloat partitioning is there to avoid. With ``requests_edge`` delete they go by the
-batched delete, for retention exact to the minute. The default partition's expired rows always go by
+On PostgreSQL, where ``requests`` is partitioned by day and the rollups by week (docs/postgresql.md),
+their expired partitions are not deleted row by row: each partition that ends before the cutoff is
+detached and dropped in a transaction of its own, fenced
+(:func:`monitor.store.partitions.drop_expired_partitions`). The partition holding the cutoff is kept
+whole until it has expired too (for requests ``retention.requests_edge`` keep; always for the
+rollups): deleting its expired rows at each run would, over its days, delete nearly all of them row
+by row, the WAL and bloat partitioning is there to avoid. With ``requests_edge`` delete requests'
+go by the batched delete, for retention exact to the minute; rollups, additive counts kept 400 days
+by default, live up to a week past theirs instead. The default partitions' expired rows always go by
 the batched delete (no partition drop ever takes them). Should a partition stay locked past its
-attempts, the batched delete of requests is skipped this time (it would delete that whole day row by
-row) and the job fails, to run again on its next tick. While ``draftwatch db partition`` converts the
-table, requests are left alone.
+attempts, the batched delete of its table is skipped this time (it would delete that whole
+partition row by row) and the job fails, to run again on its next tick. While ``draftwatch db
+partition`` converts a table, that table is left alone.
 """
 
 from __future__ import annotations
@@ -41,11 +43,19 @@ from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
 from monitor.scheduler.settings import RetentionSettings
 from monitor.store.models import RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
-from monitor.store.partitions import PartitionLockError, drop_expired_partitions, is_partitioned, partition_start
+from monitor.store.partitions import (
+    TABLES,
+    PartitionLockError,
+    drop_expired_partitions,
+    is_partitioned,
+    partition_start,
+)
 from monitor.store.repartition import conversion_in_progress
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
+
+PARTITIONED = frozenset(t.name for t in TABLES)
 
 
 def apply_retention(
@@ -58,7 +68,7 @@ def apply_retention(
 ) -> dict[str, int]:
     """Delete what is past retention, in bounded transactions (see the module docstring); rows deleted per table.
 
-    ``by_partition`` False deletes expired requests row by row even from a partitioned table (what
+    ``by_partition`` False deletes expired rows row by row even from a partitioned table (what
     benchmarks/store_scale.py compares dropping partitions with).
     """
     plan: list[tuple[str, int, Any, Any]] = [
@@ -81,13 +91,13 @@ def apply_retention(
         if days <= 0:
             continue
         cutoff: datetime | None = now - timedelta(days=days)
-        if table == "requests":
+        if table in PARTITIONED:
+            edge = retention.requests_edge if table == "requests" else "keep"
             try:
-                cutoff = _drop_request_partitions(engine, cutoff, fence, deleted, drop=by_partition,
-                                                  edge=retention.requests_edge)  # fmt: skip
+                cutoff = _drop_partitions(engine, table, cutoff, fence, deleted, drop=by_partition, edge=edge)
             except PartitionLockError as error:
-                log.warning("retention: %s; requests are deleted on the next run", error)
-                failed = error
+                log.warning("retention: %s; %s is deleted on the next run", error, table)
+                failed = failed or error
                 continue
             if cutoff is None:
                 continue
@@ -99,26 +109,33 @@ def apply_retention(
     return deleted
 
 
-def _drop_request_partitions(
-    engine: Engine, cutoff: datetime, fence: Fence | None, deleted: dict[str, int], *, drop: bool, edge: str
+def _drop_partitions(
+    engine: Engine,
+    table: str,
+    cutoff: datetime,
+    fence: Fence | None,
+    deleted: dict[str, int],
+    *,
+    drop: bool,
+    edge: str,
 ) -> datetime | None:
-    """Drop requests' whole expired partitions (PostgreSQL, ``drop``); the cutoff left for the batched delete.
+    """Drop ``table``'s whole expired partitions (PostgreSQL, ``drop``); the cutoff left for the batched delete.
 
-    None: requests must not be deleted now. With ``edge`` keep, the cutoff moves back to the start of
-    the partition holding it, so that only the default partition's expired rows are deleted.
+    None: the table must not be deleted from now. With ``edge`` keep, the cutoff moves back to the
+    start of the partition holding it, so that only the default partition's expired rows are deleted.
     """
     if engine.dialect.name != "postgresql":
         return cutoff
     with engine.connect() as conn:
-        converting, partitioned = conversion_in_progress(conn), is_partitioned(conn)
-        edge_start = partition_start(conn, cutoff) if partitioned and drop and edge == "keep" else None
+        converting, partitioned = conversion_in_progress(conn, table), is_partitioned(conn, table)
+        edge_start = partition_start(conn, cutoff, table) if partitioned and drop and edge == "keep" else None
     if converting:
-        log.info("retention leaves requests alone while `draftwatch db partition` converts the table")
+        log.info("retention leaves %s alone while `draftwatch db partition` converts the table", table)
         return None
     if partitioned and drop:
-        dropped = drop_expired_partitions(engine, cutoff, fence)
-        deleted["requests_partitions_dropped"] = len(dropped)
-        deleted["requests_rows_dropped_estimate"] = sum(d.rows_estimate for d in dropped)
+        dropped = drop_expired_partitions(engine, cutoff, fence, parent=table)
+        deleted[f"{table}_partitions_dropped"] = len(dropped)
+        deleted[f"{table}_rows_dropped_estimate"] = sum(d.rows_estimate for d in dropped)
     return cutoff if edge_start is None else min(cutoff, edge_start)
 
 

@@ -5,8 +5,9 @@ directory, found next to the ``monitor`` package (the project runs installed in 
 Several replicas may start at once: on PostgreSQL, :func:`upgrade` and :func:`downgrade` hold a
 session-level advisory lock while Alembic runs, on SQLite an exclusive lock on a file next to the
 database, so one replica migrates and the others then find the schema current. On PostgreSQL
-:func:`upgrade` then makes the partitions of ``requests`` from today's to some days ahead
-(:func:`monitor.store.partitions.ensure_partitions`), outside that lock and without failing the start.
+:func:`upgrade` then makes the partitions of ``requests`` and of the rollups from today's to some days
+ahead (:func:`monitor.store.partitions.ensure_all_partitions`), outside that lock and without failing
+the start.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Connection, Engine
 
 from monitor.store.engine import sqlite_path
-from monitor.store.partitions import DEFAULT_AHEAD_DAYS, ensure_partitions
+from monitor.store.partitions import DEFAULT_AHEAD_DAYS, ensure_all_partitions
 from monitor.store.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,10 @@ def upgrade(
 ) -> str | None:
     """Migrate the database up to ``revision`` under the migration lock; returns the new revision.
 
-    On PostgreSQL the partitions of ``requests`` are then made ahead (``database``'s
-    ``partition_days`` and ``partitions_ahead_days``; without ``database``, the existing partitions'
-    width and the default days ahead). A failure there is logged, not raised: the default partition
-    takes the records meanwhile.
+    On PostgreSQL the partitions of ``requests`` and of the rollups are then made ahead (``database``'s
+    ``partitions_ahead_days``, and its ``partition_days`` for requests; without ``database``, the
+    existing partitions' width and the default days ahead). A failure there is logged, not raised:
+    the default partitions take the rows meanwhile.
     """
     with _migration_lock(engine) as conn:
         before = MigrationContext.configure(conn).get_current_revision()
@@ -93,9 +94,9 @@ def upgrade(
         try:
             ahead = DEFAULT_AHEAD_DAYS if database is None else database.partitions_ahead_days
             days = None if database is None else database.partition_days
-            ensure_partitions(engine, datetime.now(UTC), ahead, partition_days=days)
+            ensure_all_partitions(engine, datetime.now(UTC), ahead, partition_days=days)
         except Exception as error:  # the start goes on; the scheduler's retention job tries again
-            log.warning("could not create the partitions of requests ahead: %s", str(error).splitlines()[0])
+            log.warning("could not create the partitions ahead: %s", str(error).splitlines()[0])
     return after
 
 

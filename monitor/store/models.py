@@ -13,7 +13,8 @@ Tables:
 * ``rollup_minute`` and ``rollup_bins``: per-minute counts and sums per workload, pair and mode,
   plus fixed-bucket histograms (latency per output token, TTFT), per-position acceptance counts and
   acceptance by prompt-length bucket and output span (:mod:`monitor.store.lengths`), all additive
-  so that any range aggregates by summing.
+  so that any range aggregates by summing. On PostgreSQL both are partitioned by ``RANGE (bucket)``
+  (migration 0016), with the primary key ``(id, bucket)``; the rollup key holds ``bucket`` already.
 * ``recorder_batches``: one row per committed recorder batch; it makes spool replay exactly-once.
 """
 

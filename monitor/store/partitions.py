@@ -1,26 +1,30 @@
-"""The time partitions of ``requests`` on PostgreSQL: created ahead, dropped whole when expired.
+"""The time partitions of ``requests`` and of the rollups on PostgreSQL: created ahead, dropped whole when expired.
 
-On PostgreSQL ``requests`` is partitioned by ``RANGE (ts_start)`` (migration 0014 on an empty
-table, ``draftwatch db partition`` online on a populated one, :mod:`monitor.store.repartition`):
-one partition per ``database.partition_days`` days on a grid anchored at the Unix epoch (UTC
-midnights), named after its first day (``requests_p20261203``), plus ``requests_default``, which
-takes any record no partition's range holds (a clock far off, a spool replayed after its days'
-partitions were dropped), so that no record is ever refused for its timestamp. SQLite keeps one
-table: every function here does nothing there, and the code above the store is the same.
+On PostgreSQL ``requests`` is partitioned by ``RANGE (ts_start)`` and ``rollup_minute`` and
+``rollup_bins`` by ``RANGE (bucket)`` (:data:`TABLES`; migrations 0014 and 0016 on empty tables,
+``draftwatch db partition`` online on populated ones, :mod:`monitor.store.repartition`): one
+partition per so many days (``database.partition_days`` for requests, :data:`ROLLUP_PARTITION_DAYS`
+for the rollups) on a grid anchored at the Unix epoch (UTC midnights), named after its first day
+(``requests_p20261203``, ``rollup_bins_p20261203``), plus a default partition each
+(``requests_default``), which takes any row no partition's range holds (a clock far off, a spool
+replayed after its days' partitions were dropped), so that no record is ever refused for its
+timestamp. SQLite keeps one table each: every function here does nothing there, and the code above
+the store is the same.
 
-* :func:`ensure_partitions` creates the partitions from today's to ``ahead_days`` ahead that do not
-  exist, each as a plain table attached with ``ATTACH PARTITION`` (a SHARE UPDATE EXCLUSIVE lock on
-  ``requests``, which readers and writers do not wait for, and ACCESS EXCLUSIVE on the default
-  partition while PostgreSQL checks that it holds no row of the new range). Rows of that range that
-  landed in the default partition move into the new partition first, in the same transaction: PostgreSQL
-  refuses to attach a range the default partition has rows of. Only the gaps between existing
-  partitions are created, so a changed ``partition_days`` never overlaps what exists.
+* :func:`ensure_partitions` creates a table's partitions from today's to ``ahead_days`` ahead that do
+  not exist (:func:`ensure_all_partitions` every table's), each as a plain table attached with
+  ``ATTACH PARTITION`` (a SHARE UPDATE EXCLUSIVE lock on the parent, which readers and writers do
+  not wait for, and ACCESS EXCLUSIVE on the default partition while PostgreSQL checks that it holds
+  no row of the new range). Rows of that range that landed in the default partition move into the
+  new partition first, in the same transaction: PostgreSQL refuses to attach a range the default
+  partition has rows of. Only the gaps between existing partitions are created, so a changed width
+  never overlaps what exists.
 * :func:`drop_expired_partitions` detaches and drops each partition that lies entirely before the
   retention cutoff, each in its own transaction. ``DETACH`` and ``DROP`` take ACCESS EXCLUSIVE on
-  ``requests`` (and its default partition) for the few milliseconds of the catalog change: every
+  the parent (and its default partition) for the few milliseconds of the catalog change: every
   statement holds ``lock_timeout`` (:data:`DDL_LOCK_TIMEOUT_MS`), so that a long read in the way
-  makes it give up and retry rather than queue every writer behind it. The partial day at the
-  cutoff is left to retention's batched delete.
+  makes it give up and retry rather than queue every writer behind it. The partial partition at the
+  cutoff is retention's (:mod:`monitor.scheduler.retention`).
 
 Both serialise on a transaction-level advisory lock (:data:`PARTITION_LOCK_KEY`), so replicas
 running them at once create each partition once; the creation re-reads the partitions under it.
@@ -46,7 +50,13 @@ from monitor.store.types import Fence
 log = logging.getLogger(__name__)
 
 PARENT: Final = "requests"
-DEFAULT_PARTITION: Final = "requests_default"
+# The rollups are kept retention.rollups_days (400 by default) and read over windows of an hour to some weeks.
+# A week a partition makes about 58 of them per table: day-wide ones would make 400 (each opened, with its
+# indexes, by a plan that cannot prune, and counted against max_locks_per_transaction, at a plan time that grows
+# with them), month-wide ones would keep up to a month past retention behind the edge partition (at the
+# 2.5 million rollup_bins rows a day measured at 1M requests a day, 19 GB) and drop in steps of a month. A week
+# kept past 400 days is under 2 % more.
+ROLLUP_PARTITION_DAYS: Final = 7
 # "DRFTWTCP": the migrations' advisory key (monitor.store.migrate) with its last letter changed.
 PARTITION_LOCK_KEY: Final = 0x4452465457544350
 GRID_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -64,6 +74,39 @@ DEFAULT_ROWS_WARNING: Final = 100_000
 CONVERSION_SUFFIX: Final = "_next"
 _BOUND = re.compile(r"FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\)")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedTable:
+    """A table PostgreSQL partitions by ``RANGE (key)``, ``days`` wide (None: ``database.partition_days``)."""
+
+    name: str
+    key: str
+    days: int | None
+
+    @property
+    def default_partition(self) -> str:
+        return f"{self.name}_default"
+
+
+REQUESTS: Final = PartitionedTable(PARENT, "ts_start", None)
+ROLLUP_MINUTE: Final = PartitionedTable("rollup_minute", "bucket", ROLLUP_PARTITION_DAYS)
+ROLLUP_BINS: Final = PartitionedTable("rollup_bins", "bucket", ROLLUP_PARTITION_DAYS)
+TABLES: Final = (REQUESTS, ROLLUP_MINUTE, ROLLUP_BINS)
+
+
+def table_of(parent: str) -> PartitionedTable:
+    """The partitioned table ``parent`` is, or whose online conversion builds it (``rollup_bins_next``).
+
+    >>> table_of("rollup_bins_next").key
+    'bucket'
+    """
+    name = parent.removesuffix(CONVERSION_SUFFIX)
+    for table in TABLES:
+        if table.name == name:
+            return table
+    raise ValueError(f"{parent!r} is not a table draftwatch partitions: expected one of "
+                     f"{', '.join(t.name for t in TABLES)}")  # fmt: skip
 
 
 class PartitionLockError(RuntimeError):
@@ -93,7 +136,7 @@ class Dropped:
     rows_estimate: int
 
 
-def partition_name(start: datetime) -> str:
+def partition_name(start: datetime, parent: str = PARENT) -> str:
     """``requests_p20261203``; a start off midnight (never made here) gets its time too.
 
     The partitions of the table an online conversion builds beside ``requests`` have the same names
@@ -101,10 +144,12 @@ def partition_name(start: datetime) -> str:
 
     >>> partition_name(datetime(2026, 12, 3, tzinfo=UTC))
     'requests_p20261203'
+    >>> partition_name(datetime(2026, 12, 3, tzinfo=UTC), "rollup_bins_next")
+    'rollup_bins_p20261203'
     """
     start = start.astimezone(UTC)
     suffix = f"{start:%Y%m%d}" if start.time() == datetime.min.time() else f"{start:%Y%m%d_%H%M%S}"
-    return f"{PARENT}_p{suffix}"
+    return f"{table_of(parent).name}_p{suffix}"
 
 
 def grid_start(ts: datetime, days: int) -> datetime:
@@ -250,7 +295,8 @@ def create_partition(conn: Connection, start: datetime, end: datetime, parent: s
     range the default partition holds rows of); returns how many moved. The caller holds
     :func:`ddl_session`'s settings and has checked that the range overlaps no partition.
     """
-    name = partition_name(start)
+    name = partition_name(start, parent)
+    key = table_of(parent).key
     default = next((p.name for p in list_partitions(conn, parent) if p.is_default), None)
     conn.execute(text(f"CREATE TABLE {name} (LIKE {parent} INCLUDING DEFAULTS)"))
     moved = 0
@@ -261,7 +307,7 @@ def create_partition(conn: Connection, start: datetime, end: datetime, parent: s
         moved = int(
             conn.execute(
                 text(
-                    f"WITH moved AS (DELETE FROM {default} WHERE ts_start >= :start AND ts_start < :end "
+                    f"WITH moved AS (DELETE FROM {default} WHERE {key} >= :start AND {key} < :end "
                     f"RETURNING {columns}) INSERT INTO {name} ({columns}) SELECT {columns} FROM moved"
                 ),
                 {"start": start, "end": end},
@@ -270,18 +316,18 @@ def create_partition(conn: Connection, start: datetime, end: datetime, parent: s
         )
     bounds = f"FROM ('{bound_literal(start)}') TO ('{bound_literal(end)}')"
     conn.execute(text(f"ALTER TABLE {parent} ATTACH PARTITION {name} FOR VALUES {bounds}"))
-    name_partition_indexes(conn, name)
+    name_partition_indexes(conn, name, parent)
     return moved
 
 
-def name_partition_indexes(conn: Connection, partition: str) -> None:
-    """Name each index of ``partition`` after its parent's index: ``ix_requests_workload_ts_p20261203``.
+def name_partition_indexes(conn: Connection, partition: str, parent: str = PARENT) -> None:
+    """Name each index of ``partition`` of ``parent`` after the parent's: ``ix_requests_workload_ts_p20261203``.
 
     PostgreSQL names them after the columns; these names say in a plan which index of the table
     served, as on the unpartitioned table. A parent index still named ``..._next`` (an online
     conversion, :mod:`monitor.store.repartition`) gives the name it will have after the swap.
     """
-    suffix = partition.removeprefix(f"{PARENT}_")
+    suffix = partition.removeprefix(f"{table_of(parent).name}_")
     rows = conn.execute(
         text(
             "SELECT child.relname, parent.relname FROM pg_index i "
@@ -328,12 +374,35 @@ def ensure_partitions(
     return created
 
 
+def ensure_all_partitions(
+    engine: Engine, now: datetime, ahead_days: int, *, partition_days: int | None = None
+) -> list[str]:
+    """:func:`ensure_partitions` for every table of :data:`TABLES`, each at its width; returns the names made.
+
+    ``partition_days`` is requests' width (None keeps its newest partition's). A table whose locks
+    stayed held does not keep the others from getting theirs: its :class:`PartitionLockError` is
+    raised after them.
+    """
+    created: list[str] = []
+    failed: PartitionLockError | None = None
+    for table in TABLES:
+        try:
+            created += ensure_partitions(engine, now, ahead_days, partition_days=table.days or partition_days,
+                                         parent=table.name)  # fmt: skip
+        except PartitionLockError as error:
+            log.warning("%s", error)
+            failed = failed or error
+    if failed is not None:
+        raise failed
+    return created
+
+
 def create_missing(conn: Connection, start: datetime, end: datetime, parent: str) -> list[str]:
     # Under the advisory lock: another replica may have created this range since it was read.
     made = []
     for gap_start, gap_end in list(gaps(start, end, list_partitions(conn, parent))):
         moved = create_partition(conn, gap_start, gap_end, parent)
-        name = partition_name(gap_start)
+        name = partition_name(gap_start, parent)
         if moved:
             log.info("partition %s of %s created [%s, %s), %d rows moved into it from the default partition", name,
                      parent, bound_literal(gap_start), bound_literal(gap_end), moved)  # fmt: skip
@@ -342,17 +411,15 @@ def create_missing(conn: Connection, start: datetime, end: datetime, parent: str
                      bound_literal(gap_end))  # fmt: skip
         made.append(name)
     if made:
-        _warn_of_default(conn)
+        _warn_of_default(conn, table_of(parent).default_partition)
     return made
 
 
-def _warn_of_default(conn: Connection) -> None:
-    rows = conn.execute(
-        text("SELECT reltuples FROM pg_class WHERE oid = to_regclass(:d)"), {"d": DEFAULT_PARTITION}
-    ).scalar()
+def _warn_of_default(conn: Connection, default: str) -> None:
+    rows = conn.execute(text("SELECT reltuples FROM pg_class WHERE oid = to_regclass(:d)"), {"d": default}).scalar()
     if rows is not None and rows > DEFAULT_ROWS_WARNING:
         log.warning("the default partition %s holds about %d rows: it is scanned each time a partition is created; "
-                    "see docs/postgresql.md", DEFAULT_PARTITION, int(rows))  # fmt: skip
+                    "see docs/postgresql.md", default, int(rows))  # fmt: skip
 
 
 def drop_expired_partitions(

@@ -1,8 +1,11 @@
-"""``requests`` converted between its plain and its partitioned layout online (PostgreSQL).
+"""Tables converted between their plain and their partitioned layout online (PostgreSQL).
 
 ``draftwatch db partition`` converts an installation whose ``requests`` held rows when migration
-0014 ran (which converts only an empty table); ``draftwatch db unpartition`` is the way back. Both
-run :func:`convert`, in three steps, each its own short transaction or series of them:
+0014 ran, or whose rollups (``rollup_minute``, ``rollup_bins``) held rows when 0016 ran (both
+convert only empty tables); ``draftwatch db unpartition`` is the way back. :func:`convert` takes
+each table of :data:`CONVERTIBLE` in turn (requests first), in three steps, each its own short
+transaction or series of them; the names below are requests', a rollup table's are its own
+(``rollup_bins_next``, ``rollup_bins_conversion``):
 
 1. **Prepare** (one transaction): the new table ``requests_next`` beside ``requests``, in the other
    layout, with the same columns and id sequence, its keys and every secondary index of
@@ -10,27 +13,34 @@ run :func:`convert`, in three steps, each its own short transaction or series of
    partition and the partitions from today to ``ahead_days`` ahead. Statement-level triggers on
    ``requests`` copy every row inserted (and delete every row deleted) from then on into the new
    table, through their transition tables, so rows written during the conversion are there when it
-   ends. The range of ``ts_start`` to copy is read after the triggers exist: every row committed
-   before them lies in it. The state (how far the copy got) is the row of ``requests_conversion``.
-2. **Copy**, in batches by ``ts_start`` ranges, oldest first, each a transaction that copies one
-   range (``INSERT ... SELECT ... ON CONFLICT DO NOTHING``: a row the triggers copied already is
-   skipped) and moves the state's watermark past it. A range's width adapts so that a batch copies
-   about ``batch_rows`` rows; ranges without rows are skipped through the ``(workload, ts_start)``
-   index. Interrupted anywhere (Ctrl-C, a kill, ``max_batches``), the next run goes on from the
+   ends. The range of the partition key to copy is read after the triggers exist: every row
+   committed before them lies in it. The state (how far the copy got) is the row of
+   ``requests_conversion``.
+2. **Copy**, in batches by ranges of the partition key, oldest first, each a transaction that
+   copies one range (``INSERT ... SELECT ... ON CONFLICT DO NOTHING``: a row the triggers copied
+   already is skipped) and moves the state's watermark past it. A range's width adapts so that a
+   batch copies about ``batch_rows`` rows; ranges without rows are skipped through an index.
+   Interrupted anywhere (Ctrl-C, a kill, ``max_batches``), the next run goes on from the
    watermark. The partitions a range needs are created before it is copied.
 3. **Swap** (one transaction, ``ACCESS EXCLUSIVE`` on ``requests`` for a few catalog changes):
    the triggers dropped, the sequence handed to the new table, the old table dropped (or kept as
    ``requests_old`` with ``keep_old``), the new one renamed ``requests`` with its indexes' and
    keys' final names. Writers wait for it, not longer than the swap takes: no row is copied there.
 
-While a conversion is under way the application goes on writing and reading ``requests`` as
-before (its inserts cost about twice as much: each row is written twice), and retention leaves
-requests alone (:func:`conversion_in_progress`). A conversion can be abandoned with :func:`abort`,
-which drops what the preparation made. Rows are never updated by draftwatch, so updates are not
-copied; a ``TRUNCATE`` of ``requests`` during a conversion is not either.
+Rows of ``requests`` are never updated by draftwatch, so updates are not copied there. Rollup rows
+are (the writer adds each batch's counts into its minutes' rows): on a rollup table a third trigger
+copies each updated row as it now is, by the rollup key (``INSERT ... ON CONFLICT (key) DO UPDATE``),
+so that the copy and the triggers meet on that key: whichever inserts a row second waits for the
+first and then skips it (the copy) or overwrites it with the newer row (a trigger). Both insert in
+key order, so that they never wait for each other in a cycle.
 
-Converting back to the plain layout keeps one row per request id: two rows with the same id and
-different starts (which the partitioned table's unique key allows) keep the one copied first.
+While a table is converted the application goes on writing and reading it as before (its writes
+cost about twice as much: each row is written twice), and retention leaves that table alone
+(:func:`conversion_in_progress`). A conversion can be abandoned with :func:`abort`, which drops
+what the preparations made. A ``TRUNCATE`` during a conversion is not copied.
+
+Converting requests back to the plain layout keeps one row per request id: two rows with the same
+id and different starts (which the partitioned table's unique key allows) keep the one copied first.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -48,10 +58,14 @@ from typing import Final
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from monitor.store.models import ROLLUP_KEY
 from monitor.store.partitions import (
     CONVERSION_SUFFIX,
-    DEFAULT_PARTITION,
-    PARENT,
+    REQUESTS,
+    ROLLUP_BINS,
+    ROLLUP_MINUTE,
+    PartitionedTable,
+    columns_of,
     create_missing,
     ddl_session,
     ensure_partitions,
@@ -63,9 +77,6 @@ from monitor.store.partitions import (
 
 log = logging.getLogger(__name__)
 
-TARGET: Final = PARENT + CONVERSION_SUFFIX  # requests_next
-STATE: Final = "requests_conversion"
-MIRROR: Final = "requests_conversion_mirror"
 OLD_SUFFIX: Final = "_old"
 # "DRFTWTCC": one conversion at a time (a session-level lock, held while a run copies).
 CONVERSION_LOCK_KEY: Final = 0x4452465457544343
@@ -74,16 +85,74 @@ FIRST_STEP: Final = timedelta(minutes=10)
 _INDEX = re.compile(r"^CREATE (UNIQUE )?INDEX (\S+) ON (ONLY )?(\S+) USING ")
 
 
+@dataclass(frozen=True, slots=True)
+class Convertible:
+    """What converting one table takes beyond its partitioning: its unique key per layout, how its rows change.
+
+    ``unique`` maps the layout (partitioned or not) to the unique key's name and columns. ``updated``:
+    its rows are updated in place (the rollups' upsert), so the triggers copy updates too, by the
+    unique key, which must then be the same in both layouts. ``loose_bounds``: the partition key has
+    no btree index leading with it (requests' is a BRIN), so its first and last value are found
+    through the ``(workload, key)`` index, one probe per workload.
+    """
+
+    table: PartitionedTable
+    unique: dict[bool, tuple[str, str]]
+    updated: bool
+    loose_bounds: bool
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    @property
+    def target(self) -> str:
+        return self.name + CONVERSION_SUFFIX
+
+    @property
+    def state(self) -> str:
+        return f"{self.name}_conversion"
+
+    @property
+    def mirror(self) -> str:
+        return f"{self.name}_conversion_mirror"
+
+
+def _rollup(table: PartitionedTable, key: tuple[str, ...]) -> Convertible:
+    unique = (f"uq_{table.name}_key", ", ".join(key))
+    return Convertible(table, {True: unique, False: unique}, updated=True, loose_bounds=False)
+
+
+CONVERTIBLE: Final = {
+    c.name: c
+    for c in (
+        Convertible(
+            REQUESTS,
+            {
+                True: ("uq_requests_request_id_ts_start", "request_id, ts_start"),
+                False: ("uq_requests_request_id", "request_id"),
+            },
+            updated=False,
+            loose_bounds=True,
+        ),
+        _rollup(ROLLUP_MINUTE, ROLLUP_KEY),
+        _rollup(ROLLUP_BINS, (*ROLLUP_KEY, "metric", "bin")),
+    )
+}
+ALL_TABLES: Final = tuple(CONVERTIBLE)  # in the order a conversion takes them
+
+
 class ConversionError(RuntimeError):
     """The conversion cannot run: not PostgreSQL, another one running, one in the other direction under way."""
 
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """Where a conversion stands after a batch."""
+    """Where a table's conversion stands after a batch."""
 
+    table: str
     rows_copied: int
-    rows_estimate: int | None  # rows of requests by the statistics (reltuples), None before any ANALYZE
+    rows_estimate: int | None  # rows of the table by the statistics (reltuples), None before any ANALYZE
     watermark: datetime
     first: datetime
     end: datetime
@@ -111,27 +180,31 @@ class Progress:
         return None
 
     def line(self) -> str:
-        """``copied 1,234,567 of about 9,876,543 rows (12.5 %), 45,678 rows/s, ETA 0:03:12, up to 2026-11-05 13:00``."""
+        """``requests: copied 1,234,567 of about 9,876,543 rows (12.5 %), 45,678 rows/s, ETA 0:03:12, up to ...``."""
         of = f" of about {self.rows_estimate:,}" if self.rows_estimate else ""
         eta = "-" if self.eta_s is None else str(timedelta(seconds=round(self.eta_s)))
-        return (f"copied {self.rows_copied:,}{of} rows ({100 * self.fraction:.1f} %), {self.rows_per_s:,.0f} rows/s, "
-                f"ETA {eta}, up to {self.watermark:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+        return (f"{self.table}: copied {self.rows_copied:,}{of} rows ({100 * self.fraction:.1f} %), "
+                f"{self.rows_per_s:,.0f} rows/s, ETA {eta}, up to {self.watermark:%Y-%m-%d %H:%M:%S}")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a run ended: ``converted``, ``paused`` (``max_batches`` reached; run again) or ``already``."""
+    """How a run ended: ``converted``, ``paused`` (``max_batches`` reached; run again) or ``already``.
+
+    ``tables`` are those this run swapped (``converted``), or the one it paused in.
+    """
 
     state: str
     rows_copied: int
     batches: int
+    tables: tuple[str, ...] = ()
 
 
-def conversion_in_progress(conn: Connection) -> bool:
-    """Whether an online conversion of ``requests`` is under way (its state table exists); False on SQLite."""
+def conversion_in_progress(conn: Connection, table: str = REQUESTS.name) -> bool:
+    """Whether an online conversion of ``table`` is under way (its state table exists); False on SQLite."""
     if conn.dialect.name != "postgresql":
         return False
-    return conn.execute(text("SELECT to_regclass(:t)"), {"t": STATE}).scalar() is not None
+    return conn.execute(text("SELECT to_regclass(:t)"), {"t": CONVERTIBLE[table].state}).scalar() is not None
 
 
 def convert(
@@ -144,52 +217,80 @@ def convert(
     max_batches: int | None = None,
     keep_old: bool = False,
     progress: Callable[[Progress], None] | None = None,
+    tables: Sequence[str] = ALL_TABLES,
 ) -> Outcome:
-    """Convert ``requests`` to the partitioned layout (``partitioned``) or back, online; see the module docstring."""
+    """Convert ``tables`` to the partitioned layout (``partitioned``) or back, online; see the module docstring.
+
+    ``partition_days`` is the width of requests' partitions (the rollups have theirs). Tables are
+    converted one after the other; ``max_batches`` counts the batches of all of them, and a run that
+    reaches it stops in the table it was copying.
+    """
     if engine.dialect.name != "postgresql":
-        raise ConversionError("only PostgreSQL partitions requests; SQLite keeps one table")
+        raise ConversionError("only PostgreSQL partitions tables; SQLite keeps one table each")
+    wanted = "partition" if partitioned else "unpartition"
+    converted: list[str] = []
+    paused: str | None = None
+    copied = batches = 0
     with _conversion_lock(engine):
         with engine.connect() as conn:
-            converting = conversion_in_progress(conn)
-            already = is_partitioned(conn) == partitioned
-            direction = _direction(conn) if converting else None
-        wanted = "partition" if partitioned else "unpartition"
-        if direction is not None and direction != wanted:
-            raise ConversionError(f"a conversion ({direction}) is under way: finish it, or abandon it with --abort")
-        if not converting:
-            if already:
-                return Outcome("already", 0, 0)
-            with_ddl_retries(engine, "preparing the conversion", lambda c: _prepare(c, partitioned, ahead_days))
-        copied, batches = _copy(engine, partitioned, partition_days, batch_rows, max_batches, progress)
-        with engine.connect() as conn:
-            watermark, end, *_ = _state(conn)
-        if watermark < end:
-            return Outcome("paused", copied, batches)
-        with_ddl_retries(engine, "swapping the tables", lambda c: _swap(c, keep_old))
-        log.info("requests converted (%s): %d rows copied in this run", wanted, copied)
+            for name in tables:
+                if conversion_in_progress(conn, name) and (direction := _direction(conn, name)) != wanted:
+                    raise ConversionError(f"a conversion of {name} ({direction}) is under way: finish it, or "
+                                          "abandon it with --abort")  # fmt: skip
+        for name in tables:
+            table = CONVERTIBLE[name]
+            width = table.table.days or partition_days
+            with engine.connect() as conn:
+                converting, already = conversion_in_progress(conn, name), is_partitioned(conn, name) == partitioned
+            budget = None if max_batches is None else max_batches - batches
+            if not converting:
+                if already:
+                    continue
+                if budget is not None and budget <= 0:  # not begun: nothing of it to write twice meanwhile
+                    paused = name
+                    break
+                prepare = partial(_prepare, table=table, partitioned=partitioned, width=width, ahead_days=ahead_days)
+                with_ddl_retries(engine, f"preparing the conversion of {name}", prepare)
+            rows, done = _copy(engine, table, partitioned, width, batch_rows, budget, progress)
+            copied, batches = copied + rows, batches + done
+            with engine.connect() as conn:
+                watermark, end, *_ = _state(conn, table)
+            if watermark < end:
+                paused = name
+                break
+            with_ddl_retries(engine, f"swapping {name}", partial(_swap, table=table, keep_old=keep_old))
+            log.info("%s converted (%s): %d rows copied in this run", name, wanted, rows)
+            converted.append(name)
     if partitioned:
-        ensure_partitions(engine, datetime.now(UTC), ahead_days, partition_days=partition_days)
-    return Outcome("converted", copied, batches)
+        for name in converted:
+            width = CONVERTIBLE[name].table.days or partition_days
+            ensure_partitions(engine, datetime.now(UTC), ahead_days, partition_days=width, parent=name)
+    if paused is not None:
+        return Outcome("paused", copied, batches, (paused,))
+    return Outcome("converted" if converted else "already", copied, batches, tuple(converted))
 
 
-def abort(engine: Engine) -> bool:
-    """Abandon a conversion under way: its triggers, new table and state dropped; False when none was."""
+def abort(engine: Engine, tables: Sequence[str] = ALL_TABLES) -> list[str]:
+    """Abandon the conversions under way: their triggers, new tables and states dropped; returns their tables."""
     if engine.dialect.name != "postgresql":
-        return False
+        return []
+    abandoned = []
     with _conversion_lock(engine):
+        for name in tables:
+            table = CONVERTIBLE[name]
 
-        def drop(conn: Connection) -> bool:
-            if not conversion_in_progress(conn):
-                return False
-            conn.execute(text(f"DROP FUNCTION {MIRROR}() CASCADE"))  # and the triggers calling it
-            conn.execute(text(f"DROP TABLE {TARGET}"))
-            conn.execute(text(f"DROP TABLE {STATE}"))
-            return True
+            def drop(conn: Connection, table: Convertible = table) -> bool:
+                if not conversion_in_progress(conn, table.name):
+                    return False
+                conn.execute(text(f"DROP FUNCTION {table.mirror}() CASCADE"))  # and the triggers calling it
+                conn.execute(text(f"DROP TABLE {table.target}"))
+                conn.execute(text(f"DROP TABLE {table.state}"))
+                return True
 
-        dropped = with_ddl_retries(engine, "abandoning the conversion", drop)
-    if dropped:
-        log.info("the conversion of requests under way was abandoned; requests is as it was")
-    return dropped
+            if with_ddl_retries(engine, f"abandoning the conversion of {name}", drop):
+                log.info("the conversion of %s under way was abandoned; %s is as it was", name, name)
+                abandoned.append(name)
+    return abandoned
 
 
 @contextlib.contextmanager
@@ -206,25 +307,14 @@ def _conversion_lock(engine: Engine) -> Iterator[None]:
             conn.commit()
 
 
-def _direction(conn: Connection) -> str:
-    return str(conn.execute(text(f"SELECT direction FROM {STATE}")).scalar_one())
+def _direction(conn: Connection, name: str) -> str:
+    return str(conn.execute(text(f"SELECT direction FROM {CONVERTIBLE[name].state}")).scalar_one())
 
 
-def _state(conn: Connection) -> tuple[datetime, datetime, datetime, timedelta, int]:
-    """The watermark, the end of the range to copy, its first start, the step and the rows copied so far."""
-    row = conn.execute(text(f"SELECT watermark, end_ts, first_ts, step_s, rows_copied FROM {STATE}")).one()
+def _state(conn: Connection, table: Convertible) -> tuple[datetime, datetime, datetime, timedelta, int]:
+    """The watermark, the end of the range to copy, its first key, the step and the rows copied so far."""
+    row = conn.execute(text(f"SELECT watermark, end_ts, first_ts, step_s, rows_copied FROM {table.state}")).one()
     return row[0], row[1], row[2], timedelta(seconds=row[3]), int(row[4])
-
-
-def _columns(conn: Connection) -> str:
-    rows = conn.execute(
-        text(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0 AND NOT attisdropped "
-            "ORDER BY attnum"
-        ),
-        {"t": PARENT},
-    )
-    return ", ".join(r[0] for r in rows)
 
 
 def _secondary_indexes(conn: Connection, table: str) -> list[str]:
@@ -239,68 +329,78 @@ def _secondary_indexes(conn: Connection, table: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def _bounds(conn: Connection, after: datetime | None = None) -> tuple[datetime | None, datetime | None]:
-    """The first and last ``ts_start`` of ``requests`` (from ``after`` on), read through the (workload, ts_start) index.
+def _bounds(
+    conn: Connection, table: Convertible, after: datetime | None = None
+) -> tuple[datetime | None, datetime | None]:
+    """The first (from ``after`` on) and the last value of ``table``'s partition key.
 
-    A loose index scan: one probe per workload for the next workload, one for its first and last
-    start, where ``min(ts_start)`` would read the whole table (its own index on ts_start is a BRIN).
+    Requests' through the (workload, ts_start) index, by a loose index scan: one probe per workload
+    for the next workload, one for its first and last start, where ``min(ts_start)`` would read the
+    whole table (its own index on ts_start is a BRIN). A rollup table's unique key leads with its
+    bucket: two probes.
     """
-    floor = "AND r.ts_start >= :after" if after is not None else ""
-    row = conn.execute(
-        text(
-            f"""
+    name, key = table.name, table.table.key
+    floor = f"AND r.{key} >= :after" if after is not None else ""
+    if table.loose_bounds:
+        query = f"""
             WITH RECURSIVE w(workload) AS (
-                SELECT min(workload) FROM {PARENT}
+                SELECT min(workload) FROM {name}
                 UNION ALL
-                SELECT (SELECT min(workload) FROM {PARENT} WHERE workload > w.workload) FROM w
+                SELECT (SELECT min(workload) FROM {name} WHERE workload > w.workload) FROM w
                 WHERE w.workload IS NOT NULL
             )
-            SELECT min((SELECT min(ts_start) FROM {PARENT} r WHERE r.workload = w.workload {floor})),
-                   max((SELECT max(ts_start) FROM {PARENT} r WHERE r.workload = w.workload))
+            SELECT min((SELECT min({key}) FROM {name} r WHERE r.workload = w.workload {floor})),
+                   max((SELECT max({key}) FROM {name} r WHERE r.workload = w.workload))
             FROM w WHERE w.workload IS NOT NULL
             """
-        ),
-        {"after": after} if after is not None else {},
-    ).one()
+    else:
+        query = f"SELECT (SELECT min({key}) FROM {name} r WHERE true {floor}), (SELECT max({key}) FROM {name})"
+    row = conn.execute(text(query), {"after": after} if after is not None else {}).one()
     return row[0], row[1]
 
 
-def _prepare(conn: Connection, partitioned: bool, ahead_days: int) -> None:
-    if conn.execute(text("SELECT to_regclass(:t)"), {"t": TARGET}).scalar() is not None:
-        raise ConversionError(f"a table {TARGET} exists (not made by a conversion under way): drop it first")
-    if is_partitioned(conn) == partitioned:
+def _prepare(conn: Connection, table: Convertible, partitioned: bool, width: int, ahead_days: int) -> None:
+    name, target, key = table.name, table.target, table.table.key
+    if conn.execute(text("SELECT to_regclass(:t)"), {"t": target}).scalar() is not None:
+        raise ConversionError(f"a table {target} exists (not made by a conversion under way): drop it first")
+    if is_partitioned(conn, name) == partitioned:
         return
-    columns = _columns(conn)
-    indexes = _secondary_indexes(conn, PARENT)
-    layout = " PARTITION BY RANGE (ts_start)" if partitioned else ""
-    conn.execute(text(f"CREATE TABLE {TARGET} (LIKE {PARENT} INCLUDING DEFAULTS){layout}"))
-    keys = ("PRIMARY KEY (id, ts_start)", "UNIQUE (request_id, ts_start)", "uq_requests_request_id_ts_start")
-    if not partitioned:
-        keys = ("PRIMARY KEY (id)", "UNIQUE (request_id)", "uq_requests_request_id")
-    conn.execute(text(f"ALTER TABLE {TARGET} ADD CONSTRAINT pk_{PARENT}{CONVERSION_SUFFIX} {keys[0]}"))
-    conn.execute(text(f"ALTER TABLE {TARGET} ADD CONSTRAINT {keys[2]}{CONVERSION_SUFFIX} {keys[1]}"))
+    columns = ", ".join(columns_of(conn, name))
+    indexes = _secondary_indexes(conn, name)
+    layout = f" PARTITION BY RANGE ({key})" if partitioned else ""
+    conn.execute(text(f"CREATE TABLE {target} (LIKE {name} INCLUDING DEFAULTS){layout}"))
+    primary = f"PRIMARY KEY (id, {key})" if partitioned else "PRIMARY KEY (id)"
+    unique, unique_columns = table.unique[partitioned]
+    conn.execute(text(f"ALTER TABLE {target} ADD CONSTRAINT pk_{name}{CONVERSION_SUFFIX} {primary}"))
+    conn.execute(text(f"ALTER TABLE {target} ADD CONSTRAINT {unique}{CONVERSION_SUFFIX} UNIQUE ({unique_columns})"))
     for definition in indexes:
         match = _INDEX.match(definition)
         if match is None or (partitioned and match.group(1)):
             log.warning("index not carried over to the %s layout: %s", "partitioned" if partitioned else "plain",
                         definition)  # fmt: skip
             continue
-        name = match.group(2).strip('"')
+        index = match.group(2).strip('"')
         rest = definition[match.end() :]
-        conn.execute(text(f'CREATE {match.group(1) or ""}INDEX "{name}{CONVERSION_SUFFIX}" ON {TARGET} USING {rest}'))
+        conn.execute(text(f'CREATE {match.group(1) or ""}INDEX "{index}{CONVERSION_SUFFIX}" ON {target} USING {rest}'))
     if partitioned:
-        conn.execute(text(f"CREATE TABLE {DEFAULT_PARTITION} PARTITION OF {TARGET} DEFAULT"))
-        name_partition_indexes(conn, DEFAULT_PARTITION)
+        conn.execute(text(f"CREATE TABLE {table.table.default_partition} PARTITION OF {target} DEFAULT"))
+        name_partition_indexes(conn, table.table.default_partition, target)
+    if table.updated:  # the rows as they are now, in key order (see the module docstring)
+        kept = {"id", *unique_columns.split(", ")}
+        updates = ", ".join(f"{c} = excluded.{c}" for c in columns.split(", ") if c not in kept)
+        insert = (f"INSERT INTO {target} ({columns}) SELECT {columns} FROM mirrored_new ORDER BY {unique_columns} "
+                  f"ON CONFLICT ({unique_columns}) DO UPDATE SET {updates}")  # fmt: skip
+    else:
+        insert = f"INSERT INTO {target} ({columns}) SELECT {columns} FROM mirrored_new ON CONFLICT DO NOTHING"
     conn.execute(
         text(
             f"""
-            CREATE FUNCTION {MIRROR}() RETURNS trigger LANGUAGE plpgsql AS $$
+            CREATE FUNCTION {table.mirror}() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
-                IF TG_OP = 'INSERT' THEN
-                    INSERT INTO {TARGET} ({columns}) SELECT {columns} FROM mirrored_new
-                    ON CONFLICT DO NOTHING;
+                IF TG_OP = 'DELETE' THEN
+                    DELETE FROM {target} t USING mirrored_old o WHERE t.id = o.id AND t.{key} = o.{key};
                 ELSE
-                    DELETE FROM {TARGET} t USING mirrored_old o WHERE t.id = o.id AND t.ts_start = o.ts_start;
+                    {insert};
                 END IF;
                 RETURN NULL;
             END $$
@@ -308,25 +408,23 @@ def _prepare(conn: Connection, partitioned: bool, ahead_days: int) -> None:
         )
     )
     # Taking these triggers' lock waits for the writes in flight: every row committed before is visible below.
-    conn.execute(
-        text(
-            f"CREATE TRIGGER {MIRROR}_insert AFTER INSERT ON {PARENT} REFERENCING NEW TABLE AS mirrored_new "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION {MIRROR}()"
+    events = [("insert", "INSERT", "NEW TABLE AS mirrored_new"), ("delete", "DELETE", "OLD TABLE AS mirrored_old")]
+    if table.updated:
+        events.append(("update", "UPDATE", "NEW TABLE AS mirrored_new"))
+    for suffix, event, transition in events:
+        conn.execute(
+            text(
+                f"CREATE TRIGGER {table.mirror}_{suffix} AFTER {event} ON {name} REFERENCING {transition} "
+                f"FOR EACH STATEMENT EXECUTE FUNCTION {table.mirror}()"
+            )
         )
-    )
-    conn.execute(
-        text(
-            f"CREATE TRIGGER {MIRROR}_delete AFTER DELETE ON {PARENT} REFERENCING OLD TABLE AS mirrored_old "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION {MIRROR}()"
-        )
-    )
-    first, last = _bounds(conn)
+    first, last = _bounds(conn, table)
     now = conn.execute(text("SELECT now()")).scalar_one()
     first = first or now
     end = (last + timedelta(microseconds=1)) if last is not None else first
     conn.execute(
         text(
-            f"CREATE TABLE {STATE} (direction text NOT NULL, first_ts timestamptz NOT NULL, "
+            f"CREATE TABLE {table.state} (direction text NOT NULL, first_ts timestamptz NOT NULL, "
             "watermark timestamptz NOT NULL, end_ts timestamptz NOT NULL, step_s double precision NOT NULL, "
             "rows_copied bigint NOT NULL, batches bigint NOT NULL, started_at timestamptz NOT NULL, "
             "updated_at timestamptz NOT NULL)"
@@ -334,15 +432,15 @@ def _prepare(conn: Connection, partitioned: bool, ahead_days: int) -> None:
     )
     conn.execute(
         text(
-            f"INSERT INTO {STATE} VALUES (:direction, :first, :first, :end, :step, 0, 0, now(), now())"
+            f"INSERT INTO {table.state} VALUES (:direction, :first, :first, :end, :step, 0, 0, now(), now())"
         ),
         {"direction": "partition" if partitioned else "unpartition", "first": first, "end": end,
          "step": FIRST_STEP.total_seconds()},
     )  # fmt: skip
     if partitioned:  # what the triggers copy from now on lands in its own partition
-        for cell_start in _cells(now, now + timedelta(days=ahead_days), 1):
-            create_missing(conn, cell_start, cell_start + timedelta(days=1), TARGET)
-    log.info("conversion prepared: %s beside %s, ts_start %s to %s to copy", TARGET, PARENT, first, end)
+        for cell_start in _cells(now, now + timedelta(days=ahead_days), width):
+            create_missing(conn, cell_start, cell_start + timedelta(days=width), target)
+    log.info("conversion prepared: %s beside %s, %s %s to %s to copy", target, name, key, first, end)
 
 
 def _cells(start: datetime, end: datetime, days: int) -> Iterator[datetime]:
@@ -352,23 +450,24 @@ def _cells(start: datetime, end: datetime, days: int) -> Iterator[datetime]:
         cell += timedelta(days=days)
 
 
-def _estimate(conn: Connection) -> int | None:
-    """Rows of ``requests`` by the statistics, its partitions' when partitioned; None when never analysed."""
+def _estimate(conn: Connection, table: str) -> int | None:
+    """Rows of ``table`` by the statistics, its partitions' when partitioned; None when never analysed."""
     value = conn.execute(
         text(
             "SELECT CASE WHEN c.relkind = 'p' THEN (SELECT sum(greatest(p.reltuples, 0)) FROM pg_inherits i "
             "JOIN pg_class p ON p.oid = i.inhrelid WHERE i.inhparent = c.oid) ELSE c.reltuples END "
             "FROM pg_class c WHERE c.oid = to_regclass(:t)"
         ),
-        {"t": PARENT},
+        {"t": table},
     ).scalar()
     return int(value) if value is not None and value > 0 else None
 
 
 def _copy(
     engine: Engine,
+    table: Convertible,
     partitioned: bool,
-    partition_days: int,
+    width_days: int,
     batch_rows: int,
     max_batches: int | None,
     progress: Callable[[Progress], None] | None,
@@ -376,34 +475,37 @@ def _copy(
     """Copy batch after batch from the watermark to the end; returns the rows and batches of this run."""
     t0 = time.perf_counter()
     copied = batches = 0
+    name, target, key = table.name, table.target, table.table.key
     with engine.connect() as conn:
-        columns = _columns(conn)
-        estimate = _estimate(conn)
+        columns = ", ".join(columns_of(conn, name))
+        estimate = _estimate(conn, name)
+    # In the triggers' order, for a table whose rows they update (see the module docstring).
+    order = f" ORDER BY {table.unique[partitioned][1]}" if table.updated else ""
     while max_batches is None or batches < max_batches:
         with engine.connect() as conn:
-            watermark, end, first, step, total = _state(conn)
+            watermark, end, first, step, total = _state(conn, table)
             if watermark >= end:
                 break
-            # Past the rows' gaps: the next start at or after the watermark.
-            following, _ = _bounds(conn, after=watermark)
+            # Past the rows' gaps: the next key at or after the watermark.
+            following, _ = _bounds(conn, table, after=watermark)
             conn.rollback()
         if following is None or following >= end:
             with engine.begin() as conn:
-                conn.execute(text(f"UPDATE {STATE} SET watermark = end_ts, updated_at = now()"))
+                conn.execute(text(f"UPDATE {table.state} SET watermark = end_ts, updated_at = now()"))
             break
         start = max(watermark, following)
         stop = min(start + step, end)
         if partitioned:
-            for cell_start in _cells(start, stop, partition_days):
-                cell_end = cell_start + timedelta(days=partition_days)
-                make = partial(create_missing, start=cell_start, end=cell_end, parent=TARGET)
-                with_ddl_retries(engine, f"creating a partition of {TARGET}", make)
+            for cell_start in _cells(start, stop, width_days):
+                cell_end = cell_start + timedelta(days=width_days)
+                make = partial(create_missing, start=cell_start, end=cell_end, parent=target)
+                with_ddl_retries(engine, f"creating a partition of {target}", make)
         with engine.begin() as conn:
             rows = int(
                 conn.execute(
                     text(
-                        f"INSERT INTO {TARGET} ({columns}) SELECT {columns} FROM {PARENT} "
-                        "WHERE ts_start >= :start AND ts_start < :stop ON CONFLICT DO NOTHING"
+                        f"INSERT INTO {target} ({columns}) SELECT {columns} FROM {name} "
+                        f"WHERE {key} >= :start AND {key} < :stop{order} ON CONFLICT DO NOTHING"
                     ),
                     {"start": start, "stop": stop},
                 ).rowcount
@@ -411,10 +513,10 @@ def _copy(
             )
             # The next range as wide as makes about batch_rows rows, growing at most fourfold a batch.
             width = (stop - start) * min(4.0, batch_rows / max(rows, 1))
-            width = max(MIN_STEP, min(width, timedelta(days=partition_days)))
+            width = max(MIN_STEP, min(width, timedelta(days=width_days)))
             conn.execute(
                 text(
-                    f"UPDATE {STATE} SET watermark = :stop, step_s = :step, rows_copied = rows_copied + :rows, "
+                    f"UPDATE {table.state} SET watermark = :stop, step_s = :step, rows_copied = rows_copied + :rows, "
                     "batches = batches + 1, updated_at = now()"
                 ),
                 {"stop": stop, "step": width.total_seconds(), "rows": rows},
@@ -422,7 +524,7 @@ def _copy(
         copied += rows
         batches += 1
         if progress is not None:
-            progress(Progress(total + rows, estimate, stop, first, end, time.perf_counter() - t0, copied))
+            progress(Progress(name, total + rows, estimate, stop, first, end, time.perf_counter() - t0, copied))
     return copied, batches
 
 
@@ -432,24 +534,25 @@ def _indexes_of(conn: Connection, table: str) -> list[str]:
     return [str(r[0]).strip('"') for r in rows]
 
 
-def _swap(conn: Connection, keep_old: bool) -> None:
+def _swap(conn: Connection, table: Convertible, keep_old: bool) -> None:
+    name, target = table.name, table.target
     ddl_session(conn)  # the partition lock too: no partition is made or dropped meanwhile
-    conn.execute(text(f"LOCK TABLE {PARENT} IN ACCESS EXCLUSIVE MODE"))
-    watermark, end, *_ = _state(conn)
+    conn.execute(text(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"))
+    watermark, end, *_ = _state(conn, table)
     if watermark < end:
         raise ConversionError("the copy has not reached its end")  # never: convert swaps only after it did
-    conn.execute(text(f"DROP FUNCTION {MIRROR}() CASCADE"))
-    sequence = conn.execute(text(f"SELECT pg_get_serial_sequence('{PARENT}', 'id')")).scalar()
+    conn.execute(text(f"DROP FUNCTION {table.mirror}() CASCADE"))
+    sequence = conn.execute(text(f"SELECT pg_get_serial_sequence('{name}', 'id')")).scalar()
     if sequence is not None:
-        conn.execute(text(f"ALTER SEQUENCE {sequence} OWNED BY {TARGET}.id"))
+        conn.execute(text(f"ALTER SEQUENCE {sequence} OWNED BY {target}.id"))
     if keep_old:
-        for index in _indexes_of(conn, PARENT):
+        for index in _indexes_of(conn, name):
             conn.execute(text(f'ALTER INDEX "{index}" RENAME TO "{index}{OLD_SUFFIX}"'))
-        conn.execute(text(f"ALTER TABLE {PARENT} RENAME TO {PARENT}{OLD_SUFFIX}"))
+        conn.execute(text(f"ALTER TABLE {name} RENAME TO {name}{OLD_SUFFIX}"))
     else:
-        conn.execute(text(f"DROP TABLE {PARENT}"))
-    conn.execute(text(f"ALTER TABLE {TARGET} RENAME TO {PARENT}"))
-    for index in _indexes_of(conn, PARENT):  # an index backing a key renames its key too
+        conn.execute(text(f"DROP TABLE {name}"))
+    conn.execute(text(f"ALTER TABLE {target} RENAME TO {name}"))
+    for index in _indexes_of(conn, name):  # an index backing a key renames its key too
         if index.endswith(CONVERSION_SUFFIX):
             conn.execute(text(f'ALTER INDEX "{index}" RENAME TO "{index.removesuffix(CONVERSION_SUFFIX)}"'))
-    conn.execute(text(f"DROP TABLE {STATE}"))
+    conn.execute(text(f"DROP TABLE {table.state}"))

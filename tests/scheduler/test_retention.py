@@ -1,6 +1,7 @@
 """The retention job on a real store: what is past retention goes, what is not stays (SQLite and PostgreSQL).
 
-On PostgreSQL requests' expired days go as whole partitions, the day at the cutoff by the batched delete.
+On PostgreSQL requests' expired days and the rollups' expired weeks go as whole partitions; the partition at
+the cutoff is kept whole until it expires (requests' by the batched delete with requests_edge delete).
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from monitor.scheduler.settings import RetentionSettings
 from monitor.store import partitions
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
-from monitor.store.models import RecorderBatchRow, RequestRow
-from monitor.store.partitions import PartitionLockError, ensure_partitions, list_partitions, partition_name
+from monitor.store.models import RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
+from monitor.store.partitions import (
+    PartitionLockError,
+    ensure_all_partitions,
+    ensure_partitions,
+    grid_start,
+    list_partitions,
+    partition_name,
+)
 from monitor.store.writes.writer import write_batch
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -190,6 +198,61 @@ def test_by_default_the_partition_at_the_cutoff_is_kept_whole_until_it_can_be_dr
         assert _request_starts(engine)[0] == DAY + timedelta(days=4)
     else:  # no partitions: retention stays exact
         assert deleted == {"requests": 41} and starts[0] >= now - timedelta(days=2)
+
+
+def only_rollups(**settings: Any) -> RetentionSettings:
+    """Retention of the rollups alone, every other table kept."""
+    kept = dict.fromkeys(("requests_days", "drift_days", "alerts_days", "jobs_days", "batches_days"), 0)
+    return RetentionSettings(**kept, **settings)
+
+
+def _rollup_buckets(engine: Engine, model: Any) -> list[datetime]:
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(model.bucket)).scalars())
+
+
+def _bins_between(engine: Engine, start: datetime, end: datetime) -> int:
+    with engine.connect() as conn:
+        query = select(func.count()).where(RollupBinRow.bucket >= start, RollupBinRow.bucket < end)
+        return int(conn.execute(query).scalar_one())
+
+
+def test_expired_weeks_of_rollups_are_dropped_whole_and_the_week_at_the_cutoff_kept(engine: Engine) -> None:
+    # A request at noon each day for five weeks (on PostgreSQL a partition of rollups a week), and a stray one
+    # ten weeks before them, in the default partitions: no partition of its week exists.
+    week0 = grid_start(DAY, 7)
+    ensure_all_partitions(engine, week0, 28)
+    records = [synthetic_record(d, start=week0 + timedelta(days=d, hours=12), spacing=timedelta(0)) for d in range(35)]
+    records.append(synthetic_record(99, start=week0 - timedelta(weeks=10), spacing=timedelta(0), prefix="stray"))
+    with engine.begin() as conn:
+        write_batch(conn, records, "weeks", "sync")
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("ANALYZE rollup_minute, rollup_bins"))
+    now = week0 + timedelta(days=37)  # 20 days kept: the cutoff is day 17, in the third week
+    long_ago, cutoff = week0 - timedelta(weeks=20), now - timedelta(days=20)
+    stray_bins, expired_bins = _bins_between(engine, long_ago, week0), _bins_between(engine, long_ago, cutoff)
+    two_weeks_of_bins = _bins_between(engine, week0, week0 + timedelta(days=14))
+    deleted = apply_retention(engine, only_rollups(rollups_days=20, batch_size=5), now)
+    minutes, bin_buckets = _rollup_buckets(engine, RollupMinuteRow), _rollup_buckets(engine, RollupBinRow)
+    if engine.dialect.name == "postgresql":
+        # Weeks 0 and 1 dropped whole, week 2 kept whole (its days before the cutoff too), the stray deleted.
+        assert {k: v for k, v in deleted.items() if k.startswith("rollup_minute")} == {
+            "rollup_minute_partitions_dropped": 2, "rollup_minute_rows_dropped_estimate": 14,
+            "rollup_minute": 1}  # fmt: skip
+        assert {k: v for k, v in deleted.items() if k.startswith("rollup_bins")} == {
+            "rollup_bins_partitions_dropped": 2, "rollup_bins_rows_dropped_estimate": two_weeks_of_bins,
+            "rollup_bins": stray_bins}  # fmt: skip
+        assert minutes[0] == week0 + timedelta(days=14, hours=12) and len(minutes) == 21
+        assert bin_buckets[0] == minutes[0]
+        later = apply_retention(engine, only_rollups(rollups_days=20), now + timedelta(days=7))
+        assert later["rollup_minute_partitions_dropped"] == 1 and later["rollup_minute"] == 0
+        assert _rollup_buckets(engine, RollupMinuteRow)[0] == week0 + timedelta(days=21, hours=12)
+        with engine.connect() as conn:
+            weeks = [p.start for p in list_partitions(conn, "rollup_bins") if p.start is not None]
+        assert weeks[0] == week0 + timedelta(days=21)
+    else:  # one table each: retention exact, every expired row by the batched delete
+        assert deleted == {"rollup_minute": 18, "rollup_bins": expired_bins}
+        assert minutes[0] == week0 + timedelta(days=17, hours=12) and bin_buckets[0] == minutes[0]
 
 
 def test_a_partition_held_by_a_long_read_is_neither_dropped_nor_deleted_row_by_row(

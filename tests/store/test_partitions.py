@@ -1,14 +1,16 @@
-"""The partitioned requests table on PostgreSQL (migration 0014, monitor/store/partitions.py); SQLite unchanged.
+"""The partitioned requests and rollup tables on PostgreSQL (migrations 0014 and 0016, monitor/store/partitions.py).
 
 Partitions are made ahead and by range, replicas making them at once make each once, a record far
 off lands in the default partition and moves out when its partition is made, a replayed batch is
-stored once, expired partitions are detached and dropped whole (fenced, bounded in lock time), and
-a windowed read's plan touches only the partitions of its window.
+stored once and its rollups added once, into the partition of their minute, expired partitions are
+detached and dropped whole (fenced, bounded in lock time), and a windowed read's plan touches only
+the partitions of its window, of requests and of the rollups. SQLite is unchanged.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -20,19 +22,23 @@ from sqlalchemy import event, func, select, text
 from sqlalchemy.engine import Connection, Engine
 
 from decoder.record import RequestRecord
-from monitor.drift.sampling import sample_requests
+from monitor.drift.sampling import sample_requests, window_counts
 from monitor.ingest.synthetic import synthetic_record
-from monitor.store import partitions
+from monitor.store import bins, migrate, partitions
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RequestRow
 from monitor.store.partitions import (
+    ROLLUP_PARTITION_DAYS,
+    TABLES,
     PartitionLockError,
     drop_expired_partitions,
+    ensure_all_partitions,
     ensure_partitions,
     grid_start,
     is_partitioned,
     list_partitions,
+    partition_name,
 )
 from monitor.store.reads import dashboard as dashboard_queries
 from monitor.store.reads import queries
@@ -52,15 +58,22 @@ INDEXES = {
 }
 
 
+ROLLUP_INDEXES = {
+    "rollup_minute": {"pk_rollup_minute", "uq_rollup_minute_key", "ix_rollup_minute_workload_bucket"},
+    "rollup_bins": {"pk_rollup_bins", "uq_rollup_bins_key", "ix_rollup_bins_workload_metric_bucket"},
+}
+
+
 @pytest.fixture
 def pg(pg_url: str) -> Iterator[Engine]:
-    """A migrated PostgreSQL database whose requests has only its default partition (the tests make the days)."""
+    """A migrated PostgreSQL database whose partitioned tables have only their default partitions (tests make more)."""
     engine = create_engine(pg_url)
     upgrade(engine)
     with engine.begin() as conn:
-        for partition in list_partitions(conn):
-            if not partition.is_default:  # today's and the days ahead that the upgrade made
-                conn.execute(text(f"DROP TABLE {partition.name}"))
+        for table in TABLES:
+            for partition in list_partitions(conn, table.name):
+                if not partition.is_default:  # the days and weeks from today that the upgrade made
+                    conn.execute(text(f"DROP TABLE {partition.name}"))
     try:
         yield engine
     finally:
@@ -126,15 +139,7 @@ def test_a_fresh_install_is_partitioned_with_every_index_per_partition(pg_url: s
     upgrade(pg)
     with pg.connect() as conn:
         assert is_partitioned(conn)
-        keys: dict[str, str] = dict(
-            conn.execute(
-                text(
-                    "SELECT conname, array_to_string(array(SELECT attname FROM pg_attribute a, unnest(c.conkey) k "
-                    "WHERE a.attrelid = c.conrelid AND a.attnum = k), ',') FROM pg_constraint c "
-                    "WHERE conrelid = 'requests'::regclass AND contype IN ('p', 'u')"
-                )
-            ).all()
-        )
+        keys = keys_of(conn, "requests")
         parent_indexes = set(
             conn.execute(text("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'requests'::regclass"))
             .scalars()
@@ -159,6 +164,80 @@ def test_a_fresh_install_is_partitioned_with_every_index_per_partition(pg_url: s
     for name, indexes in per_partition.items():
         assert indexes == {f"{index}_{name.removeprefix('requests_')}" for index in INDEXES}, name
     pg.dispose()
+
+
+def keys_of(conn: Connection, table: str) -> dict[str, str]:
+    """``table``'s primary and unique keys: name to its columns in order, comma-separated."""
+    rows = conn.execute(
+        text(
+            "SELECT conname, array_to_string(array(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(n, i) "
+            "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n ORDER BY k.i), ',') "
+            "FROM pg_constraint c WHERE conrelid = to_regclass(:t) AND contype IN ('p', 'u')"
+        ),
+        {"t": table},
+    )
+    return {str(name): str(columns) for name, columns in rows}
+
+
+def indexes_of(conn: Connection, table: str) -> set[str]:
+    query = text("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = to_regclass(:t)")
+    return set(conn.execute(query, {"t": table}).scalars())
+
+
+def test_a_fresh_install_partitions_the_rollups_by_week_with_their_keys_and_indexes(pg_url: str) -> None:
+    engine = create_engine(pg_url)
+    upgrade(engine)
+    week = grid_start(datetime.now(UTC), ROLLUP_PARTITION_DAYS)
+    with engine.connect() as conn:
+        layout = {
+            table: (is_partitioned(conn, table), keys_of(conn, table), indexes_of(conn, table),
+                    {p.name: (p.start, indexes_of(conn, p.name)) for p in list_partitions(conn, table)})
+            for table in ROLLUP_INDEXES
+        }  # fmt: skip
+    engine.dispose()
+    key = "bucket,workload,target_model,drafter,draft_model,mode"
+    # The primary key holds the partition key now; the rollup key held it already and is unchanged.
+    assert layout["rollup_minute"][:2] == (True, {"pk_rollup_minute": "id,bucket", "uq_rollup_minute_key": key})
+    bins_keys = {"pk_rollup_bins": "id,bucket", "uq_rollup_bins_key": f"{key},metric,bin"}
+    assert layout["rollup_bins"][:2] == (True, bins_keys)
+    for table, (_, _, parent_indexes, found) in layout.items():
+        assert parent_indexes == ROLLUP_INDEXES[table]
+        # The week holding today and the one holding database.partitions_ahead_days (7) ahead, and the default one.
+        assert {name: start for name, (start, _) in found.items()} == {
+            partition_name(week, table): week,
+            partition_name(week + timedelta(days=7), table): week + timedelta(days=7),
+            f"{table}_default": None,
+        }
+        for name, (_, indexes) in found.items():
+            assert indexes == {f"{index}_{name.removeprefix(table + '_')}" for index in ROLLUP_INDEXES[table]}, name
+
+
+def test_migration_0016_goes_back_to_plain_rollup_tables_with_their_rows_and_leaves_populated_ones_alone(
+    pg: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    ensure_all_partitions(pg, day(0), 7)
+    write(pg, [*records_over(3, 5), synthetic_record(9, start=day(30), prefix="far")], "rows")  # the last: default
+
+    def rollups() -> list[Any]:
+        with pg.connect() as conn:
+            return [conn.execute(text(f"SELECT * FROM {t} ORDER BY id")).all() for t in ROLLUP_INDEXES]
+
+    written = rollups()
+    assert migrate.downgrade(pg, "0015") == "0015"
+    with pg.connect() as conn:
+        assert not any(is_partitioned(conn, table) for table in ROLLUP_INDEXES) and is_partitioned(conn)
+        keys = {table: keys_of(conn, table) for table in ROLLUP_INDEXES}
+        assert {t: indexes_of(conn, t) for t in ROLLUP_INDEXES} == ROLLUP_INDEXES
+    assert keys["rollup_minute"]["pk_rollup_minute"] == "id" and keys["rollup_bins"]["pk_rollup_bins"] == "id"
+    assert rollups() == written
+    with caplog.at_level(logging.WARNING, logger="monitor.store.migrate"):
+        upgrade(pg)
+    assert "migration 0016: rollup_minute holds rows, so it stays unpartitioned" in caplog.text
+    with pg.connect() as conn:
+        assert not any(is_partitioned(conn, table) for table in ROLLUP_INDEXES)
+    assert write(pg, records_over(1, 3, prefix="after", first=1), "after") == 3  # the writer's upsert, plain again
+    with pg.connect() as conn:
+        assert conn.execute(text("SELECT sum(n_requests) FROM rollup_minute")).scalar_one() == 19
 
 
 def test_partitions_are_made_ahead_on_the_grid_once(pg: Engine) -> None:
@@ -230,6 +309,51 @@ def test_a_replayed_batch_is_stored_once(pg: Engine) -> None:
         assert conn.execute(text("SELECT sum(n_requests) FROM rollup_minute")).scalar_one() == 20
 
 
+def rollup_rows(engine: Engine) -> list[tuple[str, datetime, int]]:
+    """Each row of rollup_minute: its partition, minute and requests, by minute (a key twice would show twice)."""
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT tableoid::regclass::text, bucket, n_requests FROM rollup_minute ORDER BY 2"))
+        return [(name, bucket, int(n)) for name, bucket, n in rows]
+
+
+def ttft_counts(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT tableoid::regclass::text, sum(count) FROM rollup_bins WHERE metric = :m GROUP BY 1"),
+            {"m": bins.TTFT_MS},
+        )
+        return {name: int(n) for name, n in rows}
+
+
+def test_rollups_are_added_once_into_the_partition_of_their_minute(pg: Engine) -> None:
+    ensure_all_partitions(pg, day(0), 0)  # requests' day 0, the rollups' week holding it (from 2027-01-07)
+    weeks = [partition_name(grid_start(day(n), 7), "rollup_minute") for n in (0, 7)]
+    assert weeks == ["rollup_minute_p20270107", "rollup_minute_p20270114"]
+
+    def minute(n: int, prefix: str, day_: int) -> list[RequestRecord]:  # n requests in one minute, one rollup key
+        return [synthetic_record(i, start=day(day_, 1), spacing=timedelta(0), prefix=prefix) for i in range(n)]
+
+    first = minute(3, "a", 0) + minute(1, "a-next-week", 7)  # the second week has no partition yet
+    assert write(pg, first, "a") == 4
+    assert rollup_rows(pg) == [(weeks[0], day(0, 1), 3), ("rollup_minute_default", day(7, 1), 1)]
+    more = minute(2, "b", 0)
+    assert write(pg, more, "b") == 2  # the writer's upsert adds into the row of the minute, in its partition
+    assert rollup_rows(pg) == [(weeks[0], day(0, 1), 5), ("rollup_minute_default", day(7, 1), 1)]
+    # Replayed under another batch id (the spool after its batch ids expired): stored once, counted once.
+    with pg.begin() as conn:
+        again = write_batch(conn, first + more, "replayed", "spool")
+    assert (again.stored, again.duplicates) == (0, 6)
+    assert rollup_rows(pg) == [(weeks[0], day(0, 1), 5), ("rollup_minute_default", day(7, 1), 1)]
+    assert ttft_counts(pg) == {"rollup_bins_p20270107": 5, "rollup_bins_default": 1}
+
+    # The second week's partitions made: its rows move out of the default partitions, and a later batch of the
+    # same minute adds into the moved row, not into a second one.
+    assert ensure_all_partitions(pg, day(7), 0) == ["requests_p20270117", weeks[1], "rollup_bins_p20270114"]
+    assert write(pg, minute(2, "c", 7), "c") == 2
+    assert rollup_rows(pg) == [(weeks[0], day(0, 1), 5), (weeks[1], day(7, 1), 3)]
+    assert ttft_counts(pg) == {"rollup_bins_p20270107": 5, "rollup_bins_p20270114": 3}
+
+
 def test_expired_partitions_are_dropped_whole_each_in_a_fenced_transaction(pg: Engine) -> None:
     ensure_partitions(pg, day(0), 4)
     write(pg, records_over(5, 24), "days")
@@ -279,12 +403,12 @@ def test_a_partition_held_by_a_long_read_is_given_up_after_bounded_waits(
     assert [d.name for d in drop_expired_partitions(pg, day(1))] == ["requests_p20270110"]
 
 
-def _partitions_read(engine: Engine, read: Callable[[], Any]) -> list[set[str]]:
-    """For each statement ``read`` sends to requests, the partitions its plan reads."""
+def _partitions_read(engine: Engine, read: Callable[[], Any], table: str = "requests") -> list[set[str]]:
+    """For each statement ``read`` sends to ``table``, the partitions its plan reads."""
     sent: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        if "FROM requests" in statement:
+        if f"FROM {table}" in statement:
             sent.append((statement, params))
 
     event.listen(engine, "before_cursor_execute", capture)
@@ -296,7 +420,8 @@ def _partitions_read(engine: Engine, read: Callable[[], Any]) -> list[set[str]]:
     with engine.connect() as conn:
         for statement, params in sent:
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, params))
-            names = set(conn.execute(text("SELECT relname FROM pg_class WHERE relname LIKE 'requests_%'")).scalars())
+            like = {"p": f"{table}\\_%"}
+            names = set(conn.execute(text("SELECT relname FROM pg_class WHERE relname LIKE :p"), like).scalars())
             plans.append({name for name in names if f" {name} " in plan or f" on {name}" in plan})
     return plans
 
@@ -333,3 +458,41 @@ def test_windowed_reads_touch_only_the_partitions_of_their_window(pg: Engine) ->
     for read in reads:
         touched = _partitions_read(pg, read)
         assert touched and all(t == {"requests_p20270114"} for t in touched), touched
+
+
+def rollup_reads(engine: Engine, start: datetime, end: datetime) -> list[Callable[[], Any]]:
+    """The readers of the rollups over ``[start, end)``: /v1/workloads', the dashboard's, the drift run's counts."""
+
+    def drift_counts() -> None:  # its reference and current windows, halves of this one
+        with engine.connect() as conn:
+            window_counts(conn, start, start + (end - start) / 2, end)
+
+    hour = timedelta(hours=1)
+    return [
+        lambda: queries.workload_summaries(engine, start, end),
+        lambda: queries.time_series(engine, "code", start, end, step=hour),
+        lambda: queries.position_acceptance(engine, "code", start, end),
+        lambda: queries.workloads(engine, start, end),
+        lambda: queries.pairs(engine, start, end),
+        lambda: dashboard_queries.pair_summaries(engine, start, end),
+        lambda: dashboard_queries.latency_series(engine, "code", start, end, step=hour),
+        lambda: dashboard_queries.current_settings(engine, start, end),
+        drift_counts,
+    ]
+
+
+def test_windowed_rollup_reads_touch_only_the_partitions_of_their_window(pg: Engine) -> None:
+    ensure_all_partitions(pg, day(0), 14)  # the rollups' weeks from 2027-01-07, 01-14 and 01-21
+    write(pg, records_over(15, 8), "days")
+    with pg.begin() as conn:
+        conn.execute(text("ANALYZE rollup_minute, rollup_bins"))
+    windows = {
+        (day(5, 1), day(5, 20)): {"p20270114"},  # within a week
+        (day(2), day(5)): {"p20270107", "p20270114"},  # across two
+    }
+    for (start, end), weeks in windows.items():
+        for read in rollup_reads(pg, start, end):
+            touched = {table: _partitions_read(pg, read, table) for table in ROLLUP_INDEXES}
+            assert any(touched.values()), f"{read} read neither"
+            for table, plans in touched.items():
+                assert all(t == {f"{table}_{week}" for week in weeks} for t in plans), (table, plans)

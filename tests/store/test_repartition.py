@@ -1,15 +1,17 @@
-"""`draftwatch db partition` and `db unpartition` on a populated PostgreSQL table (monitor/store/repartition.py).
+"""`draftwatch db partition` and `db unpartition` on populated PostgreSQL tables (monitor/store/repartition.py).
 
-An installation whose requests held rows when migration 0014 ran keeps the plain table; the
-command converts it online: interrupted and resumed, with writes during the conversion (by a
-connection whose insert is already a prepared statement), to identical rows, identical reads
-(drift sampling and a drift run, /v1/workloads through the API, the rollups) and the model's
-layout; `db unpartition` goes back the same way.
+An installation whose requests and rollups held rows when migrations 0014 and 0016 ran keeps the
+plain tables; the command converts them online: interrupted and resumed, with writes during the
+conversion (by a connection whose statements are already prepared; rollup rows updated before and
+after the copy passed them), to identical rows, identical reads (drift sampling and a drift run,
+/v1/workloads through the API, the dashboard's rollup reads) and the model's layout; `db
+unpartition` goes back the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -34,15 +36,17 @@ from monitor.scheduler.settings import RetentionSettings
 from monitor.store import migrate
 from monitor.store.engine import create_engine
 from monitor.store.models import Base, RequestRow, declared_for
-from monitor.store.partitions import grid_start, is_partitioned, list_partitions
+from monitor.store.partitions import ROLLUP_PARTITION_DAYS, grid_start, is_partitioned, list_partitions
+from monitor.store.reads import dashboard as dashboard_queries
 from monitor.store.reads.results import Pair
-from monitor.store.repartition import conversion_in_progress
+from monitor.store.repartition import conversion_in_progress, convert
 from monitor.store.writes.writer import write_batch
 from tests.api.conftest import READ, auth, make_settings
 
 NOW = datetime.now(UTC).replace(second=0, microsecond=0)
 START = NOW - timedelta(days=4, hours=3)
 PAIR = Pair("qwen-coder-1.5b", "model", "qwen-coder-0.5b")
+TABLES = ("requests", "rollup_minute", "rollup_bins")
 
 
 def _records(count: int, start: datetime, prefix: str, spacing: timedelta) -> list[RequestRecord]:
@@ -61,16 +65,18 @@ def _records(count: int, start: datetime, prefix: str, spacing: timedelta) -> li
 
 @pytest.fixture
 def legacy(pg_url: str, caplog: pytest.LogCaptureFixture) -> Iterator[Engine]:
-    """A database at head whose requests stayed unpartitioned: it held 1,200 rows over 4 days when 0014 ran."""
+    """A database at head whose requests and rollups stayed unpartitioned: 1,200 requests over 4 days when 0014 ran."""
     engine = create_engine(pg_url)
     migrate.upgrade(engine, "0013")
     with engine.begin() as conn:
         write_batch(conn, _records(1200, START, "old", timedelta(minutes=5)), "old", "sync")
     with caplog.at_level(logging.WARNING, logger="monitor.store.migrate"):
         migrate.upgrade(engine)
+    for migration, table in (("0014", "requests"), ("0016", "rollup_minute"), ("0016", "rollup_bins")):
+        assert f"migration {migration}: {table} holds rows" in caplog.text
     assert "run `draftwatch db partition` to convert it online" in caplog.text
     with engine.connect() as conn:
-        assert not is_partitioned(conn)
+        assert not any(is_partitioned(conn, table) for table in TABLES)
     try:
         yield engine
     finally:
@@ -84,9 +90,9 @@ def _cli(db_url: str, *argv: str) -> int:
     return int(args.handler(args))
 
 
-def _rows(engine: Engine) -> list[Any]:
+def _rows(engine: Engine, table: str = "requests") -> list[Any]:
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(text("SELECT * FROM requests ORDER BY id"))]
+        return [tuple(r) for r in conn.execute(text(f"SELECT * FROM {table} ORDER BY id"))]
 
 
 def _reads(engine: Engine, tmp_path: Path, db_url: str) -> dict[str, Any]:
@@ -96,8 +102,10 @@ def _reads(engine: Engine, tmp_path: Path, db_url: str) -> dict[str, Any]:
         for workload in ("chat", "code", None):
             sample = sample_requests(conn, workload, PAIR, START + timedelta(days=1), NOW, 200, any_drafter=True)
             out[f"sample {workload}"] = [repr(list(getattr(sample, f))) for f in sample.__dataclass_fields__]
-        out["rollups"] = conn.execute(text("SELECT * FROM rollup_minute ORDER BY id")).all()
-        out["bins"] = conn.execute(text("SELECT * FROM rollup_bins ORDER BY id")).all()
+    out["rollups"], out["bins"] = _rows(engine, "rollup_minute"), _rows(engine, "rollup_bins")
+    day_one = START + timedelta(days=1)
+    out["pairs"] = dashboard_queries.pair_summaries(engine, day_one, NOW)
+    out["latency"] = dashboard_queries.latency_series(engine, "code", day_one, NOW, step=timedelta(hours=6))
     # Without the online detector, whose state one run moves on for the next.
     run = run_drift(
         engine, now=NOW, store=False, current=timedelta(days=1), reference=timedelta(days=3), detectors=False
@@ -108,7 +116,21 @@ def _reads(engine: Engine, tmp_path: Path, db_url: str) -> dict[str, Any]:
         response = client.get("/v1/workloads", params={"since": since, "until": NOW.isoformat()}, headers=auth(READ))
         assert response.status_code == 200
         out["workloads"] = response.json()
-    return out
+    return {key: _settled(value) for key, value in out.items()}
+
+
+def _settled(value: Any) -> Any:
+    """``value`` with every float to 12 significant digits: a sum of floats over rows read in another order (the
+    partitioned layout scans its partitions in turn) may differ in its last bits, and SQL fixes no order."""
+    if isinstance(value, float):
+        return float(f"{value:.12g}")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _settled(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {key: _settled(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_settled(item) for item in value]
+    return value
 
 
 class Writer:
@@ -140,7 +162,7 @@ def test_db_partition_converts_online_resumably_to_identical_rows_and_reads(
     # Interrupted after three batches of about 100 rows: the rest waits for the next run.
     assert _cli(pg_url, "partition", "--batch-rows", "100", "--max-batches", "3") == 0
     out = capsys.readouterr().out
-    assert "paused after 3 batches" in out and "run db partition again" in out
+    assert "paused in requests after 3 batches" in out and "run db partition again" in out
     with legacy.connect() as conn:
         assert conversion_in_progress(conn) and not is_partitioned(conn)
         copied = conn.execute(text("SELECT count(*) FROM requests_next")).scalar_one()
@@ -158,14 +180,19 @@ def test_db_partition_converts_online_resumably_to_identical_rows_and_reads(
 
     assert _cli(pg_url, "partition", "--batch-rows", "100") == 0
     out = capsys.readouterr().out
-    assert "requests is now partitioned" in out and "rows/s" in out and "ETA" in out
+    assert "requests, rollup_minute, rollup_bins now partitioned" in out and "rows/s" in out and "ETA" in out
+    assert all(f"{table}: copied" in out for table in TABLES)
     with legacy.connect() as conn:
-        assert is_partitioned(conn) and not conversion_in_progress(conn)
-        assert conn.execute(text("SELECT to_regclass('requests_next')")).scalar() is None
+        assert all(is_partitioned(conn, t) and not conversion_in_progress(conn, t) for t in TABLES)
+        left = "SELECT relname FROM pg_class WHERE relname ~ '(requests|rollup_minute|rollup_bins).*_next'"
+        assert conn.execute(text(left)).scalars().all() == []
         days = {p.start for p in list_partitions(conn) if p.start is not None}
+        weeks = {t: {p.start for p in list_partitions(conn, t) if p.start is not None} for t in TABLES[1:]}
         opts = {"compare_type": True, "include_object": _ours}
         assert compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata) == []
     assert {grid_start(START + timedelta(days=d), 1) for d in range(5)} <= days  # a partition for each day copied
+    for table_weeks in weeks.values():  # and a week for each week of rollups
+        assert {grid_start(START + timedelta(days=d), ROLLUP_PARTITION_DAYS) for d in range(5)} <= table_weeks
     with legacy.connect() as conn:  # the straggler, copied by the trigger, waits in the default partition
         where = "SELECT tableoid::regclass::text FROM requests WHERE request_id LIKE 'straggler%'"
         assert conn.execute(text(where)).scalar_one() == "requests_default"
@@ -180,19 +207,55 @@ def test_db_partition_converts_online_resumably_to_identical_rows_and_reads(
         ids = conn.execute(select(RequestRow.id).order_by(RequestRow.id.desc()).limit(3)).scalars().all()
     assert min(ids) > max(row[0] for row in before_rows)
     assert _cli(pg_url, "partition") == 0
-    assert "already partitioned" in capsys.readouterr().out
+    assert "requests, rollup_minute, rollup_bins are already partitioned" in capsys.readouterr().out
 
 
 def _ours(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
     table = name if type_ == "table" else getattr(getattr(obj, "table", None), "name", None)
-    return table == "requests" and (reflected or declared_for(obj, "postgresql"))
+    return table in TABLES and (reflected or declared_for(obj, "postgresql"))
+
+
+def test_rollup_rows_updated_while_their_table_converts_end_up_as_they_are(
+    legacy: Engine, pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    writer = Writer(pg_url)
+    writer.insert(_records(3, NOW - timedelta(minutes=30), "w0", timedelta(seconds=1)))  # its statements prepared
+    # rollup_minute paused after two batches: its first minutes copied, the rest not yet.
+    outcome = convert(legacy, partitioned=True, batch_rows=100, max_batches=2, tables=("rollup_minute", "rollup_bins"))
+    assert (outcome.state, outcome.tables, outcome.batches) == ("paused", ("rollup_minute",), 2)
+    with legacy.connect() as conn:
+        assert conversion_in_progress(conn, "rollup_minute") and not conversion_in_progress(conn, "requests")
+        watermark = conn.execute(text("SELECT watermark FROM rollup_minute_conversion")).scalar_one()
+    # Retention leaves the table under conversion alone, not the others.
+    kept = dict.fromkeys(("requests_days", "drift_days", "alerts_days", "jobs_days", "batches_days"), 0)
+    assert set(apply_retention(legacy, RetentionSettings(**kept, rollups_days=400), NOW)) == {"rollup_bins"}
+
+    # More requests in minutes that have rows: in copied minutes and in minutes still to copy (the same index gives
+    # the same minute, workload and mode), and in new minutes; through the prepared statements and the store's writer.
+    again = _records(1200, START, "again", timedelta(minutes=5))
+    copied, to_copy = [r for r in again if r.ts_start < watermark], [r for r in again if r.ts_start >= watermark]
+    assert copied and to_copy
+    assert len(writer.insert([*copied[:3], *to_copy[:3]])) == 6
+    with legacy.begin() as conn:
+        fresh = _records(4, START + timedelta(minutes=2), "fresh", timedelta(minutes=5))
+        write_batch(conn, [*copied[3:6], *to_copy[-3:], *fresh], "during", "sync")
+    before = {table: _rows(legacy, table) for table in TABLES[1:]}
+
+    assert _cli(pg_url, "partition", "--batch-rows", "100") == 0
+    assert "requests, rollup_minute, rollup_bins now partitioned" in capsys.readouterr().out
+    assert {table: _rows(legacy, table) for table in TABLES[1:]} == before
+    assert len(writer.insert(_records(2, NOW - timedelta(minutes=3), "w1", timedelta(minutes=1)))) == 2
+    writer.close()
+    with legacy.connect() as conn:
+        counted = conn.execute(text("SELECT sum(n_requests) FROM rollup_minute")).scalar_one()
+    assert counted == len(_rows(legacy))  # every request counted once, through the swap
 
 
 def test_db_unpartition_is_the_way_back(legacy: Engine, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    original = _rows(legacy)
+    original, rollups = _rows(legacy), (_rows(legacy, "rollup_minute"), _rows(legacy, "rollup_bins"))
     assert _cli(pg_url, "partition", "--batch-rows", "500") == 0
     assert _cli(pg_url, "unpartition", "--batch-rows", "500", "--keep-old") == 0
-    assert "requests is now unpartitioned" in capsys.readouterr().out
+    assert "requests, rollup_minute, rollup_bins now unpartitioned" in capsys.readouterr().out
     with legacy.connect() as conn:
         assert not is_partitioned(conn)
         keys = set(
@@ -214,9 +277,20 @@ def test_db_unpartition_is_the_way_back(legacy: Engine, pg_url: str, capsys: pyt
     }
     assert kept == len(original)
     assert _rows(legacy) == original
+    with legacy.connect() as conn:
+        assert not any(is_partitioned(conn, table) for table in TABLES)
+        rollup_keys = set(
+            conn.execute(
+                text("SELECT conname FROM pg_constraint WHERE conrelid IN ('rollup_minute'::regclass, "
+                     "'rollup_bins'::regclass)")
+            ).scalars()
+        )  # fmt: skip
+    assert rollup_keys == {"pk_rollup_minute", "uq_rollup_minute_key", "pk_rollup_bins", "uq_rollup_bins_key"}
+    assert (_rows(legacy, "rollup_minute"), _rows(legacy, "rollup_bins")) == rollups
     # Back at the plain layout, the schema can go below 0014 (which then finds nothing to undo).
     assert migrate.downgrade(legacy, "0013") == "0013"
     assert _rows(legacy) == original
+    assert (_rows(legacy, "rollup_minute"), _rows(legacy, "rollup_bins")) == rollups
 
 
 def test_an_abandoned_conversion_leaves_requests_as_it_was(legacy: Engine, pg_url: str) -> None:
