@@ -94,7 +94,8 @@ def apply_retention(
         if table in PARTITIONED:
             edge = retention.requests_edge if table == "requests" else "keep"
             try:
-                cutoff = _drop_partitions(engine, table, cutoff, fence, deleted, drop=by_partition, edge=edge)
+                cutoff = _drop_partitions(engine, table, now - timedelta(days=days), fence, deleted,
+                                          drop=by_partition, edge=edge)  # fmt: skip
             except PartitionLockError as error:
                 log.warning("retention: %s; %s is deleted on the next run", error, table)
                 failed = failed or error

@@ -202,8 +202,7 @@ def test_by_default_the_partition_at_the_cutoff_is_kept_whole_until_it_can_be_dr
 
 def only_rollups(**settings: Any) -> RetentionSettings:
     """Retention of the rollups alone, every other table kept."""
-    kept = dict.fromkeys(("requests_days", "drift_days", "alerts_days", "jobs_days", "batches_days"), 0)
-    return RetentionSettings(**kept, **settings)
+    return RetentionSettings(requests_days=0, drift_days=0, alerts_days=0, jobs_days=0, batches_days=0, **settings)
 
 
 def _rollup_buckets(engine: Engine, model: Any) -> list[datetime]:
