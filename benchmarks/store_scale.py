@@ -37,8 +37,10 @@ Measurements, each bounded (a page render times out after 120 s, the writer runs
   is copied back and the writer's rows removed, so the cached database stays as generated.
 
 The database is migrated as a new installation is, so ``requests`` is partitioned by day
-(migration 0014) and the data's days get their partitions before the load; a database cached
-before partitioning keeps its plain table (``draftwatch db partition`` converts it).
+(migration 0014) and the rollups by week (0016), and the data's days and weeks get their partitions
+before the load; a database cached before partitioning keeps its plain tables (``draftwatch db
+partition`` converts them). The retention job keeps the rollups (``retention.rollups_days``, 400,
+is past the data): dropping a week of them would take its restore a week of rollups to copy back.
 
 Targets (issue 23): every page under 2 s at 1M requests and under 5 s at 10M; a drift run at most
 10 s at 10M; no lock stalling ingest for more than a second.
@@ -478,20 +480,28 @@ def generate(plan: Plan, dsn: str) -> float:
 def _name_partition_indexes(dsn: str) -> None:
     """The partitions' indexes rebuilt above named as the store names them (ix_requests_ts_p20261203)."""
     from monitor.store.engine import create_engine
-    from monitor.store.partitions import is_partitioned, list_partitions, name_partition_indexes
+    from monitor.store.partitions import TABLES, is_partitioned, list_partitions, name_partition_indexes
 
     engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{dsn.rsplit('dbname=', 1)[1]}")
     with engine.begin() as conn:
-        if is_partitioned(conn):
-            for partition in list_partitions(conn):
-                name_partition_indexes(conn, partition.name)
+        for table in TABLES:
+            if is_partitioned(conn, table.name):
+                for partition in list_partitions(conn, table.name):
+                    name_partition_indexes(conn, partition.name, table.name)
     engine.dispose()
 
 
 def _layout(dsn: str) -> str:
     with _connect(dsn) as conn:
-        (kind,) = conn.execute("SELECT relkind FROM pg_class WHERE oid = 'requests'::regclass").fetchone() or ("r",)
-    return "partitioned by day" if kind == "p" else "one table, not partitioned"
+        kinds = dict(
+            conn.execute(
+                "SELECT relname, relkind FROM pg_class WHERE relname IN ('requests', 'rollup_minute', 'rollup_bins') "
+                "AND relnamespace = 'public'::regnamespace"
+            ).fetchall()
+        )
+    layout = "partitioned by day" if kinds.get("requests") == "p" else "one table, not partitioned"
+    rollups = "by week" if kinds.get("rollup_bins") == "p" else "not partitioned"
+    return f"{layout}, rollups {rollups}"
 
 
 def _requests_size(dsn: str) -> int:
@@ -505,12 +515,13 @@ def _requests_size(dsn: str) -> int:
 
 
 def _partitions_for(url: str, plan: Plan) -> None:
-    """The partitions of the plan's days (the store makes today's and ahead; these are the past's)."""
+    """The partitions of the plan's days, and the rollups' of its weeks (the store makes today's and ahead; these
+    are the past's)."""
     from monitor.store.engine import create_engine
-    from monitor.store.partitions import ensure_partitions
+    from monitor.store.partitions import ensure_all_partitions
 
     engine = create_engine(url)
-    ensure_partitions(engine, plan.anchor - timedelta(days=plan.days), plan.days + 1, partition_days=1)
+    ensure_all_partitions(engine, plan.anchor - timedelta(days=plan.days), plan.days + 1, partition_days=1)
     engine.dispose()
 
 
