@@ -97,7 +97,8 @@ def _export(args: argparse.Namespace) -> int:
             return 2
         try:
             # The route sends every model to one speculative Service: the default deployment's, and its rollout.
-            rollout = active_rollouts(engine).get(deployment_of(settings.proxy, None)[0]) if spec.candidate else None
+            default = deployment_of(settings.proxy, None).deployment
+            rollout = active_rollouts(engine).get(default) if spec.candidate else None
             route = render_httproute(spec, latest_routing(engine), rollout)
         except ValueError as error:
             print(f"draftwatch {COMMAND}: {error}", file=sys.stderr)

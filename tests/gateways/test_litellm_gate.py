@@ -51,7 +51,7 @@ DRAWS: Final = 400
 def test_the_gate_spells_the_store_s_names_as_the_store_does() -> None:
     assert litellm_gate.CURRENT_DRAFTER == rollouts.CURRENT_DRAFTER
     assert litellm_gate.ACTIVE == rollouts.ACTIVE
-    assert litellm_gate.DEFAULT_DEPLOYMENT == deployment_of(PROXY, None)[0]
+    assert litellm_gate.DEFAULT_DEPLOYMENT == deployment_of(PROXY, None).deployment
 
 
 @pytest.mark.parametrize("status", STATUSES)
