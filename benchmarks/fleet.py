@@ -1,7 +1,7 @@
 """Several sidecars on one PostgreSQL: ingest throughput, the scheduler's lease, and kill -9 of the leader.
 
-    python -m benchmarks.fleet                     # 1, 2 and 4 sidecars, 20 s each, writes RESULTS.md
-    python -m benchmarks.fleet --sidecars 2 --seconds 10 --no-write
+    python -m benchmarks.fleet                     # 1, 2, 4 and 8 sidecars, 20 s each, both layouts, writes RESULTS.md
+    python -m benchmarks.fleet --sidecars 2 --seconds 10 --layouts partitioned --no-write
 
 For each fleet size N: a fresh database on the PostgreSQL server (``--pg``, default the local one),
 N real ``draftwatch serve`` processes with their schedulers (lease TTL 6 s, heartbeat 1 s, drift
@@ -12,6 +12,10 @@ Reported per N: records/s in all and per sidecar, a batch's p99, the CPU share o
 server and of the sidecars, who led before and after the kill and how long the takeover took, and
 the checks: every acknowledged record stored once, no job tick run twice. Loopback only, bounded
 in time; every process it starts is stopped and every database it creates is dropped.
+
+Each size runs on each ``--layouts``: ``partitioned`` is ``requests`` as a new installation makes it
+(a partition per day, migration 0014), ``plain`` the single table before partitioning (the database
+is migrated, then converted back with ``draftwatch db unpartition``'s code before the sidecars start).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ import psycopg
 
 from benchmarks.http_ingest import MARK, free_port, template, wait_ready
 from benchmarks.results import write_section
+from monitor.store.engine import create_engine
+from monitor.store.migrate import upgrade
+from monitor.store.partitions import is_partitioned
+from monitor.store.repartition import convert
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "Fleet: sidecars on one PostgreSQL (benchmarks/fleet.py)"
@@ -55,6 +63,7 @@ class Sidecar:
 
 @dataclass
 class Outcome:
+    layout: str
     sidecars: int
     seconds: float
     records: int
@@ -62,6 +71,7 @@ class Outcome:
     per_sidecar: list[float]
     pg_share: float
     sidecar_share: float
+    wal_bytes: int  # written by the whole server during the load (the database is the only one written)
     leader_before: str
     leader_after: str
     takeover_s: float | None
@@ -152,7 +162,21 @@ def pid_of(holder: str) -> int:
     return int(holder.split(":")[1])  # hostname:pid:nonce
 
 
-def run_fleet(admin: str, size: int, seconds: float) -> Outcome:
+def lay_out(url: str, layout: str) -> None:
+    """Migrate the new database, then give ``requests`` the ``layout`` asked for."""
+    engine = create_engine(url)
+    try:
+        upgrade(engine)
+        if layout == "plain":
+            convert(engine, partitioned=False)
+        with engine.connect() as conn:
+            if is_partitioned(conn) != (layout == "partitioned"):
+                raise SystemExit(f"requests is not {layout} after the migration")
+    finally:
+        engine.dispose()
+
+
+def run_fleet(admin: str, size: int, seconds: float, layout: str) -> Outcome:
     name = f"dw_fleet_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -162,6 +186,7 @@ def run_fleet(admin: str, size: int, seconds: float) -> Outcome:
     target = psycopg.conninfo.make_conninfo(admin, dbname=name)
     sidecars: list[Sidecar] = []
     try:
+        lay_out(url, layout)
         with tempfile.TemporaryDirectory(prefix="draftwatch-fleet-") as scratch:
             sidecars = [start_sidecar(url, Path(scratch))]
             wait_ready(
@@ -170,7 +195,7 @@ def run_fleet(admin: str, size: int, seconds: float) -> Outcome:
             sidecars += [start_sidecar(url, Path(scratch)) for _ in range(size - 1)]
             for sidecar in sidecars[1:]:
                 wait_ready(sidecar.port, sidecar.process)
-            return drive(sidecars, target, size, seconds)
+            return drive(sidecars, target, size, seconds, layout)
     finally:
         for sidecar in sidecars:
             if sidecar.process.poll() is None:
@@ -184,7 +209,7 @@ def run_fleet(admin: str, size: int, seconds: float) -> Outcome:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def drive(sidecars: list[Sidecar], target: str, size: int, seconds: float) -> Outcome:
+def drive(sidecars: list[Sidecar], target: str, size: int, seconds: float, layout: str) -> Outcome:
     body = template(BATCH)
     lock = threading.Lock()
     with psycopg.connect(target, autocommit=True) as conn:
@@ -196,6 +221,7 @@ def drive(sidecars: list[Sidecar], target: str, size: int, seconds: float) -> Ou
         leader_before = held[0]
         own = [s.process.pid for s in sidecars]
         pg_cpu, own_cpu = postgres_cpu_seconds(), cpu_seconds(own)
+        (lsn_start,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone() or ("0/0",)
         began = time.perf_counter()
         stop_at = began + seconds
         threads = [
@@ -220,6 +246,7 @@ def drive(sidecars: list[Sidecar], target: str, size: int, seconds: float) -> Ou
         for thread in threads:
             thread.join()
         wall = time.perf_counter() - began
+        (wal,) = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (lsn_start,)).fetchone() or (0,)
         pg_share = (postgres_cpu_seconds() - pg_cpu) / wall / (os.cpu_count() or 1)
         sidecar_share = (cpu_seconds(own) - own_cpu) / wall / (os.cpu_count() or 1)
         stored_ids = {row[0] for row in conn.execute("SELECT request_id FROM requests")}
@@ -230,6 +257,7 @@ def drive(sidecars: list[Sidecar], target: str, size: int, seconds: float) -> Ou
     acknowledged = {f"{mark}-{i}" for s in sidecars for mark in s.acknowledged for i in range(BATCH)}
     latencies = sorted(x for s in sidecars for x in s.latencies)
     return Outcome(
+        layout=layout,
         sidecars=size,
         seconds=wall,
         records=sum(len(s.acknowledged) for s in sidecars) * BATCH,
@@ -237,6 +265,7 @@ def drive(sidecars: list[Sidecar], target: str, size: int, seconds: float) -> Ou
         per_sidecar=[len(s.acknowledged) * BATCH / wall for s in sidecars],
         pg_share=pg_share,
         sidecar_share=sidecar_share,
+        wal_bytes=int(wal),
         leader_before=leader_before,
         leader_after=leader_after,
         takeover_s=takeover_s,
@@ -248,46 +277,63 @@ def drive(sidecars: list[Sidecar], target: str, size: int, seconds: float) -> Ou
 
 
 def report(outcomes: list[Outcome]) -> str:
-    single = next((o for o in outcomes if o.sidecars == 1), None)
+    rates = {(o.layout, o.sidecars): o.records / o.seconds for o in outcomes}
     lines = [
         f"Batches of {BATCH} records, {CLIENTS} client threads per sidecar in the benchmark's process; the sidecars "
         "(with their schedulers), the clients and PostgreSQL share this machine's cores. With 2 or more sidecars the "
-        "lease holder is killed (SIGKILL) halfway through; its records/s count until then.",
+        "lease holder is killed (SIGKILL) halfway through; its records/s count until then. `vs 1`: against one "
+        "sidecar on the same layout; `vs plain`: against the same fleet on the unpartitioned table, run in turn.",
         "",
-        "| sidecars | records/s | vs 1 | per sidecar | batch p99 ms | PostgreSQL CPU | sidecars' CPU | takeover |"
+        "| layout | sidecars | records/s | vs 1 | vs plain | per sidecar | batch p99 ms | PostgreSQL CPU |"
+        " records/s per PostgreSQL core | WAL bytes per record | sidecars' CPU | takeover |"
         " acknowledged, not stored | ticks run twice |",
-        "| ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
+    cores = os.cpu_count() or 1
     for o in outcomes:
-        rate = o.records / o.seconds
-        ratio = f"{rate / (single.records / single.seconds):.2f}x" if single else "n/a"
+        rate = rates[(o.layout, o.sidecars)]
+        single, plain = rates.get((o.layout, 1)), rates.get(("plain", o.sidecars))
+        ratio = f"{rate / single:.2f}x" if single else "n/a"
+        versus = f"{rate / plain:.2f}x" if plain and o.layout != "plain" else "n/a"
         per = " / ".join(f"{r:,.0f}" for r in o.per_sidecar)
         takeover = "no kill" if o.sidecars < 2 else ("none" if o.takeover_s is None else f"{o.takeover_s:.1f} s")
+        per_core = f"{rate / (o.pg_share * cores):,.0f}" if o.pg_share > 0 else "n/a"
+        wal = f"{o.wal_bytes / o.records:,.0f}" if o.records else "n/a"
         lines.append(
-            f"| {o.sidecars} | {rate:,.0f} | {ratio} | {per} | {o.p99_ms:.0f} | {o.pg_share:.0%} | "
-            f"{o.sidecar_share:.0%} | {takeover} | {o.missing} of {o.records:,} | {o.twice_run_ticks} |"
+            f"| {o.layout} | {o.sidecars} | {rate:,.0f} | {ratio} | {versus} | {per} | {o.p99_ms:.0f} | "
+            f"{o.pg_share:.0%} | {per_core} | {wal} | {o.sidecar_share:.0%} | {takeover} | "
+            f"{o.missing} of {o.records:,} | {o.twice_run_ticks} |"
         )
     lines.append("")
     for o in outcomes:
         if o.sidecars >= 2:
             names = {o.leader_before: "killed leader", o.leader_after: "new leader"}
             runs = ", ".join(f"{names.get(holder, holder)} {n}" for holder, n in o.runs_by_leader.items())
-            lines.append(f"{o.sidecars} sidecars: job runs by holder: {runs}; the lease TTL is {LEASE_TTL_S:.0f} s.")
+            lines.append(f"{o.layout}, {o.sidecars} sidecars: job runs by holder: {runs}; the lease TTL is "
+                         f"{LEASE_TTL_S:.0f} s.")  # fmt: skip
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sidecars", default="1,2,4", help="fleet sizes, comma-separated (default: 1,2,4)")
+    parser.add_argument("--sidecars", default="1,2,4,8", help="fleet sizes, comma-separated (default: 1,2,4,8)")
+    parser.add_argument("--layouts", default="partitioned,plain",
+                        help="layouts of requests, comma-separated: partitioned (a new installation's), plain "
+                        "(unpartitioned, before migration 0014) (default: partitioned,plain)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=20.0, help="load per fleet size (default: 20)")
     parser.add_argument("--pg", default="host=127.0.0.1 port=5432 user=postgres dbname=postgres",
                         help="libpq connection string of a role that may create databases")  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
     args = parser.parse_args(argv)
+    layouts = [name.strip() for name in args.layouts.split(",")]
+    if unknown := sorted(set(layouts) - {"partitioned", "plain"}):
+        parser.error(f"--layouts={args.layouts!r}: unknown layout {unknown[0]!r}; expected partitioned and/or plain")
     outcomes = []
     for size in (int(n) for n in args.sidecars.split(",")):
-        print(f"fleet of {size}: starting, then {args.seconds:.0f} s of load", file=sys.stderr, flush=True)
-        outcomes.append(run_fleet(args.pg, size, args.seconds))
+        for layout in layouts:
+            print(f"fleet of {size}, {layout}: starting, then {args.seconds:.0f} s of load", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            outcomes.append(run_fleet(args.pg, size, args.seconds, layout))
     text = report(outcomes)
     print(text)
     if not args.no_write:
