@@ -388,9 +388,7 @@ class SpeculationController:
         measure_t1 = self._arm(best).costs.single_passes < MIN_WEIGHT
         return Plan("speculative", gamma, speedup, measure_t1=measure_t1, drafter=best)
 
-    def _option(
-        self, workload: str, drafter: str, prompt_tokens: int, max_new_tokens: int | None
-    ) -> tuple[int, float]:
+    def _option(self, workload: str, drafter: str, prompt_tokens: int, max_new_tokens: int | None) -> tuple[int, float]:
         """``drafter``'s best gamma for ``workload`` and the request speedup it expects there."""
         gamma, step_speedup = self.best_gamma(workload, drafter=drafter)
         return gamma, self._request_speedup(workload, step_speedup, prompt_tokens, max_new_tokens, drafter)

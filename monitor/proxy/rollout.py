@@ -251,7 +251,7 @@ def judge_step(
     current = _by_target(outcomes(conn, rollout.current_drafters, start, now))
     found: dict[str, WorkloadJudgement] = {}
     for key in sorted(candidate, key=lambda k: (-sum(n for n, _ in candidate[k].values()), k)):
-        workload, target = key
+        workload, _target = key
         if workload in rollout.workloads or workload in found:
             continue
         sides = []

@@ -30,10 +30,10 @@ from monitor.gateways.litellm_report import Reporter, report_body
 from monitor.gateways.litellm_settings import LitellmSettings, load_settings
 from monitor.proxy.rollout import abort, deployment_of, promote, start_rollout
 from monitor.proxy.settings import ProxySettings, RolloutSettings
+from monitor.settings.parsers import ConfigError
 from monitor.store import rollouts
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
-from monitor.settings.parsers import ConfigError
 from monitor.store.rollouts import CURRENT_DRAFTER, STATUSES, Rollout, Status, save_rollout
 from tests.api.conftest import ADMIN, make_settings
 from tests.proxy.engine import rows
@@ -51,7 +51,7 @@ DRAWS: Final = 400
 def test_the_gate_spells_the_store_s_names_as_the_store_does() -> None:
     assert litellm_gate.CURRENT_DRAFTER == rollouts.CURRENT_DRAFTER
     assert litellm_gate.ACTIVE == rollouts.ACTIVE
-    assert litellm_gate.DEFAULT_DEPLOYMENT == deployment_of(PROXY, None).deployment
+    assert deployment_of(PROXY, None).deployment == litellm_gate.DEFAULT_DEPLOYMENT
 
 
 @pytest.mark.parametrize("status", STATUSES)
