@@ -155,6 +155,10 @@ class Router:
         if d.settings.upstream_is_baseline:
             # A gateway split this request off (draftwatch routes export): routed there, or its holdout share.
             return Route(spec.pick(), d, "route" if workload in self.routed else "share")
+        if d.settings.upstream_is_candidate:
+            # A gateway split the rollout's share off (routes export --candidate-service): stored as the candidate's.
+            rollout = self.rollouts.get(d.model)
+            return Route(spec.pick(), d, drafter=rollout.drafter if rollout is not None and rollout.of_proxy else None)
         if not base:
             return self._speculative(d, workload)
         routed = workload in self.routed
@@ -295,7 +299,7 @@ def _take_rollouts(router: Router, rollouts: dict[str, Rollout]) -> None:
             log.warning("rollout %s of deployment %s is the embedded decoder's (its current drafters: %s): this "
                         "proxy's traffic stays on the current drafter", rollout.id, model,
                         ", ".join(rollout.current_drafters))  # fmt: skip
-        elif d is None or not d.candidate:
+        elif d is None or not (d.candidate or d.settings.upstream_is_candidate):
             log.warning("rollout %s of deployment %s: this sidecar has no candidate pool for it "
                         "(proxy.candidate_upstream, or the route's candidate_upstream), so its traffic here stays "
                         "on the current drafter", rollout.id, model)  # fmt: skip

@@ -287,14 +287,16 @@ class ProxySettings:
     )
     speculative: str = setting(
         "proxy.speculative",
-        parse_choice(("auto", "true", "false", "baseline")),
+        parse_choice(("auto", "true", "false", "baseline", "candidate")),
         "auto",
         "whether the upstream decodes speculatively, where no baseline declares it (with a baseline the upstream "
         "pool is speculative, as true): true stores a request that drafted nothing as speculative with 0 drafts and "
         "refuses a response without counts; auto infers it per response, so an n-gram drafter's request that found "
         "no match is stored plain (flagged mode_inferred, kept out of the speedup estimate); false: plain; "
         "baseline: the upstream IS a deployment's plain baseline, its traffic split off by a gateway (draftwatch "
-        "routes export), so every answer is stored as the holdout",
+        "routes export), so every answer is stored as the holdout; candidate: the upstream IS a deployment's candidate "
+        "drafter, its share split off by a gateway (routes export --candidate-service), so every answer is stored "
+        "speculative under the active rollout's drafter name, for the judge",
     )
     timeout_s: float = setting(
         "proxy.timeout_s",
@@ -355,9 +357,14 @@ class ProxySettings:
         return self.speculative == "baseline"
 
     @property
+    def upstream_is_candidate(self) -> bool:
+        """Whether ``upstream`` is a rollout's candidate pool, its share split off by a gateway."""
+        return self.speculative == "candidate"
+
+    @property
     def deployment_speculative(self) -> bool | None:
         """What the stack parsers are told of the deployment: speculative, plain, or None (infer it)."""
-        return None if self.speculative == "auto" else self.speculative == "true"
+        return None if self.speculative == "auto" else self.speculative in ("true", "candidate")
 
 
 def parse_steps(raw: Any) -> tuple[float, ...]:

@@ -31,7 +31,9 @@ from monitor.commands.main import main
 from monitor.drift.run import run_drift
 from monitor.drift.verdict import HOW_TO_MEASURE, verdict_of
 from monitor.proxy.decide import decide_routes
+from monitor.proxy.rollout import start_rollout
 from monitor.store.engine import create_engine
+from tests.api.conftest import make_settings
 from tests.proxy.engine import flushed, rows, sidecar
 from tests.proxy.upstream import Upstream, fixture, serving
 
@@ -224,3 +226,40 @@ def test_behind_a_gateway_the_baseline_s_own_sidecar_stores_its_answers_as_the_h
     assert reasons == ["share"] * PER_WORKLOAD + ["route"] * PER_WORKLOAD
     spec_rows = [r for r in rows(db_url) if r["request_id"].startswith("chatcmpl-spec")]
     assert {(r["mode"], r["holdout_reason"]) for r in spec_rows} == {("speculative", None)}
+
+
+def test_behind_a_gateway_the_candidate_s_own_sidecar_stores_its_answers_under_the_rollout_s_drafter(
+    tmp_path: Path, db_url: str, engines: tuple[LlamaServerStandIn, str, LlamaServerStandIn, str]
+) -> None:
+    """The gateway sends a rollout's share to the candidate engine (routes export --candidate-service); its sidecar
+    (``proxy.speculative = candidate``) stores every answer speculative under the rollout's drafter, that drafted
+    or not, so that the judge finds the candidate's side; with no rollout running they are the current drafter's."""
+    _, spec_url, _, _ = engines
+    env = {"DRAFTWATCH_PROXY_SPECULATIVE": "candidate", "DRAFTWATCH_PROXY_ROUTE_REFRESH_S": "0.1",
+           "DRAFTWATCH_ROLLOUT_DRAFTER": "ngram-next"}  # fmt: skip
+    with sidecar(tmp_path, db_url, spec_url, **env) as (url, app):
+        ask(url, {"before": "copy this"})
+        # The rollout is started where the fleet's config names the candidate pool (the scheduler's pod).
+        fleet = make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM="http://spec:8080",
+                              DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM="http://cand:8080")  # fmt: skip
+        engine = create_engine(db_url)
+        try:
+            start_rollout(engine, fleet.proxy, app.state.api.settings.rollout, datetime.now(UTC))
+        finally:
+            engine.dispose()
+        deadline = time.monotonic() + 10
+        while "*" not in app.state.api.router.rollouts and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ask(url, {"copy": "copy this", "qa": "What is the capital of France?"})
+        flushed(app)
+    stored = {(r["workload"], r["mode"], r["drafter"]) for r in rows(db_url)}
+    assert stored == {("before", "speculative", "upstream"), ("copy", "speculative", "ngram-next"),
+                      ("qa", "speculative", "ngram-next")}  # fmt: skip
+
+
+def test_serve_refuses_a_baseline_beside_a_pool_declared_the_candidate(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "candidate")
+    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--baseline-upstream", "http://127.0.0.1:10"]) == 2
+    assert "proxy.speculative=candidate with a plain baseline" in capsys.readouterr().err
