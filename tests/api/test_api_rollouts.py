@@ -160,7 +160,7 @@ def test_refusals_name_what_was_wrong(client: TestClient, store: Engine) -> None
         ({"route": "1"}, ["body", "route"], "valid integer"),
         ({"route": 2}, ["body", "route"], "route=2: no [[proxy.routes]] are configured"),
         ({"candidate": "http://elsewhere:9999"}, ["body", "candidate"], "is not in proxy.candidate_upstream"),
-        ({"drafter": "upstream"}, ["body", "drafter"], "other than 'upstream' and 'none'"),
+        ({"drafter": "upstream"}, ["body", "drafter"], "other than 'upstream', 'none', 'model', 'ngram'"),
         ({"drafter": " "}, ["body", "drafter"], "expected a name for the candidate drafter"),
         ({"drafter": ""}, ["body", "drafter"], "at least 1 character"),
         ({"drafter": "d" * 257}, ["body", "drafter"], "at most 256 characters"),  # the column holds 256
@@ -199,6 +199,6 @@ def test_a_deployment_without_a_candidate_pool_is_a_conflict(tmp_path: Path, db_
         answer = post(client, "/v1/rollouts", {"drafter": "eagle3-v2"})
         assert answer.status_code == 409 and answer.json() == {
             "error": "no_candidate_pool", "message": "deployment '*' has no candidate pool: set "
-            "proxy.candidate_upstream to the same target served with the new drafter, on every sidecar, then start "
-            "the rollout"}  # fmt: skip
+            "proxy.candidate_upstream to the same target served with the new drafter (or, for the embedded decoder, "
+            "decoder.candidate: serve --candidate-drafter), on every sidecar, then start the rollout"}  # fmt: skip
         assert client.get("/v1/rollouts", headers=auth(READ)).json() == {"rollouts": []}

@@ -86,7 +86,7 @@ def test_start_refusals_are_one_line_with_what_to_do_and_status_2(
         (): f"rollout {running.id} is running on deployment '*': one rollout at a time; promote or abort it first "
         f"(draftwatch rollout abort {running.id}, or POST /v1/rollouts/{running.id}/abort)",
         ("--candidate", "http://elsewhere:9999"): "candidate='http://elsewhere:9999' is not in "
-        "proxy.candidate_upstream (1 URL(s)): a rollout only sends traffic to a configured candidate; add it there "
+        "proxy.candidate_upstream (1 configured): a rollout only sends traffic to a configured candidate; add it there "
         "first",
         ("--drafter", "upstream"): "rollout.drafter='upstream': expected a name for the candidate drafter",
         ("--route", "2"): "route=2: no [[proxy.routes]] are configured",
@@ -100,7 +100,8 @@ def test_start_refusals_are_one_line_with_what_to_do_and_status_2(
     assert code == 2
     assert err == (
         "draftwatch rollout start: deployment '*' has no candidate pool: set proxy.candidate_upstream to the same "
-        "target served with the new drafter, on every sidecar, then start the rollout\n"
+        "target served with the new drafter (or, for the embedded decoder, decoder.candidate: serve "
+        "--candidate-drafter), on every sidecar, then start the rollout\n"
     )
     # A value the setting's own parser refuses is argparse's usage error, naming the flag.
     for flag, value, said in (("--steps", "50,25,100", "25 follows 50"), ("--steps", "5,50", "the last step to be 100"),
