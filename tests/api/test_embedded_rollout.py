@@ -53,6 +53,7 @@ from monitor.proxy.rollout import abort, advance_rollouts, start_rollout
 from monitor.store.engine import create_engine
 from monitor.store.rollouts import Rollout, RolloutEvent, get_rollout, rollout_events
 from tests.api.conftest import make_settings
+from tests.rollout_prompts import PROMPTS
 from tests.serving import serving
 
 pytestmark = pytest.mark.models
@@ -68,20 +69,6 @@ PASSES, FAILS = "story", "copy"
 COPY_LOSS = 0.8
 # ... and at least this on story (the judge's 1 - tolerance).
 STORY_EVEN = 0.75
-LIST = (
-    "red green blue yellow orange purple pink brown black white gray silver gold navy teal olive maroon coral ivory "
-    "beige cat dog horse cow sheep goat pig duck mouse fox wolf bear lion tiger eagle owl fish frog snake"
-)
-PROMPTS: dict[str, list[str]] = {
-    # The list three times, then its start: the answer is the list's next words, copied.
-    "copy": [f"{LIST}\n{LIST}\n{LIST}\n{start}" for start in ("red green", "red green blue", "red green blue yellow")],
-    "story": [
-        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "Describe a thunderstorm over a mountain village in vivid detail.",
-        "Write a letter from a sailor to his sister about a voyage to the south.",
-        "Tell a fable about a clever fox and a proud crow.",
-    ],
-}
 MAX_NEW_TOKENS = 32
 MIN_REQUESTS = 10
 ENV = {

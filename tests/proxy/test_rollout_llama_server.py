@@ -74,6 +74,7 @@ from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow
 from monitor.store.rollouts import CURRENT_DRAFTER, Rollout, RolloutEvent, get_rollout, rollout_events
 from tests.api.conftest import make_settings
+from tests.rollout_prompts import PROMPTS
 from tests.serving import serving
 from tests.stacks.llama_server import BASE_ARGS, LlamaServer, llama_server, require_binary
 
@@ -90,20 +91,6 @@ def ngram(n: int, m: int) -> tuple[str, ...]:
 ONE_CORE = ("--threads", "1", "--metrics")
 CURRENT_NGRAM = ngram(2, 2)
 CANDIDATE_NGRAM = ngram(1, 16)
-LIST = (
-    "red green blue yellow orange purple pink brown black white gray silver gold navy teal olive maroon coral ivory "
-    "beige cat dog horse cow sheep goat pig duck mouse fox wolf bear lion tiger eagle owl fish frog snake"
-)
-PROMPTS: dict[str, list[str]] = {
-    # The list three times, then its start: the answer (32 tokens) is the list's next 32 words.
-    "copy": [f"{LIST}\n{LIST}\n{LIST}\n{start}" for start in ("red green", "red green blue", "red green blue yellow")],
-    "story": [
-        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "Describe a thunderstorm over a mountain village in vivid detail.",
-        "Write a letter from a sailor to his sister about a voyage to the south.",
-        "Tell a fable about a clever fox and a proud crow.",
-    ],
-}
 MAX_TOKENS = 32
 MIN_REQUESTS = 10
 # llama.cpp's own current ms per token over the candidate's: copy at least this (measured 1.46-1.66x) ...
