@@ -21,11 +21,14 @@ drafter's requests of the same step (:class:`monitor.drift.detectors.judge.Judge
   the current drafter to judge it against): it serves everything, or, per workload,
   the workloads where it passed (the rest stay on the current drafter, a drafter chosen per
   workload);
-* otherwise (a workload marginal, or none judged) the step goes on, its requests accumulating,
-  for at most ``rollout.max_holds`` more intervals; then the rollout gives up and rolls back (per
-  workload: the undecided workloads are kept on the current drafter). It neither waits forever nor
-  passes what it could not judge: each step's event lists the workloads left unjudged, and the
-  promotion's reason the workloads never judged at all.
+* otherwise (a workload marginal, or none judged) the step is **held**: it goes on, its requests
+  accumulating, for at most ``rollout.max_holds`` more intervals; then the rollout gives up and
+  rolls back (per workload: the undecided workloads are kept on the current drafter). A hold is
+  counted by a run, at most one a run and one an interval: the first run to find the step undecided
+  after an interval ended (the judgement's ``held_at`` is that interval end's number), so intervals
+  no run judged, while the scheduler was down, are no holds. It neither waits forever nor passes what
+  it could not judge: each step's event lists the workloads left unjudged, and the promotion's reason
+  the workloads never judged at all.
 
 Every transition is a row of ``rollout_events`` and a line in the log; the alerts
 ``rollout_advanced``, ``rollout_rolled_back`` and ``rollout_promoted`` are raised from those rows.
@@ -38,7 +41,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 import numpy as np
 from sqlalchemy.engine import Connection, Engine
@@ -67,6 +70,9 @@ from monitor.store.rollouts import (
 from monitor.store.types import Fence
 
 log = logging.getLogger(__name__)
+
+# The judgement's key for the interval end of the current step its last hold was counted at (1 for the first).
+HELD_AT: Final = "held_at"
 
 
 class RolloutError(ValueError):
@@ -319,16 +325,22 @@ def _decide(
     judged = {w: j for w, j in open_.items() if j.outcome != "unjudged"}
     unjudged = sorted(w for w, j in open_.items() if j.outcome == "unjudged")
     undecided = {w: j for w, j in judged.items() if j.outcome != "pass"}
-    holds = int(elapsed / interval)  # interval ends this step has passed, this one included
     if judged and not undecided:
         seen |= set(judged)
         r = replace(r, judgement={**state, "judged": sorted(seen)})
         return _next_step(r, judged, unjudged, seen, now, events)
+    # A hold is counted by a run that finds the step undecided in a later interval than the last hold's: at
+    # most one a run. Counted by the time since the step began, a scheduler outage longer than max_holds
+    # intervals would roll the step back at the first run after it, on intervals no judge looked at.
+    ended = int(elapsed / interval)  # interval ends this step has passed, this one included
+    last = _held_at(rollout)
+    if ended <= last:
+        return replace(r, judgement={**state, HELD_AT: last}), events
+    holds = r.holds + 1
+    r = replace(r, holds=holds, judgement={**state, HELD_AT: ended})
     if holds <= max_holds:
-        if holds > r.holds:
-            why = _undecided(undecided, unjudged)
-            r = replace(r, holds=holds)
-            events.append(_event(r, now, "held", f"step {r.step + 1} held ({holds} of {max_holds}): {why}"))
+        why = _undecided(undecided, unjudged)
+        events.append(_event(r, now, "held", f"step {r.step + 1} held ({holds} of {max_holds}): {why}"))
         return r, events
     why = f"no decision after {holds} intervals at step {r.step + 1}: {_undecided(undecided, unjudged)}"
     if r.per_workload and undecided and len(undecided) < len(judged):
@@ -393,6 +405,16 @@ def _ended(
 
 def _judged_ever(rollout: Rollout) -> set[str]:
     return set(rollout.judgement.get("judged", ()))
+
+
+def _held_at(rollout: Rollout) -> int:
+    """The interval end of the current step its last hold was counted at (the 1st, 2nd...); 0 before any hold.
+
+    A rollout stored before :data:`HELD_AT` was kept was held at every interval end up to its ``holds``.
+    """
+    if not rollout.holds:
+        return 0
+    return int(rollout.judgement.get(HELD_AT, rollout.holds))
 
 
 def _undecided(undecided: Mapping[str, WorkloadJudgement], unjudged: Sequence[str]) -> str:

@@ -446,7 +446,9 @@ class RolloutSettings:
         parse_int(1),
         3,
         "intervals a step may end without every judged workload passing (a marginal one, or none judged) before the "
-        "rollout gives up and rolls back: a rollout neither waits forever nor passes what it could not judge",
+        "rollout gives up and rolls back: a rollout neither waits forever nor passes what it could not judge. A hold "
+        "is counted by a run of the judge that finds the step undecided, one an interval at most: intervals no run "
+        "judged (the scheduler down) are none",
     )
     per_workload: bool = setting(
         "rollout.per_workload",

@@ -31,6 +31,7 @@ from monitor.store.rollouts import (
     get_rollout,
     insert_rollout,
     rollout_events,
+    save_rollout,
 )
 from monitor.store.writes.writer import write_batch
 from tests.records import T0, api_record
@@ -170,6 +171,44 @@ def test_a_step_with_nothing_judged_is_held_then_given_up(engine: Engine) -> Non
     assert [e.kind for e in events] == ["started", "held", "held", "rolled_back"]
     assert "held (1 of 2): unjudged (too few requests): rare" in events[1].reason
     assert events[-1].reason.startswith("rolled back: no decision after 3 intervals at step 1")
+
+
+def test_intervals_no_run_judged_are_not_holds(engine: Engine) -> None:
+    """The scheduler down for max_holds + 2 intervals: the first run after it holds the step once, not gives up.
+
+    Holds are counted by the runs that find the step undecided, one an interval at most: the step still
+    rolls back after max_holds of them.
+    """
+    s = rollout_settings(max_holds=2)
+    r = start_rollout(engine, PROXY, s, T0)
+    assert r.id is not None
+    interval_of(engine, T0, {"rare": (10.0, 10.0)}, n=5)  # too few to judge
+    after = T0 + 4 * INTERVAL + timedelta(seconds=1)  # no run since the start
+    (held,) = advance_rollouts(engine, s, after)
+    assert held.kind == "held" and "held (1 of 2): unjudged (too few requests): rare" in held.reason, held.reason
+    assert advance_rollouts(engine, s, after + timedelta(minutes=5)) == []  # the same interval: no second hold
+    stored = get_rollout(engine, r.id)
+    assert stored is not None and (stored.status, stored.holds) == ("running", 1)
+    assert stored.judgement["held_at"] == 4
+    (held,) = advance_rollouts(engine, s, T0 + 5 * INTERVAL + timedelta(seconds=1))
+    assert held.kind == "held" and "held (2 of 2)" in held.reason, held.reason
+    # Another gap of 3 intervals: one hold more, the one past max_holds.
+    (ended,) = advance_rollouts(engine, s, T0 + 8 * INTERVAL + timedelta(seconds=1))
+    assert ended.reason.startswith("rolled back: no decision after 3 intervals at step 1"), ended.reason
+    assert kinds(engine, r.id) == ["started", "held", "held", "rolled_back"]
+
+
+def test_a_rollout_held_before_the_interval_of_its_hold_was_kept_goes_on_from_its_holds(engine: Engine) -> None:
+    """A rollout stored by an earlier version, held at each interval end (its holds), no ``held_at``."""
+    s = rollout_settings(max_holds=2)
+    r = start_rollout(engine, PROXY, s, T0)
+    assert r.id is not None
+    with engine.begin() as conn:
+        save_rollout(conn, replace(r, holds=1, judgement={"judged": []}))
+    interval_of(engine, T0, {"rare": (10.0, 10.0)}, n=5)
+    assert advance_rollouts(engine, s, T0 + INTERVAL + timedelta(minutes=5)) == []  # its hold of this interval
+    (held,) = advance_rollouts(engine, s, T0 + 2 * INTERVAL + timedelta(seconds=1))
+    assert held.kind == "held" and "held (2 of 2)" in held.reason, held.reason
 
 
 def test_a_candidate_that_fails_its_requests_is_rolled_back_on_the_error_rate(engine: Engine) -> None:
