@@ -66,7 +66,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -93,13 +93,84 @@ MAX_HOLDS = 3  # rollout.max_holds' default
 DEFAULT_STEPS = (0.05, 0.25, 0.5, 1.0)  # rollout.steps' default
 MS_PER_TOKEN = 20.0  # the current drafter's median decode ms per output token (the scale does not matter)
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+
+
+class Columns(NamedTuple):
+    """One side's requests, a value per request: what a record's timings and counts are made of."""
+
+    per_token: FloatArray  # decode ms per output token
+    output: IntArray
+    prompt: IntArray
+    ttft: FloatArray
+    drafted: IntArray
+    accepted: IntArray
+    inflight: IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class Modelled:
+    """Requests of the model in the module docstring, decode ms per token lognormal around ``ms``."""
+
+    ms: float
+    sd: float
+    ttft_spread: bool = True  # TTFT linear in the prompt (log sd about 0.8); False: 50 ms, log sd 0.05
+
+    def draw(self, rng: np.random.Generator, n: int) -> Columns:
+        per_token = self.ms * rng.lognormal(0.0, self.sd, n)
+        output = np.maximum(2, np.round(rng.lognormal(math.log(200), 0.6, n))).astype(int)
+        prompt = np.maximum(1, np.round(rng.lognormal(math.log(400), 0.8, n))).astype(int)
+        jitter = rng.lognormal(0.0, 0.2 if self.ttft_spread else 0.05, n)
+        ttft = (20.0 + 0.15 * prompt) * jitter if self.ttft_spread else 50.0 * jitter
+        inflight = 1 + rng.poisson(0.5, n)
+        drafted = 4 * np.maximum(1, output // 3)
+        return Columns(per_token, output, prompt, ttft, drafted, rng.binomial(drafted, 0.6), inflight)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """Requests measured on a real pair (benchmarks/rollout_pair.py), one side's: drawn whole, with replacement.
+
+    Each drawn request keeps its own decode ms per token, lengths, TTFT, draft counts and load
+    together, so whatever ties them in the real requests stays tied.
+    """
+
+    per_token: tuple[float, ...]
+    output: tuple[int, ...]
+    prompt: tuple[int, ...]
+    ttft: tuple[float, ...]
+    drafted: tuple[int, ...]
+    accepted: tuple[int, ...]
+    inflight: tuple[int, ...]
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord]) -> Measured:
+        """The timed requests among ``records`` (a decode time per token and a TTFT)."""
+        timed = [r for r in records if r.decode_ms_per_token is not None and r.ttft_ms is not None]
+        if not timed:
+            raise ValueError("no timed request to draw from")
+        return cls(
+            tuple(float(r.decode_ms_per_token or 0.0) for r in timed),
+            tuple(r.output_tokens for r in timed),
+            tuple(r.prompt_tokens for r in timed),
+            tuple(float(r.ttft_ms or 0.0) for r in timed),
+            tuple(r.num_draft_tokens for r in timed),
+            tuple(r.num_accepted_tokens for r in timed),
+            tuple(r.upstream_inflight or 1 for r in timed),
+        )
+
+    def draw(self, rng: np.random.Generator, n: int) -> Columns:
+        pick = rng.integers(0, len(self.per_token), n)
+        columns = (self.per_token, self.output, self.prompt, self.ttft, self.drafted, self.accepted, self.inflight)
+        return Columns(*(np.asarray(column)[pick] for column in columns))
 
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """One row: a candidate at ``speed`` times the current drafter's decode speed on a workload of ``per_interval``
     requests per interval (both sides together), judged step by step with ``steps``; ``whole``: the whole rollout,
-    else its first step only."""
+    else its first step only. ``measured``: the candidate's and the current drafter's requests drawn from real ones
+    (``speed`` and ``sd`` then only describe them), else from the model."""
 
     name: str
     speed: float
@@ -109,12 +180,20 @@ class Scenario:
     runs: int
     whole: bool = False
     ttft_spread: bool = True  # TTFT linear in the prompt (log sd about 0.8); False: 50 ms, log sd 0.05
+    measured: tuple[Measured, Measured] | None = None
 
     @property
     def a_side(self) -> str:
         """The first step's requests per interval: candidate / current."""
         n = round(self.per_interval * self.steps[0])
         return f"{n} / {self.per_interval - n}"
+
+    def sources(self) -> tuple[Modelled | Measured, Modelled | Measured]:
+        """Where the candidate's and the current drafter's requests come from."""
+        if self.measured is not None:
+            return self.measured
+        return (Modelled(MS_PER_TOKEN / self.speed, self.sd, self.ttft_spread),
+                Modelled(MS_PER_TOKEN, self.sd, self.ttft_spread))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,46 +225,37 @@ def side_requests(
     per_interval: int,
     start_s: float,
     intervals: int,
-    ms: float,
-    sd: float,
+    source: Modelled | Measured,
     tag: str,
-    ttft_spread: bool = True,
 ) -> list[RequestRecord]:
     """``per_interval`` requests in each of ``intervals`` intervals from ``start_s`` (seconds after T0)."""
     if per_interval <= 0:
         return []
     length = INTERVAL.total_seconds()
     start = np.concatenate([np.sort(rng.uniform(k * length, (k + 1) * length, per_interval)) for k in range(intervals)])
-    n = len(start)
-    per_token = ms * rng.lognormal(0.0, sd, n)
-    output = np.maximum(2, np.round(rng.lognormal(math.log(200), 0.6, n))).astype(int)
-    prompt = np.maximum(1, np.round(rng.lognormal(math.log(400), 0.8, n))).astype(int)
-    ttft = (20.0 + 0.15 * prompt) * rng.lognormal(0.0, 0.2, n) if ttft_spread else 50.0 * rng.lognormal(0.0, 0.05, n)
-    decode = per_token * (output - 1)
-    inflight = 1 + rng.poisson(0.5, n)
-    drafted = 4 * np.maximum(1, output // 3)
-    accepted = rng.binomial(drafted, 0.6)
+    c = source.draw(rng, len(start))
+    decode = c.per_token * (c.output - 1)
     return [
         RequestRecord(
             request_id=f"{tag}-{drafter}-{i}",
             ts_start=T0 + timedelta(seconds=start_s + float(start[i])),
-            ts_end=T0 + timedelta(seconds=start_s + float(start[i] + (ttft[i] + decode[i]) / 1000.0)),
+            ts_end=T0 + timedelta(seconds=start_s + float(start[i] + (c.ttft[i] + decode[i]) / 1000.0)),
             workload=WORKLOAD,
             target_model=TARGET,
             drafter=drafter,
             mode="speculative",
-            prompt_tokens=int(prompt[i]),
-            output_tokens=int(output[i]),
-            num_draft_tokens=int(drafted[i]),
-            num_accepted_tokens=int(accepted[i]),
-            ttft_ms=float(ttft[i]),
-            latency_ms=float(ttft[i] + decode[i]),
+            prompt_tokens=int(c.prompt[i]),
+            output_tokens=int(c.output[i]),
+            num_draft_tokens=int(c.drafted[i]),
+            num_accepted_tokens=int(c.accepted[i]),
+            ttft_ms=float(c.ttft[i]),
+            latency_ms=float(c.ttft[i] + decode[i]),
             decode_ms=float(decode[i]),
             finish_reason="stop",
             source="api",
-            upstream_inflight=int(inflight[i]),
+            upstream_inflight=int(c.inflight[i]),
         )
-        for i in range(n)
+        for i in range(len(start))
     ]
 
 
@@ -223,25 +293,13 @@ def run_rollout(template: Path, folder: Path, scenario: Scenario, judging: Judgi
                 step = current.step
                 started = (current.step_started_at - T0).total_seconds()
                 pending = [p for p in pending if p.ts_start < current.step_started_at]
-                share = scenario.steps[step]
-                n = round(scenario.per_interval * share)
-                ms = MS_PER_TOKEN / scenario.speed
-                fresh = side_requests(
-                    rng, CANDIDATE, n, started, horizon, ms, scenario.sd, f"{tag}-{step}", scenario.ttft_spread
-                )
+                n = round(scenario.per_interval * scenario.steps[step])
+                candidate, incumbent = scenario.sources()
+                fresh = side_requests(rng, CANDIDATE, n, started, horizon, candidate, f"{tag}-{step}")
                 served += [q.ts_start for q in fresh]
                 pending += fresh
-                pending += side_requests(
-                    rng,
-                    CURRENT_DRAFTER,
-                    scenario.per_interval - n,
-                    started,
-                    horizon,
-                    MS_PER_TOKEN,
-                    scenario.sd,
-                    f"{tag}-{step}",
-                    scenario.ttft_spread,
-                )
+                rest = scenario.per_interval - n
+                pending += side_requests(rng, CURRENT_DRAFTER, rest, started, horizon, incumbent, f"{tag}-{step}")
             ended = [p for p in pending if p.ts_end <= now]  # a record reaches the store when its request ends
             if ended:
                 pending = [p for p in pending if p.ts_end > now]
@@ -468,6 +526,22 @@ def targets(figures: Sequence[Figures], judging: Judging) -> list[str]:
     return [" ".join(out)] if out else []
 
 
+def simulate(rows: Sequence[tuple[int, Scenario]], judging: Judging, seed: int, jobs: int) -> list[Figures]:
+    """Every row's rollouts on ``jobs`` processes; row ``k``'s seeds follow from ``seed`` and ``k`` alone."""
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max(1, jobs)) as pool:
+        folder = Path(tmp)
+        template = migrated(folder)
+        tasks = [
+            (template, folder, s, judging, seed * 1_000_003 + 10_007 * k + i) for k, s in rows for i in range(s.runs)
+        ]
+        done = list(pool.map(_task, tasks, chunksize=4))
+    figures, at = [], 0
+    for _, s in rows:
+        figures.append(Figures(s, done[at : at + s.runs]))
+        at += s.runs
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a few seeds per row, to check it works (no write)")
@@ -488,19 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     # Each row's seeds follow from --seed and its place in the full list: --only picks rows, not other seeds.
     rows = [(k, s) for k, s in enumerate(scenarios(args.quick)) if not args.only or s.name in args.only]
     t0, load = time.perf_counter(), os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        folder = Path(tmp)
-        template = migrated(folder)
-        tasks = [
-            (template, folder, s, judging, args.seed * 1_000_003 + 10_007 * k + i)
-            for k, s in rows
-            for i in range(s.runs)
-        ]
-        done = list(pool.map(_task, tasks, chunksize=4))
-    figures, at = [], 0
-    for _, s in rows:
-        figures.append(Figures(s, done[at : at + s.runs]))
-        at += s.runs
+    figures = simulate(rows, judging, args.seed, args.jobs)
+    done = [r for f in figures for r in f.runs]
     took = time.perf_counter() - t0
     steps = [f for f in figures if not f.scenario.whole]
     whole = [f for f in figures if f.scenario.whole]

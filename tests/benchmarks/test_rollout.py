@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from benchmarks import rollout
-from benchmarks.rollout import INTERVAL, T0, Judging, Scenario, migrated, run_rollout, side_requests
+from benchmarks.rollout import INTERVAL, T0, Judging, Measured, Modelled, Scenario, migrated, run_rollout, side_requests
+from decoder.record import RequestRecord
 
 
 def test_each_interval_holds_its_requests_with_the_stated_spread() -> None:
-    records = side_requests(np.random.default_rng(1), "c", 40, 600.0, 3, 20.0, 0.25, "t")
+    records = side_requests(np.random.default_rng(1), "c", 40, 600.0, 3, Modelled(20.0, 0.25), "t")
     assert len(records) == 120 and all(r.check() is r for r in records)
     starts = np.array([(r.ts_start - T0).total_seconds() - 600.0 for r in records])
     assert np.bincount((starts // INTERVAL.total_seconds()).astype(int)).tolist() == [40, 40, 40]
@@ -21,6 +22,20 @@ def test_each_interval_holds_its_requests_with_the_stated_spread() -> None:
     assert np.median(per_token) == pytest.approx(np.log(20.0), abs=0.08)
     assert np.std(per_token) == pytest.approx(0.25, abs=0.05)
     assert all(r.ts_end > r.ts_start and r.mode == "speculative" for r in records)
+
+
+def test_measured_requests_are_drawn_whole_from_the_real_ones() -> None:
+    real = side_requests(np.random.default_rng(2), "c", 5, 0.0, 1, Modelled(20.0, 0.25), "r")
+    drawn = side_requests(np.random.default_rng(3), "c", 200, 0.0, 1, Measured.of(real), "d")
+
+    def whole(r: RequestRecord) -> tuple[object, ...]:
+        speed = round(r.decode_ms_per_token or 0.0, 6)
+        return (speed, r.output_tokens, r.prompt_tokens, r.num_draft_tokens, r.num_accepted_tokens, r.ttft_ms)
+
+    # Each drawn request is one real request's figures together (not a mix of several), and each real one is drawn.
+    assert {whole(r) for r in drawn} == {whole(r) for r in real}
+    with pytest.raises(ValueError, match="no timed request"):
+        Measured.of([])
 
 
 def test_a_slower_candidate_is_rolled_back_and_a_faster_one_advanced(tmp_path: Path) -> None:
