@@ -35,9 +35,10 @@ def register(subparsers: Any) -> None:
         "decided: by the workload header (proxy.workload_header), a workload routed to plain to the baseline "
         "Service but for a probe share, every other one to the speculative Service with the holdout share to "
         "the baseline. With --candidate-service, a running or promoted rollout of the default deployment (draftwatch "
-        "rollout start without --route) splits the speculative weight as its step says, per workload where it kept "
-        "or promoted one: run it again as the steps advance (deploy/gateway's CronJob does, every 5 minutes). "
-        "--apply sends it to the Kubernetes API (server-side apply, field manager draftwatch).",
+        "rollout start without --route; a proxy's, not an embedded decoder's) splits the speculative weight as its "
+        "step says, per workload where it kept or promoted one: run it again as the steps advance (deploy/gateway's "
+        "CronJob does, every 5 minutes). --apply sends it to the Kubernetes API (server-side apply, field manager "
+        "draftwatch).",
     )
     add_settings_arguments(export)
     export.add_argument("--name", default="draftwatch", help="the HTTPRoute's name (default: %(default)s)")
@@ -99,6 +100,12 @@ def _export(args: argparse.Namespace) -> int:
             # The route sends every model to one speculative Service: the default deployment's, and its rollout.
             default = deployment_of(settings.proxy, None).deployment
             rollout = active_rollouts(engine).get(default) if spec.candidate else None
+            if rollout is not None and not rollout.of_proxy:
+                print(f"draftwatch {COMMAND}: rollout {rollout.id} of deployment {rollout.deployment!r} is the "
+                      f"embedded decoder's (its current drafters: {', '.join(rollout.current_drafters)}), not "
+                      f"weighed: every speculative request stays on {spec.speculative.name}",
+                      file=sys.stderr)  # fmt: skip
+                rollout = None
             route = render_httproute(spec, latest_routing(engine), rollout)
         except ValueError as error:
             print(f"draftwatch {COMMAND}: {error}", file=sys.stderr)

@@ -15,7 +15,9 @@ the workload header (``proxy.workload_header``) is the match, and the pools are 
 With a candidate Service (the same target with the new drafter) and a running rollout of the
 default deployment (``draftwatch rollout start`` without ``--route``), the speculative share of each
 rule is split again as the sidecar's router splits it (:meth:`Rollout.share`): the step's share
-weighted to the candidate. A workload a per-workload rollout kept on the current drafter gets a rule
+weighted to the candidate. Only a proxy's rollout (:attr:`Rollout.of_proxy`) is weighed: an
+embedded decoder's, on the same default deployment, is its own candidate drafter's, as the sidecars
+leave it too. A workload a per-workload rollout kept on the current drafter gets a rule
 (``current``) without the candidate, one it promoted a rule (``candidate``) with the candidate
 alone; a promoted rollout gives the candidate all of its share; a rolled back or aborted one is not
 active and weighs nothing. A routed workload's probes are split the same way (``plain-current``,
@@ -125,7 +127,8 @@ def render_httproute(
     """The ``HTTPRoute`` for ``decisions`` (each workload's latest switch) and ``rollout`` (the default deployment's
     active rollout, if any; weighed only with a candidate Service), as a Kubernetes object."""
     routed = {w for w, event in decisions.items() if event.routed} if spec.baseline else set()
-    staged = rollout if spec.candidate is not None and rollout is not None and rollout.active else None
+    proxied = rollout is not None and rollout.active and rollout.of_proxy  # not an embedded decoder's
+    staged = rollout if spec.candidate is not None and proxied else None
 
     def split(workload: str) -> _Split:
         return _Split(workload in routed, staged.share(workload) if staged else 0.0)

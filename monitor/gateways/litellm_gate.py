@@ -10,7 +10,9 @@ request for the speculative name is sent, as the sidecar's proxy does (monitor/p
   the speedup is still measured and the workload can come back;
 * to the candidate deployment (``litellm.candidates``, ``spec=candidate``: the same target with a
   new drafter) for the share of what stays speculative that the default deployment's active
-  rollout gives it (``GET /v1/rollouts``; per workload where it kept or promoted one).
+  rollout gives it (``GET /v1/rollouts``; per workload where it kept or promoted one). Only a
+  proxy's rollout, whose current side is the ``upstream`` pool: an embedded decoder's rollout
+  (its current drafters ``model`` and ``ngram``) is on the same default deployment, and is its own.
 
 Its record is ``holdout`` when it was sent to plain that way, ``speculative`` when the speculative
 deployment answered (0 drafts if it drafted nothing: the deployment paid for speculation, issue 36)
@@ -173,13 +175,24 @@ class Gate:
 
     @staticmethod
     async def _rollout(client: httpx.AsyncClient) -> Staged | None:
-        """The default deployment's newest running or promoted rollout."""
+        """The default deployment's newest running or promoted rollout, where it is a proxy's."""
         response = await client.get("/v1/rollouts", params=[("status", status) for status in ACTIVE])
         response.raise_for_status()
         for rollout in response.json()["rollouts"]:  # newest first
             if rollout["deployment"] == DEFAULT_DEPLOYMENT and rollout["status"] in ACTIVE:
-                return Staged.from_json(rollout)
+                return Staged.from_json(rollout) if of_proxy(rollout) else None
         return None
+
+
+def of_proxy(rollout: Mapping[str, Any]) -> bool:
+    """Is a rollout of ``GET /v1/rollouts`` a proxy's (``Rollout.of_proxy``), whose share a gateway splits?
+
+    The embedded decoder's rollout, on the same default deployment, sends its share to its own candidate drafter
+    and judges it against its portfolio's requests: a gateway that took it for its own would send requests to a
+    candidate deployment no rollout was started for, and report them under the drafter name that rollout's judge
+    reads as its candidate's. A draftwatch from before ``current_drafters`` was kept knew only a proxy's.
+    """
+    return list(rollout.get("current_drafters", [CURRENT_DRAFTER])) == [CURRENT_DRAFTER]
 
 
 def _log_rollout(rollout: Staged | None) -> None:

@@ -34,6 +34,7 @@ import pytest
 import yaml
 from sqlalchemy.engine import Engine
 
+from decoder.candidate import Candidate
 from monitor.commands import routes as routes_command
 from monitor.commands.main import build_parser, main
 from monitor.config import all_specs
@@ -247,6 +248,8 @@ def test_a_name_the_api_server_would_refuse_is_refused_with_its_value(change: di
 CANDIDATE_SPEC: Final = replace(SPEC, candidate=Service("engine-candidate", 80))
 CANARY: Final = ProxySettings(upstream=("http://engine:80",), candidate_upstream=("http://engine-candidate:80",))
 DRAFTER: Final = "ngram-m16"
+# The embedded decoder's candidate drafter (decoder.candidate): a rollout of it is the default deployment's too.
+EMBEDDED: Final = Candidate("ngram", ngram_min=1, ngram_max=4)
 STEP: Final = timedelta(minutes=10)
 _requests = itertools.count()
 
@@ -346,6 +349,19 @@ def test_a_rolled_back_rollout_weighs_nothing(engine: Engine) -> None:
     assert event.kind == "rolled_back", event.reason
     (rule,) = exported(engine).values()
     assert weights(rule) == {"engine": 19, "engine-plain": 1}
+
+
+def test_the_embedded_decoder_s_rollout_of_the_default_deployment_weighs_nothing(engine: Engine) -> None:
+    """Its candidate is the embedded decoder's drafter, judged against its portfolio: not the candidate Service."""
+    decide(engine, T0, qa="net_loss")
+    r = start_rollout(engine, ProxySettings(), rollout_settings(), T0, embedded=EMBEDDED)
+    assert r.deployment == "*" and not r.of_proxy
+    rules = exported(engine)
+    assert weights(rules["default"]) == {"engine": 19, "engine-plain": 1}
+    assert weights(rules["plain"]) == {"engine": 1, "engine-plain": 19}
+    assert r.id is not None
+    promote(engine, r.id, T0 + STEP)
+    assert weights(exported(engine)["default"]) == {"engine": 19, "engine-plain": 1}
 
 
 def test_with_the_default_workload_kept_other_named_workloads_keep_the_step_s_split(tmp_path: Path) -> None:
@@ -648,6 +664,21 @@ def test_apply_with_a_candidate_service_carries_the_rollout_s_weights_and_says_s
     (rule,) = server.stored["serving/draftwatch"]["spec"]["rules"]
     assert weights(rule) == {"engine": 57, "engine-candidate": 19, "engine-plain": 4}
     assert yaml.safe_load(out)["spec"] == server.stored["serving/draftwatch"]["spec"]
+
+
+def test_export_says_it_leaves_the_embedded_decoder_s_rollout_out(
+    hermetic: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = create_engine(f"sqlite:///{hermetic / 'routes.db'}")
+    upgrade(engine)
+    r = start_rollout(engine, ProxySettings(), rollout_settings(), T0, embedded=EMBEDDED)
+    engine.dispose()
+    assert export(hermetic, "--candidate-service", "engine-candidate") == 0
+    out, err = capsys.readouterr()
+    (rule,) = yaml.safe_load(out)["spec"]["rules"]
+    assert weights(rule) == {"engine": 19, "engine-plain": 1}
+    assert err == (f"draftwatch routes export: rollout {r.id} of deployment '*' is the embedded decoder's (its current "
+                   "drafters: model, ngram), not weighed: every speculative request stays on engine\n")  # fmt: skip
 
 
 def test_in_a_pod_the_service_account_s_token_and_ca_are_used(

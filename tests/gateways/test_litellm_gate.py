@@ -22,6 +22,7 @@ from typing import Any, Final
 import pytest
 from sqlalchemy.engine import Engine
 
+from decoder.candidate import Candidate
 from monitor.api.app import create_app
 from monitor.gateways import litellm_gate
 from monitor.gateways.litellm_gate import Gate, Staged
@@ -46,12 +47,21 @@ PROXY: Final = ProxySettings(upstream=("http://smol:8080",), candidate_upstream=
 STEPS: Final = RolloutSettings(steps=(0.5, 1.0), drafter=CANDIDATE, per_workload=True)
 ANSWER: Final = fixture("llamacpp", "real-b11434-chat-draft")["response"]
 DRAWS: Final = 400
+# The embedded decoder's candidate drafter (decoder.candidate): its rollouts are on the default deployment too.
+EMBEDDED: Final = Candidate("ngram", ngram_min=1, ngram_max=4)
 
 
 def test_the_gate_spells_the_store_s_names_as_the_store_does() -> None:
     assert litellm_gate.CURRENT_DRAFTER == rollouts.CURRENT_DRAFTER
     assert litellm_gate.ACTIVE == rollouts.ACTIVE
     assert deployment_of(PROXY, None).deployment == litellm_gate.DEFAULT_DEPLOYMENT
+
+
+@pytest.mark.parametrize("current", [(CURRENT_DRAFTER,), ("model", "ngram"), ("ngram",)])
+def test_the_gate_tells_a_proxy_s_rollout_as_the_store_does(current: tuple[str, ...]) -> None:
+    t = datetime(2026, 3, 1, tzinfo=UTC)
+    stored = Rollout("*", CANDIDATE, (0.5, 1.0), 600.0, False, t, t, current_drafters=current, id=3)
+    assert litellm_gate.of_proxy(stored.to_json()) == stored.of_proxy
 
 
 @pytest.mark.parametrize("status", STATUSES)
@@ -138,6 +148,20 @@ def test_the_active_rollout_s_share_goes_to_the_candidate_per_workload_until_it_
 
     abort(draftwatch.engine, r.id, datetime.now(UTC))
     refreshed(gate, lambda g: g.rollout is None)
+    assert picks(gate, "chat") == {"smol": DRAWS}
+
+
+def test_the_embedded_decoder_s_rollout_of_the_default_deployment_is_not_the_gate_s(draftwatch: Draftwatch) -> None:
+    """Its current side is the embedded portfolio: the gate's candidate deployment is no part of it."""
+    gate = Gate(draftwatch.settings())
+    r = start_rollout(draftwatch.engine, PROXY, STEPS, datetime.now(UTC))
+    assert r.id is not None
+    refreshed(gate, lambda g: g.rollout is not None)
+    abort(draftwatch.engine, r.id, datetime.now(UTC))
+    embedded = start_rollout(draftwatch.engine, ProxySettings(), STEPS, datetime.now(UTC), embedded=EMBEDDED)
+    assert embedded.deployment == "*" and not embedded.of_proxy
+    refreshed(gate, lambda g: g.rollout is None or g.rollout.id != r.id)
+    assert gate.rollout is None
     assert picks(gate, "chat") == {"smol": DRAWS}
 
 
