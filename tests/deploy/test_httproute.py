@@ -37,7 +37,7 @@ from sqlalchemy.engine import Engine
 from decoder.candidate import Candidate
 from monitor.commands import routes as routes_command
 from monitor.commands.main import build_parser, main
-from monitor.config import all_specs
+from monitor.config import Settings, all_specs
 from monitor.drift.verdict import Verdict, VerdictName
 from monitor.gateways.httproute import MAX_MATCHES, RouteSpec, Service, render_httproute, to_yaml
 from monitor.gateways.kube import KubeError, apply, find_cluster
@@ -49,6 +49,7 @@ from monitor.store.migrate import upgrade
 from monitor.store.rollouts import CURRENT_DRAFTER, Rollout, active_rollouts, save_rollout
 from monitor.store.routing import RoutingEvent, latest_routing
 from monitor.store.writes.writer import write_batch
+from tests.deploy.test_manifests import proxies, render, resolved_env
 from tests.records import api_record
 from tests.serving import free_port
 
@@ -418,7 +419,7 @@ def test_deploy_gateway_is_valid_and_grants_only_what_apply_needs() -> None:
     for obj in objects:
         kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
     kinds = {obj["kind"]: obj for obj in objects}
-    assert sorted(kinds) == ["CronJob", "Role", "RoleBinding", "ServiceAccount"]
+    assert sorted(kinds) == ["ConfigMap", "CronJob", "Role", "RoleBinding", "ServiceAccount"]
     (rule,) = kinds["Role"]["rules"]
     assert rule == {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"],
                     "verbs": ["get", "patch", "create"]}  # fmt: skip
@@ -436,6 +437,33 @@ def test_deploy_gateway_is_valid_and_grants_only_what_apply_needs() -> None:
     variables = {spec.env for _, spec in all_specs()}
     assert {n for n in env if n.startswith("DRAFTWATCH_")} <= variables
     assert "$(POD_NAMESPACE)" in command and "POD_NAMESPACE" in env  # Kubernetes expands it from the env
+
+
+@pytest.mark.parametrize("fleet", ["fleet", "canary"])
+def test_the_cron_job_s_settings_are_its_own_config_map_and_the_fleet_s_sidecars(fleet: str, tmp_path: Path) -> None:
+    """deploy/gateway is built and applied on its own: ../fleet's ConfigMap, generated there with a hash suffix
+    (draftwatch-fleet-<hash>), is no name it can refer to. Its own generated ConfigMap is (kustomize renames the
+    reference in the CronJob's pod template), and it holds what the fleet's sidecars read the workload and the
+    holdout share by."""
+    objects = rendered("deploy/gateway")
+    config_maps = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "ConfigMap"}
+    (cronjob,) = (obj for obj in objects if obj["kind"] == "CronJob")
+    (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for source in container["envFrom"]:
+        ref = source["configMapRef"]
+        assert ref["name"] in config_maps, f"ConfigMap {ref['name']!r} is not rendered by deploy/gateway"
+        assert not ref.get("optional"), "an optional ConfigMap that is missing fails nothing: its settings are lost"
+        env |= config_maps[ref["name"]]["data"]
+    env |= {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert {n for n in env if n.startswith("DRAFTWATCH_")} <= {spec.env for _, spec in all_specs()}
+
+    def read_by(values: dict[str, str]) -> tuple[str, str, float]:
+        settings = Settings.from_env({"HOME": str(tmp_path), **values}, None)
+        return settings.proxy.workload_header, settings.proxy.default_workload, settings.decoder.holdout_share
+
+    sidecars = [resolved_env(render(fleet), sidecar) for _, sidecar, _ in proxies(render(fleet))]
+    assert sidecars and {read_by(sidecar) for sidecar in sidecars} == {read_by(env)}
 
 
 def test_the_command_s_default_services_are_deploy_base_s() -> None:
