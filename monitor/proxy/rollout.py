@@ -20,7 +20,8 @@ drafter's requests of the same step (:class:`monitor.drift.detectors.judge.Judge
   after the last step below 100 % the candidate is **promoted** (100 %: nothing would be left on
   the current drafter to judge it against): it serves everything, or, per workload,
   the workloads where it passed (the rest stay on the current drafter, a drafter chosen per
-  workload);
+  workload; at the last step a workload the candidate served but never judged holds the
+  promotion, as an undecided one does, so that each gets its own decision where it can);
 * otherwise (a workload marginal, or none judged) the step is **held**: it goes on, its requests
   accumulating, for at most ``rollout.max_holds`` more intervals; then the rollout gives up and
   rolls back (per workload: the undecided workloads are kept on the current drafter). A hold is
@@ -325,7 +326,11 @@ def _decide(
     judged = {w: j for w, j in open_.items() if j.outcome != "unjudged"}
     unjudged = sorted(w for w, j in open_.items() if j.outcome == "unjudged")
     undecided = {w: j for w, j in judged.items() if j.outcome != "pass"}
-    if judged and not undecided:
+    # Per workload, the promotion is each workload's last word: one the candidate served that is still too
+    # small to judge holds it while holds remain, rather than staying on the current drafter unjudged because
+    # another workload passed first.
+    waiting = r.per_workload and r.step + 2 >= len(r.steps) and any(w not in seen for w in unjudged)
+    if judged and not undecided and not waiting:
         seen |= set(judged)
         r = replace(r, judgement={**state, "judged": sorted(seen)})
         return _next_step(r, judged, unjudged, seen, now, events)
@@ -343,8 +348,9 @@ def _decide(
         events.append(_event(r, now, "held", f"step {r.step + 1} held ({holds} of {max_holds}): {why}"))
         return r, events
     why = f"no decision after {holds} intervals at step {r.step + 1}: {_undecided(undecided, unjudged)}"
-    if r.per_workload and undecided and len(undecided) < len(judged):
-        r = _keep(r, undecided, now, events, "undecided")
+    if r.per_workload and len(undecided) < len(judged):
+        if undecided:
+            r = _keep(r, undecided, now, events, "undecided")
         passing = {w: j for w, j in judged.items() if w not in undecided}
         return _next_step(r, passing, unjudged, seen | set(passing), now, events)
     return _ended(r, now, "rolled_back", f"rolled back: {why}", events)
