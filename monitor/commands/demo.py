@@ -33,6 +33,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--dashboard-port", type=int, default=None, help="dashboard port (default: a free one)")
     parser.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    parser.add_argument(
+        "--rollout",
+        action="store_true",
+        help="after the alert, roll a new drafter out on the live traffic (the draft model alone; --quick: the "
+        "target as its own draft), per workload, and print the judge's decisions as they come (a few minutes "
+        "more; status 0 only if the rollout also ended by a decision)",
+    )
     parser.set_defaults(handler=_demo)
 
 
@@ -55,4 +62,5 @@ def _demo(args: argparse.Namespace) -> int:
         exit_after=args.exit,
         dashboard=not args.no_dashboard,
         dashboard_port=args.dashboard_port or free_port(),
+        rollout=args.rollout,
     )

@@ -27,6 +27,7 @@ from decoder.speculation.controller import SpeculationController
 from monitor.api.decoding.controller_state import STATE_FILE, save_controller
 from monitor.demo.processes import ProcessGroup, free_port
 from monitor.demo.receiver import Delivery, WebhookReceiver
+from monitor.demo.rollout import Watch, rollout_environment, start, verdict_lines, wait_until_ended
 from monitor.demo.scenario import Scenario
 from monitor.demo.summary import print_summary
 from monitor.demo.traffic import Traffic
@@ -113,13 +114,15 @@ def drive(
     changed: bool,
     until: Any,
     desc: str,
+    top_up: bool = True,
 ) -> Traffic:
     """Send requests round-robin over the workloads (the changed one three times as often after the change).
 
     Once ``until()`` holds, it tops up the workloads whose speedup this phase lacks evidence for
     (:meth:`Traffic.unmeasured`): the phase may end after a handful of requests of a workload (the
     alert can arrive soon after the change), too few to hold any out. The progress bar shows this
-    phase's acceptance per workload; ``traffic`` accumulates both phases. Returns this phase's traffic.
+    phase's acceptance per workload; ``traffic`` accumulates every phase. Returns this phase's traffic.
+    ``top_up`` False: none (the rollout's phase has its own evidence).
     """
     order = list(scenario.workloads) + ([scenario.changed] * 2 if changed else [])
     rng = random.Random(0)
@@ -141,7 +144,7 @@ def drive(
             if until():
                 break
             send(workload)
-        added = dict.fromkeys(scenario.workloads, 0)
+        added = dict.fromkeys(scenario.workloads, 0 if top_up else TOP_UP_REQUESTS)
         while lacking := [w for w in phase.unmeasured(scenario.workloads) if added[w] < TOP_UP_REQUESTS]:
             for workload in lacking:
                 send(workload)
@@ -172,8 +175,29 @@ def prepare_pair(scenario: Scenario, workdir: Path) -> str:
     return "; ".join(f"{label}: {decoder.controller.cost_summary(label)}" for label in decoder.labels)
 
 
-def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: bool, dashboard_port: int) -> int:
-    """Run the demo; returns the exit status (0 when the acceptance alert arrived)."""
+def rollout_act(client: httpx.Client, scenario: Scenario, traffic: Traffic) -> bool:
+    """The second act (monitor/demo/rollout.py): True when the rollout ended by the judge's decision in time."""
+    print(f"\n*** a new drafter: {scenario.candidate} ({scenario.candidate_name}) rolled out on the live traffic, "
+          f"per workload: 50 % of each workload's requests, then all where it passes; judged every 5 s from "
+          f"{scenario.rollout_min_requests} requests a side, a step lasting {scenario.rollout_interval}. The "
+          "workloads' prompts are the ones before the change again.\n", flush=True)  # fmt: skip
+    watch = Watch(client, int(start(client, scenario)["id"]))
+    deadline = time.monotonic() + scenario.rollout_timeout
+    drive(client, scenario, traffic, changed=False, desc="rollout", top_up=False,
+          until=lambda: watch.done() or time.monotonic() > deadline)  # fmt: skip
+    ended = watch.ended or wait_until_ended(watch, timeout=15)
+    if not ended:
+        print(f"the rollout had not ended after {scenario.rollout_timeout:.0f} s: {watch.latest.get('reason')}")
+        return False
+    print("\n".join(verdict_lines(scenario, watch)), flush=True)
+    return True
+
+
+def run_demo(
+    scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: bool, dashboard_port: int, rollout: bool = False
+) -> int:
+    """Run the demo; returns the exit status (0 when the acceptance alert arrived, and with ``rollout`` the
+    rollout ended)."""
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"draftwatch demo ({scenario.name}): {scenario.target} drafting with {scenario.drafter}; "
           f"data, logs and database in {workdir}", flush=True)  # fmt: skip
@@ -193,7 +217,8 @@ def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: 
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
     receiver = WebhookReceiver(secret, on_delivery=print_delivery).start()
     api_port = free_port()
-    group = ProcessGroup(demo_environment(scenario, workdir, api_port, receiver.url, secret), workdir)
+    environment = demo_environment(scenario, workdir, api_port, receiver.url, secret)
+    group = ProcessGroup({**environment, **(rollout_environment(scenario) if rollout else {})}, workdir)
     api = f"http://127.0.0.1:{api_port}"
     try:
         print("starting the sidecar (log: sidecar.log)", flush=True)
@@ -223,10 +248,11 @@ def run_demo(scenario: Scenario, workdir: Path, *, exit_after: bool, dashboard: 
             drive(client, scenario, traffic, changed=True, desc="after the change", until=lambda: (
                 time.monotonic() > deadline or any(alert_arrived(d) for d in receiver.deliveries)
             ))  # fmt: skip
-        alert = receiver.wait_for(alert_arrived, timeout=30)
-        print_summary(engine, scenario, before, traffic.since(before), alert, dashboard_url)
-        if exit_after or alert is None:
-            return 0 if alert is not None else 1
+            alert = receiver.wait_for(alert_arrived, timeout=30)
+            print_summary(engine, scenario, before, traffic.since(before), alert, dashboard_url)
+            decided = rollout_act(client, scenario, traffic) if rollout and alert is not None else True
+        if exit_after or alert is None or not decided:
+            return 0 if alert is not None and decided else 1
         print("serving until Ctrl-C ...", flush=True)
         while True:
             time.sleep(3600)

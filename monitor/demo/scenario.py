@@ -24,6 +24,16 @@ class Scenario:
     # The drift run's current window: long enough to hold min_per_window speculative requests of the
     # changed workload at the pair's speed, short enough that the traffic before the change leaves it soon.
     current_window: str
+    # ``demo --rollout``'s candidate drafter (serve --candidate-drafter) and the name its requests are stored under.
+    candidate: str
+    candidate_name: str
+    # The rollout's judge at the demo's scale (monitor/demo/rollout.py): a step's length, requests a side
+    # before a workload is judged, intervals a step may wait for an undecided workload, and how long the act
+    # may take before the demo gives up on it.
+    rollout_interval: str
+    rollout_min_requests: int
+    rollout_max_holds: int
+    rollout_timeout: float
 
     @property
     def drafter(self) -> str:
@@ -65,6 +75,14 @@ QUICK = Scenario(
     after_timeout=150.0,
     drift_interval="10s",
     current_window="2m",
+    # The target as its own draft model: every draft costs a target pass, so its controller arm decodes
+    # plain; slower than the n-gram drafter where prompt lookup pays (extract, code-edit), as fast elsewhere.
+    candidate="model:smollm2-135m",
+    candidate_name="self-draft",
+    rollout_interval="30s",
+    rollout_min_requests=10,
+    rollout_max_holds=8,
+    rollout_timeout=300.0,
 )
 
 # A portfolio: the n-gram drafter pays on a CPU where the 0.5B draft model costs more than it saves
@@ -86,4 +104,12 @@ FULL = Scenario(
     # With other work on this 2-core machine a request took 9-12 s, and 2 minutes held only 4
     # speculative extract requests (fewer than min_per_window): no test spoke, no alert came.
     current_window="3m",
+    # The draft model alone, without the n-gram drafter: 0.45x the portfolio's decode speed on extract and
+    # 1.03x on prose (benchmarks/RESULTS.md, "Rollout on the Qwen pair").
+    candidate="model:qwen-coder-0.5b",
+    candidate_name="draft-only",
+    rollout_interval="1m",
+    rollout_min_requests=10,
+    rollout_max_holds=8,
+    rollout_timeout=600.0,
 )

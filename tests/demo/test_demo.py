@@ -21,6 +21,7 @@ from decoder.speculation.controller import Observation, SpeculationController
 from monitor.commands.main import build_parser
 from monitor.config import Settings
 from monitor.demo.receiver import WebhookReceiver
+from monitor.demo.rollout import Watch, rollout_environment, served_by, verdict_lines
 from monitor.demo.run import demo_environment, drive, enough_before, shuffled_rounds
 from monitor.demo.scenario import FULL, QUICK, Scenario
 from monitor.demo.summary import finding_line, traffic_table
@@ -92,9 +93,10 @@ def test_receiver_keeps_verified_deliveries_once_and_rejects_forged_ones() -> No
 
 @pytest.mark.models
 @pytest.mark.slow
-def test_quick_demo_exits_zero_with_the_alert(tmp_path: Path) -> None:
+def test_quick_demo_exits_zero_with_the_alert_and_the_rollout_decided(tmp_path: Path) -> None:
+    demo = ["demo", "--quick", "--rollout", "--exit", "--dir", str(tmp_path / "demo")]
     result = subprocess.run(
-        [sys.executable, "-m", "monitor.commands", "demo", "--quick", "--exit", "--dir", str(tmp_path / "demo")],
+        [sys.executable, "-m", "monitor.commands", *demo],
         capture_output=True,
         text=True,
         timeout=900,
@@ -105,6 +107,12 @@ def test_quick_demo_exits_zero_with_the_alert(tmp_path: Path) -> None:
     assert "alert received by the local webhook receiver (signature verified" in output
     assert "acceptance_drop" in output and "'workload': 'extract'" in output
     assert "drift findings of the latest run for workload 'extract'" in output
+    # The second act: the target as its own draft decodes plain, about half the n-gram drafter's speed on the
+    # copying prompts of extract (0.48x when this test was written), so the judge keeps extract on the current drafter.
+    assert "*** a new drafter: model:smollm2-135m (self-draft)" in output
+    assert "rollout 1 rolled_back:" in output or "rollout 1 promoted:" in output
+    assert "extract    served by the current drafters; judged fail, decode speed" in output
+    assert "rollout kept: extract kept on the current drafter (failed)" in output
     # benchmarks/demo_run.py times the demo by its lines: each phase it looks for must be printed.
     run = Run()
     for line in output.replace("\r", "\n").splitlines():
@@ -201,3 +209,40 @@ def test_shuffled_rounds_send_every_prompt_once_a_round_in_changing_orders() -> 
     rounds = [sent[i : i + 5] for i in range(0, 50, 5)]
     assert all(sorted(r) == prompts for r in rounds)
     assert len({tuple(r) for r in rounds}) > 1
+
+
+def judged(outcome: str, ratio: float, ci: tuple[float, float]) -> dict[str, object]:
+    """A workload's judgement as GET /v1/rollouts/ID shows it."""
+    speed = {"metric": "decode_speed", "outcome": outcome, "candidate": 40.0, "current": 40.0 * ratio,
+             "ratio": ratio, "ci": list(ci)}  # fmt: skip
+    return {"outcome": outcome, "reason": "", "score": 100, "n_candidate": 12, "n_current": 20, "metrics": [speed]}
+
+
+def test_the_rollout_act_says_who_serves_each_workload_and_why() -> None:
+    watch = Watch(httpx.Client(), 1)
+    watch.latest = {"id": 1, "status": "promoted", "per_workload": True, "drafter": "draft-only",
+                    "reason": "promoted", "workloads": {"extract": "current", "prose": "candidate"}}  # fmt: skip
+    watch.judged = {"extract": judged("fail", 0.45, (0.4, 0.5)), "prose": judged("pass", 1.03, (0.98, 1.08))}
+    lines = verdict_lines(FULL, watch)
+    assert lines[0] == "rollout 1 promoted: promoted"
+    by = {line.split()[0]: line for line in lines[1:]}
+    assert (
+        "served by the current drafters; judged fail, decode speed 0.45x the current drafters' [0.40, 0.50]"
+        in (by["extract"])
+    )
+    assert "served by the candidate (draft-only); judged pass, decode speed 1.03x" in by["prose"]
+    assert by["code-edit"].endswith("served by the current drafters; never judged (too few requests)")
+    # A whole (not per-workload) promotion gives the candidate every workload; a rollback none.
+    whole = {**watch.latest, "per_workload": False, "workloads": {}}
+    assert served_by(whole, "code-edit") == "the candidate (draft-only)"
+    assert served_by({**whole, "status": "rolled_back"}, "code-edit") == "the current drafters"
+
+
+def test_the_rollout_act_s_sidecar_serves_the_candidate_and_judges_at_the_demo_s_scale() -> None:
+    for scenario in (QUICK, FULL):
+        secret = "whsec_" + base64.b64encode(b"0" * 24).decode()
+        settings = Settings.from_env({**demo_environment(scenario, Path("/tmp/x"), 8000, "http://r", secret),
+                                      **rollout_environment(scenario)})  # fmt: skip
+        assert str(settings.decoder.candidate) == scenario.candidate
+        assert settings.rollout.drafter == scenario.candidate_name
+        assert settings.rollout.min_requests == scenario.rollout_min_requests < 30
