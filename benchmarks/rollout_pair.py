@@ -1,7 +1,7 @@
 """A drafter rollout on the Qwen pair (issue 39): a real candidate on real requests, judged by the product's judge.
 
     python -m benchmarks.rollout_pair [--requests 36] [--workloads extract,prose]
-                                      [--candidate model:qwen-coder-0.5b] [--records FILE]
+                                      [--candidate model:qwen-coder-0.5b] [--remeasure]
                                       [--interval-min M] [--runs 200] [--jobs 2] [--no-write]
 
 1. **Measured.** The demo's decoder, as ``draftwatch serve --target qwen-coder-1.5b --draft
@@ -14,7 +14,9 @@
    do, until each workload has ``--requests`` on each side. The default candidate,
    ``model:qwen-coder-0.5b``, is "the draft model alone": it drops the n-gram drafter, which on a
    CPU is what pays on copy-heavy prompts (benchmarks/RESULTS.md, "Drafter portfolio").
-   ``--records FILE`` keeps the measured records (JSON lines) and, when FILE exists, reuses them.
+   The records are kept (JSON lines) in the cache (``benchmarks/`` under ``~/.cache/draftwatch``,
+   one file per pair, candidate, workloads and size) and reused by the next run; ``--remeasure``
+   measures again.
 2. **The rollout replayed.** The records go into a fresh SQLite store at their own times, in the
    order they ended (as the recorder writes them), and a per-workload rollout (steps 50 %, 100 %)
    started at the first request is judged every 30 s of that timeline by ``advance_rollouts``, as
@@ -53,6 +55,7 @@ from tqdm import tqdm
 from benchmarks.results import write_section
 from benchmarks.rollout import Judging, Measured, Scenario, aa_table, simulate, step_table
 from decoder.candidate import DRAFTER_KINDS, Candidate, parse_candidate
+from decoder.models.fetch import cache_dir
 from decoder.record import RequestRecord
 from decoder.workloads import builtin_workloads
 from monitor.demo.scenario import FULL, QUICK
@@ -108,7 +111,7 @@ def measure(pair: Pair, candidate: Candidate, workloads: Sequence[str], per_side
         for k in count():
             open_ = [w for w in workloads if min(sides[(w, "candidate")], sides[(w, "current")]) < per_side]
             if not open_:
-                return records
+                break
             workload = open_[k % len(open_)]
             ask = prompts[workload][(k // len(open_)) % len(prompts[workload])]
             record = decoder.generate(ask, workload=workload, chat=True, max_new_tokens=pair.max_new_tokens,
@@ -123,15 +126,15 @@ def measure(pair: Pair, candidate: Candidate, workloads: Sequence[str], per_side
 
 
 def load_or_measure(
-    path: Path | None, pair: Pair, candidate: Candidate, workloads: Sequence[str], per_side: int
+    path: Path, pair: Pair, candidate: Candidate, workloads: Sequence[str], per_side: int
 ) -> tuple[list[RequestRecord], str]:
-    if path is not None and path.exists():
+    """The kept records at ``path``, else new ones measured and kept there; and where they came from."""
+    if path.exists():
         records = [RequestRecord.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line]
-        return records, f"reused from {path.name}"
+        return records, f"measured at {min(r.ts_start for r in records):%Y-%m-%d %H:%M} UTC, reused from {path.name}"
     t0 = time.perf_counter()
     records = measure(pair, candidate, workloads, per_side)
-    if path is not None:
-        path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
     return records, f"measured in {time.perf_counter() - t0:.0f} s"
 
 
@@ -165,9 +168,14 @@ def measured_table(records: Sequence[RequestRecord], workloads: Sequence[str]) -
     return lines
 
 
-def replay(records: Sequence[RequestRecord], candidate: Candidate, interval: timedelta) -> list[str]:
+def replay(
+    records: Sequence[RequestRecord], candidate: Candidate, interval: timedelta, judging: Judging | None = None
+) -> list[str]:
     """The rollout judged along the records' own timeline (module docstring, 2.): a line per event."""
-    settings = RolloutSettings(steps=(SHARE, 1.0), interval=interval, per_workload=True, drafter=NAME)
+    judging = judging or Judging()
+    settings = RolloutSettings(steps=(SHARE, 1.0), interval=interval, per_workload=True, drafter=NAME,
+                               tolerance=judging.tolerance, min_requests=judging.min_requests,
+                               ci_level=judging.ci)  # fmt: skip
     ordered = sorted(records, key=lambda r: r.ts_end)
     t0 = min(r.ts_start for r in records) - timedelta(seconds=1)
     last = ordered[-1].ts_end
@@ -227,12 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="extract,prose", help="built-in workloads (default extract,prose)")
     parser.add_argument("--candidate", default="model:qwen-coder-0.5b",
                         help="the candidate, as serve --candidate-drafter takes it (default %(default)s)")  # fmt: skip
-    parser.add_argument("--records", type=Path, help="keep the measured records here; reuse them when it exists")
+    parser.add_argument("--remeasure", action="store_true", help="measure again rather than reuse the kept records")
     parser.add_argument("--interval-min", type=float,
                         help="the replay's rollout.interval, minutes (default: a third of the measuring)")  # fmt: skip
     parser.add_argument("--runs", type=int, default=200, help="simulated rollouts per row (default 200)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulation processes (default: CPUs)")
     parser.add_argument("--seed", type=int, default=2026, help="the simulation's seeds follow from it (default 2026)")
+    parser.add_argument("--ci", type=float, default=RolloutSettings().ci_level,
+                        help="the judge's interval level, rollout.ci_level, in the replay and the simulation "
+                        "(default %(default)s)")  # fmt: skip
+    parser.add_argument("--min-requests", type=int, default=RolloutSettings().min_requests,
+                        help="rollout.min_requests in the replay and the simulation (default %(default)s)")  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     parser.add_argument("--quick", action="store_true",
                         help="to check that it works: the quick demo's smollm2-135m with the n-gram drafter, "
@@ -249,13 +262,21 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--workloads: {', '.join(unknown)} not built in (choose from {', '.join(builtin_workloads())})")
     load = os.getloadavg()
-    records, how = load_or_measure(args.records, pair, candidate, workloads, args.requests)
+    kept = (
+        cache_dir()
+        / "benchmarks"
+        / (f"rollout-pair-{pair.target}-{candidate}-{'+'.join(workloads)}-{args.requests}.jsonl".replace(":", "_"))
+    )
+    if args.remeasure:
+        kept.unlink(missing_ok=True)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    records, how = load_or_measure(kept, pair, candidate, workloads, args.requests)
     minutes = (max(r.ts_end for r in records) - min(r.ts_start for r in records)).total_seconds() / 60
     interval = args.interval_min or max(1, math.ceil(minutes / 3))
-    events = replay(records, candidate, timedelta(minutes=interval))
+    judging = Judging(min_requests=args.min_requests, ci=args.ci)
+    events = replay(records, candidate, timedelta(minutes=interval), judging)
     rows = list(enumerate(scenarios(records, workloads, str(candidate), args.runs)))
     t0 = time.perf_counter()
-    judging = Judging()
     figures = simulate(rows, judging, args.seed, args.jobs)
     body = "\n".join([
         f"Pair: `{' '.join(pair.model_arguments)}` (the {pair.name} demo's), candidate `{candidate}` staged on "
@@ -268,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         *measured_table(records, workloads),
         "",
         f"### 2. The rollout replayed (steps 50 %, 100 %, per workload; rollout.interval {interval:g} min, "
-        "other settings the defaults; judged every 30 s)",
+        f"min_requests {judging.min_requests}, interval level {judging.ci:g}, other settings the defaults; judged "
+        "every 30 s)",
         "",
         *(events or ["- no event: the rollout was still at its first step, held by nothing"]),
         "",
