@@ -206,12 +206,12 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"draftwatch serve: {flag} needs --upstream (the speculative stack it is compared with)",
                   file=sys.stderr)  # fmt: skip
             return 2
-    if settings.proxy.has_candidate and settings.proxy.speculative in ("false", "baseline", "candidate"):
+    if settings.proxy.has_candidate and not settings.proxy.upstream_is_current_pool:
         print(f"draftwatch serve: proxy.speculative={settings.proxy.speculative} with a candidate drafter: a "
               "candidate is judged against the speculative pool behind --upstream, which this setting says is not "
               "speculative; leave proxy.speculative at auto or set it to true", file=sys.stderr)  # fmt: skip
         return 2
-    if settings.proxy.baseline_beside and settings.proxy.speculative in ("false", "baseline", "candidate"):
+    if settings.proxy.baseline_beside and not settings.proxy.upstream_is_current_pool:
         print(f"draftwatch serve: proxy.speculative={settings.proxy.speculative} with a plain baseline: the baseline "
               "declares the pool behind --upstream speculative (its requests are compared with the baseline's); "
               "leave proxy.speculative at auto or set it to true", file=sys.stderr)  # fmt: skip

@@ -362,6 +362,12 @@ class ProxySettings:
         return self.speculative == "candidate"
 
     @property
+    def upstream_is_current_pool(self) -> bool:
+        """Whether ``upstream`` may be the speculative pool a baseline or a candidate pool beside it is compared
+        with: neither declared plain nor another pool's role (a gateway's baseline or candidate)."""
+        return self.speculative in ("auto", "true")
+
+    @property
     def deployment_speculative(self) -> bool | None:
         """What the stack parsers are told of the deployment: speculative, plain, or None (infer it)."""
         return None if self.speculative == "auto" else self.speculative in ("true", "candidate")

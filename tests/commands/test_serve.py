@@ -35,9 +35,10 @@ def test_a_candidate_needs_a_speculative_upstream_and_is_named_in_the_banner(
 ) -> None:
     assert main(["serve", "--candidate-upstream", "http://127.0.0.1:9"]) == 2
     assert "--candidate-upstream needs --upstream" in capsys.readouterr().err
-    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "baseline")
-    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--candidate-upstream", "http://127.0.0.1:10"]) == 2
-    assert "proxy.speculative=baseline with a candidate drafter" in capsys.readouterr().err
+    for declared in ("baseline", "candidate"):  # the pool behind --upstream said to be another pool
+        monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", declared)
+        assert main(["serve", "--upstream", "http://127.0.0.1:9", "--candidate-upstream", "http://127.0.0.1:10"]) == 2
+        assert f"proxy.speculative={declared} with a candidate drafter" in capsys.readouterr().err
     staged = settings(**{"proxy.upstream": ("http://a:1",), "proxy.candidate_upstream": ("http://c:1",)})
     assert mode_of(staged, None).startswith("proxy mode: 1 speculative upstream(s), 1 candidate drafter upstream(s)")
 

@@ -169,20 +169,13 @@ def test_a_failed_request_of_the_speculative_pool_keeps_its_declared_role(tmp_pa
     assert [(r["mode"], r["finish_reason"], r["mode_inferred"]) for r in rows(db_url)] == [("speculative", "error", 0)]
 
 
-def test_serve_refuses_a_baseline_beside_a_pool_declared_plain(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("declared", ["false", "baseline", "candidate"])
+def test_serve_refuses_a_baseline_beside_a_pool_declared_plain_or_another_pool_s_role(
+    declared: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "false")
+    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", declared)
     assert main(["serve", "--upstream", "http://127.0.0.1:9", "--baseline-upstream", "http://127.0.0.1:10"]) == 2
-    assert "proxy.speculative=false with a plain baseline" in capsys.readouterr().err
-
-
-def test_serve_refuses_a_baseline_beside_a_pool_declared_the_baseline(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "baseline")
-    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--baseline-upstream", "http://127.0.0.1:10"]) == 2
-    assert "proxy.speculative=baseline with a plain baseline" in capsys.readouterr().err
+    assert f"proxy.speculative={declared} with a plain baseline" in capsys.readouterr().err
 
 
 def test_behind_a_gateway_the_baseline_s_own_sidecar_stores_its_answers_as_the_holdout_and_the_loss_routes(
@@ -255,11 +248,3 @@ def test_behind_a_gateway_the_candidate_s_own_sidecar_stores_its_answers_under_t
     stored = {(r["workload"], r["mode"], r["drafter"]) for r in rows(db_url)}
     assert stored == {("before", "speculative", "upstream"), ("copy", "speculative", "ngram-next"),
                       ("qa", "speculative", "ngram-next")}  # fmt: skip
-
-
-def test_serve_refuses_a_baseline_beside_a_pool_declared_the_candidate(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DRAFTWATCH_PROXY_SPECULATIVE", "candidate")
-    assert main(["serve", "--upstream", "http://127.0.0.1:9", "--baseline-upstream", "http://127.0.0.1:10"]) == 2
-    assert "proxy.speculative=candidate with a plain baseline" in capsys.readouterr().err
