@@ -95,12 +95,9 @@ def side_of(record: RequestRecord) -> str | None:
 def measure(pair: Pair, candidate: Candidate, workloads: Sequence[str], per_side: int) -> list[RequestRecord]:
     """Requests through the decoder of the demo's ``pair``, its candidate staged on half, until each workload has
     ``per_side`` requests on each side."""
-    from decoder.cli import add_model_arguments, build_decoder
     from decoder.speculation.controller import SpeculationController
 
-    parser = argparse.ArgumentParser()
-    add_model_arguments(parser)
-    decoder = build_decoder(parser.parse_args(list(pair.model_arguments)), progress=True, candidate=candidate)
+    decoder = pair.decoder(candidate=candidate)
     decoder.controller = SpeculationController(seed=0)
     decoder.calibrate_if_needed()  # as the sidecar does at start, out of the first request
     decoder.staging = FirstStep()
@@ -197,7 +194,7 @@ def replay(
             for event in advance_rollouts(engine, settings, now):
                 lines.append(event_line(event, now, t0, last, ordered[:written]))
             stored = get_rollout(engine, rollout.id)
-            if stored is None or not stored.active or stored.status != "running":
+            if stored is None or stored.status != "running":
                 break
         engine.dispose()
     return lines

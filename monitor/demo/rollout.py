@@ -8,23 +8,25 @@ back) while the rollout alerts arrive at the webhook receiver. It ends with the 
 workload: which drafter serves it now, and the candidate's decode speed against the current
 drafters' with its interval.
 
-The judge's settings are the product's but for scale: a step lasts ``rollout_interval`` and a
-workload is judged from ``rollout_min_requests`` requests a side (30 in production), so that the
-act takes minutes, not hours; ``rollout_max_holds`` lets a step wait for the slower workloads.
+The judge's settings are the product's but for scale: a step lasts the scenario's
+``rollout_interval`` and a workload is judged from :data:`MIN_REQUESTS` requests a side (30 in
+production), so that the act takes minutes, not hours; :data:`MAX_HOLDS` lets the step wait for
+the slower workloads.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import httpx
 from tqdm.auto import tqdm
 
 from monitor.demo.scenario import Scenario
 
-ENDED = ("promoted", "rolled_back", "aborted")
+MIN_REQUESTS: Final = 10
+MAX_HOLDS: Final = 8
 
 
 def rollout_environment(scenario: Scenario) -> dict[str, str]:
@@ -32,8 +34,8 @@ def rollout_environment(scenario: Scenario) -> dict[str, str]:
     return {
         "DRAFTWATCH_DECODER_CANDIDATE": scenario.candidate,
         "DRAFTWATCH_ROLLOUT_DRAFTER": scenario.candidate_name,
-        "DRAFTWATCH_ROLLOUT_MIN_REQUESTS": str(scenario.rollout_min_requests),
-        "DRAFTWATCH_ROLLOUT_MAX_HOLDS": str(scenario.rollout_max_holds),
+        "DRAFTWATCH_ROLLOUT_MIN_REQUESTS": str(MIN_REQUESTS),
+        "DRAFTWATCH_ROLLOUT_MAX_HOLDS": str(MAX_HOLDS),
         "DRAFTWATCH_SCHEDULER_ROLLOUT_INTERVAL": "5s",
         # The decoder reads the rollout's share every proxy.route_refresh_s: a step's share applies within it.
         "DRAFTWATCH_PROXY_ROUTE_REFRESH_S": "1",
@@ -72,7 +74,8 @@ class Watch:
 
     @property
     def ended(self) -> bool:
-        return self.latest.get("status") in ENDED
+        """Has the judge (or a hand) decided: promoted, rolled back or aborted?"""
+        return bool(self.latest.get("status", "running") != "running")
 
     def done(self) -> bool:
         """Poll, then whether the rollout has ended."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import gc
 import itertools
@@ -20,14 +19,13 @@ from typing import Any
 import httpx
 from tqdm.auto import tqdm
 
-from decoder.cli import add_model_arguments, build_decoder
 from decoder.models.fetch import FetchError
 from decoder.models.loading import ModelLoadError
 from decoder.speculation.controller import SpeculationController
 from monitor.api.decoding.controller_state import STATE_FILE, save_controller
 from monitor.demo.processes import ProcessGroup, free_port
 from monitor.demo.receiver import Delivery, WebhookReceiver
-from monitor.demo.rollout import Watch, rollout_environment, start, verdict_lines, wait_until_ended
+from monitor.demo.rollout import MIN_REQUESTS, Watch, rollout_environment, start, verdict_lines, wait_until_ended
 from monitor.demo.scenario import Scenario
 from monitor.demo.summary import print_summary
 from monitor.demo.traffic import Traffic
@@ -162,9 +160,7 @@ def prepare_pair(scenario: Scenario, workdir: Path) -> str:
     its first request from measured costs. A state already there (``--dir`` reused) is kept.
     Returns the pair's costs in one line, or where they were measured before.
     """
-    parser = argparse.ArgumentParser(add_help=False)
-    add_model_arguments(parser)
-    decoder = build_decoder(parser.parse_args(scenario.model_arguments), progress=True)
+    decoder = scenario.decoder()
     state = workdir / STATE_FILE
     if state.exists():
         return f"the pair's costs as measured before, in {state}"
@@ -179,7 +175,7 @@ def rollout_act(client: httpx.Client, scenario: Scenario, traffic: Traffic) -> b
     """The second act (monitor/demo/rollout.py): True when the rollout ended by the judge's decision in time."""
     print(f"\n*** a new drafter: {scenario.candidate} ({scenario.candidate_name}) rolled out on the live traffic, "
           f"per workload: 50 % of each workload's requests, then all where it passes; judged every 5 s from "
-          f"{scenario.rollout_min_requests} requests a side, a step lasting {scenario.rollout_interval}. The "
+          f"{MIN_REQUESTS} requests a side, a step lasting {scenario.rollout_interval}. The "
           "workloads' prompts are the ones before the change again.\n", flush=True)  # fmt: skip
     watch = Watch(client, int(start(client, scenario)["id"]))
     deadline = time.monotonic() + scenario.rollout_timeout

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from decoder.workloads import builtin_workloads
+
+if TYPE_CHECKING:
+    from decoder.candidate import Candidate
+    from decoder.speculation.speculative import SpeculativeDecoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +33,9 @@ class Scenario:
     # ``demo --rollout``'s candidate drafter (serve --candidate-drafter) and the name its requests are stored under.
     candidate: str
     candidate_name: str
-    # The rollout's judge at the demo's scale (monitor/demo/rollout.py): a step's length, requests a side
-    # before a workload is judged, intervals a step may wait for an undecided workload, and how long the act
-    # may take before the demo gives up on it.
+    # The rollout's step length at the pair's speed (monitor/demo/rollout.py), and how long the act may take
+    # before the demo gives up on it.
     rollout_interval: str
-    rollout_min_requests: int
-    rollout_max_holds: int
     rollout_timeout: float
 
     @property
@@ -54,6 +57,14 @@ class Scenario:
             "given text and ask for open-ended stories, essays and letters instead, so the drafter has "
             "little left to predict"
         )
+
+    def decoder(self, progress: bool = True, candidate: Candidate | None = None) -> SpeculativeDecoder:
+        """The decoder ``draftwatch serve`` builds from :attr:`model_arguments` (and ``--candidate-drafter``)."""
+        from decoder.cli import add_model_arguments, build_decoder
+
+        parser = argparse.ArgumentParser(add_help=False)
+        add_model_arguments(parser)
+        return build_decoder(parser.parse_args(self.model_arguments), progress=progress, candidate=candidate)
 
     def prompts(self, workload: str, changed: bool) -> list[str]:
         """The prompts of ``workload``, before or after the change."""
@@ -80,8 +91,6 @@ QUICK = Scenario(
     candidate="model:smollm2-135m",
     candidate_name="self-draft",
     rollout_interval="30s",
-    rollout_min_requests=10,
-    rollout_max_holds=8,
     rollout_timeout=300.0,
 )
 
@@ -109,7 +118,5 @@ FULL = Scenario(
     candidate="model:qwen-coder-0.5b",
     candidate_name="draft-only",
     rollout_interval="1m",
-    rollout_min_requests=10,
-    rollout_max_holds=8,
     rollout_timeout=600.0,
 )

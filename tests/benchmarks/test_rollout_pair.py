@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 
@@ -42,7 +41,7 @@ def test_the_replay_keeps_the_losing_workload_and_promotes_the_winning_one() -> 
     assert "prose" in lines[-1] and lines.index(kept) < len(lines) - 1
 
 
-def test_the_rows_hold_each_side_of_a_workload(tmp_path: Path) -> None:
+def test_the_rows_hold_each_side_of_a_workload() -> None:
     rows = scenarios(RECORDS, ["extract", "prose"], "model:qwen-coder-0.5b", runs=3)
     assert [r.name for r in rows] == ["extract: A/A", "extract: model:qwen-coder-0.5b", "prose: A/A",
                                       "prose: model:qwen-coder-0.5b"]  # fmt: skip

@@ -21,7 +21,7 @@ from decoder.speculation.controller import Observation, SpeculationController
 from monitor.commands.main import build_parser
 from monitor.config import Settings
 from monitor.demo.receiver import WebhookReceiver
-from monitor.demo.rollout import Watch, rollout_environment, served_by, verdict_lines
+from monitor.demo.rollout import MAX_HOLDS, MIN_REQUESTS, Watch, rollout_environment, served_by, verdict_lines
 from monitor.demo.run import demo_environment, drive, enough_before, shuffled_rounds
 from monitor.demo.scenario import FULL, QUICK, Scenario
 from monitor.demo.summary import finding_line, traffic_table
@@ -245,4 +245,4 @@ def test_the_rollout_act_s_sidecar_serves_the_candidate_and_judges_at_the_demo_s
                                       **rollout_environment(scenario)})  # fmt: skip
         assert str(settings.decoder.candidate) == scenario.candidate
         assert settings.rollout.drafter == scenario.candidate_name
-        assert settings.rollout.min_requests == scenario.rollout_min_requests < 30
+        assert settings.rollout.min_requests == MIN_REQUESTS < 30 and settings.rollout.max_holds == MAX_HOLDS
