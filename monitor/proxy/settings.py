@@ -312,6 +312,14 @@ class ProxySettings:
         "largest request body a proxied route reads (413 past it): engines take long prompts and images that "
         "api.max_body_bytes would refuse",
     )
+    max_event_bytes: int = setting(
+        "proxy.max_event_bytes",
+        parse_int(1024),
+        16 * 1024 * 1024,
+        "largest streamed event the proxy reads: past it the rest of the stream is relayed as it comes, unread, and "
+        "the request is counted in draftwatch_proxy_unrecorded_total (engines stream logprobs of a long prompt in "
+        "events of megabytes)",
+    )
     workload_header: str = setting(
         "proxy.workload_header",
         parse_str,

@@ -1,16 +1,21 @@
 """What a relayed answer says: where a server-sent event ends, its data, and what an event carries.
 
-Pure functions over bytes and parsed JSON, shared by the relay (which reads each event once as it
+Functions over bytes and parsed JSON, shared by the relay (which reads each event once as it
 passes), the exchange (whose decode phase is timed by the events that carry text) and the entry,
-which reads a request's body and a whole answer as one JSON object too (``json_object``).
+which reads a request's body and a whole answer as one JSON object too (:func:`object_of`: a large
+one off the event loop, its large values unparsed, :mod:`monitor.proxy.forward.sparse`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
+
+from monitor.proxy.asks import cleaned_sglang_json
+from monitor.proxy.forward.sparse import SMALL_BYTES, read_object
 
 # A JSON object in UTF-8 (RFC 8259 section 8.1), a byte order mark tolerated.
 _OBJECT_START: Final = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\n\r]*\{")
@@ -65,10 +70,56 @@ def usage_only(event: Mapping[str, Any] | None) -> bool:
     return event is not None and event.get("choices") == [] and "usage" in event
 
 
-def event_end(buffer: bytes) -> int | None:
-    """The end of the first complete event in ``buffer`` (after its blank line), or None."""
-    ends = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buffer.find(sep)) >= 0]
-    return min(ends) if ends else None
+class EventCutter:
+    """A stream's bytes cut into server-sent events as they arrive, each byte looked at once.
+
+    The pending bytes are one ``bytearray`` (taken from the front in place), and the search for an
+    event's end resumes where the last one stopped: a 20 MiB event copied and searched whole at each
+    64 KiB read cost its stream 10 s of the event loop's time.
+    """
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+        self._resume = 0  # no event ends before this newline
+
+    @property
+    def held(self) -> int:
+        """The bytes of the event not yet complete."""
+        return len(self._pending)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The events ``data`` completes, each with its blank line (``\\n\\n`` or ``\\r\\n\\r\\n``)."""
+        pending = self._pending
+        pending += data
+        events = []
+        start, at = 0, self._resume
+        while True:
+            newline = pending.find(b"\n", at)
+            if newline < 0:
+                resume = len(pending)
+                break
+            if newline + 2 >= len(pending) and pending[newline + 1 :] in (b"", b"\r"):
+                resume = newline  # which line ends here is told by bytes still to come
+                break
+            if pending[newline + 1] == 0x0A:  # \n\n
+                end = newline + 2
+            elif pending[newline - 1 : newline] == b"\r" and pending[newline + 1 : newline + 3] == b"\r\n":
+                end = newline + 3
+            else:
+                at = newline + 1
+                continue
+            events.append(bytes(pending[start:end]))
+            start = at = end
+        del pending[:start]
+        self._resume = resume - start
+        return events
+
+    def rest(self) -> bytes:
+        """The bytes held (a stream's tail without a blank line), taken."""
+        rest = bytes(self._pending)
+        self._pending.clear()
+        self._resume = 0
+        return rest
 
 
 def event_data(event: bytes) -> bytes | None:
@@ -92,3 +143,22 @@ def json_object(content: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes, read as no JSON
         return None
     return value if isinstance(value, dict) else None
+
+
+async def object_of(content: bytes) -> dict[str, Any] | None:
+    """:func:`json_object`; past :data:`SMALL_BYTES`, in a worker thread with its large values left out."""
+    if len(content) <= SMALL_BYTES:
+        return json_object(content)
+    read = await asyncio.to_thread(read_object, content)
+    return None if read is None else read.members
+
+
+async def cleaned_sglang_event(data: bytes, added: Collection[str]) -> bytes | None:
+    """:func:`~monitor.proxy.asks.cleaned_sglang_json`, a large event's in a worker thread.
+
+    Its parse there still holds the GIL for the event's length: SGLang's added details come on an
+    event of their own, so a large event with them is not expected.
+    """
+    if len(data) <= SMALL_BYTES:
+        return cleaned_sglang_json(data, added)
+    return await asyncio.to_thread(cleaned_sglang_json, data, added)

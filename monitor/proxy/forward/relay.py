@@ -16,14 +16,15 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from monitor.proxy.asks import cleaned_sglang_json, gathered_sglang
+from monitor.proxy.asks import gathered_sglang
 from monitor.proxy.encoding import Decoder
 from monitor.proxy.forward.events import (
+    EventCutter,
+    cleaned_sglang_event,
     ends_answer,
     event_data,
-    event_end,
     is_done,
-    json_object,
+    object_of,
     remember,
     usage_only,
 )
@@ -43,11 +44,15 @@ class Relay:
         self.report: dict[str, Any] | None = None
         self.finish: str | None = None
         self.error: str | None = None
+        self.limit = exchange.settings.max_event_bytes
+        # Why the rest of the stream goes through as it comes, unread (an event past proxy.max_event_bytes), the
+        # request counted unrecorded; None while it is read.
+        self.passing: str | None = None
         self.events = self._events()
 
     def settle(self) -> None:
-        if self.opaque:
-            self.exchange.unreadable("the stream's content coding cannot be read")
+        if self.opaque or self.passing is not None:
+            self.exchange.unreadable(self.passing or "the stream's content coding cannot be read")
             return
         failed = self.error is not None or self.response.status >= 400 or self.report is None
         self.exchange.record(None if failed else self.report, finish=self.finish, error=self.error)
@@ -59,54 +64,79 @@ class Relay:
     async def end(self) -> None:
         """Settle as a disconnect unless the stream ended first, then close the upstream request (shielded)."""
         if not self.exchange.settled:
-            self.error = self.error or "client disconnected"
+            self.error = self.error or _gone(self.exchange)
             self.settle()
         await self.events.aclose()
         self.response.close()
 
     async def _events(self) -> AsyncGenerator[bytes]:
         """Pass the upstream's events on as each completes; keep the last report and finish reason for the record."""
-        exchange = self.exchange
-        pending = b""
+        cutter = EventCutter()
         try:
             async for raw in self.response.chunks():
                 if self.opaque:
                     yield raw
                     continue
-                pending += self.decoder.feed(raw) if self.decoder is not None else raw
-                while (end := event_end(pending)) is not None:
-                    event, pending = pending[:end], pending[end:]
-                    data = event_data(event)
-                    if data is not None:
-                        parsed_event = json_object(data)
-                        exchange.saw_event(parsed_event)
-                        before = self.report
-                        self.report, self.finish = remember(parsed_event, self.report, self.finish)
-                        if exchange.sglang_added and parsed_event is not None:  # SGLang's counts and usage: two events
-                            self.report = gathered_sglang(before, parsed_event)
-                        if ends_answer(parsed_event):  # a client may stop reading here: recorded before it reads
-                            await self._settled()
-                        if exchange.strip_usage and usage_only(parsed_event):
-                            continue
-                        cleaned = cleaned_sglang_json(data, exchange.sglang_added) if exchange.sglang_added else data
-                        if cleaned != data:
-                            if cleaned is None:
-                                continue
-                            event = b"data: " + cleaned + b"\n\n"
-                    elif is_done(event):
-                        await self._settled()  # before the client reads the end: what it has seen is recorded by then
-                    yield event
-            if pending:
-                yield pending
+                data = self.decoder.feed(raw) if self.decoder is not None else raw
+                if self.passing is not None:
+                    yield data
+                    continue
+                for event in cutter.feed(data):
+                    if self.passing is None and len(event) > self.limit:
+                        self.passing = self._too_large
+                    relayed = event if self.passing is not None else await self._read(event)
+                    if relayed is not None:
+                        yield relayed
+                if self.passing is None and cutter.held > self.limit:
+                    self.passing = self._too_large
+                if self.passing is not None and cutter.held:
+                    yield cutter.rest()
+            if rest := cutter.rest():
+                yield rest
         except (UpstreamError, zlib.error) as cut:
             self.error = f"upstream stream cut: {cut}" if isinstance(cut, UpstreamError) else "stream undecodable"
             await self._settled()  # before the client reads the error event, as before a [DONE]
             message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
             yield f"data: {json.dumps(message)}\n\n".encode()
         except BaseException:  # the client went away (cancellation, a closed generator) or the server stops
-            self.error = "client disconnected"
+            self.error = _gone(self.exchange)
             raise
         await self._settled()  # the body's end (a stream without [DONE]) goes out after this
+
+    @property
+    def _too_large(self) -> str:
+        return f"a streamed event exceeds proxy.max_event_bytes ({self.limit} bytes): the rest passed unread"
+
+    async def _read(self, event: bytes) -> bytes | None:
+        """One complete event read for the record: what goes on to the client (None: nothing, it was the proxy's)."""
+        exchange = self.exchange
+        data = event_data(event)
+        if data is None:
+            if is_done(event):
+                await self._settled()  # before the client reads the end: what it has seen is recorded by then
+            return event
+        # A large event (logprobs, SGLang's meta_info) is read off the event loop, its large values left unparsed.
+        parsed_event = await object_of(data)
+        exchange.saw_event(parsed_event)
+        before = self.report
+        self.report, self.finish = remember(parsed_event, self.report, self.finish)
+        if exchange.sglang_added and parsed_event is not None:  # SGLang's counts and usage: two events
+            self.report = gathered_sglang(before, parsed_event)
+        if ends_answer(parsed_event):  # a client may stop reading here: recorded before it reads
+            await self._settled()
+        if exchange.strip_usage and usage_only(parsed_event):
+            return None
+        if not exchange.sglang_added or parsed_event is None:
+            return event
+        cleaned = await cleaned_sglang_event(data, exchange.sglang_added)
+        if cleaned == data:
+            return event
+        return None if cleaned is None else b"data: " + cleaned + b"\n\n"
+
+
+def _gone(exchange: Exchange) -> str:
+    """Why a stream ended before its end: the server stopping, or the client leaving."""
+    return "server shutting down" if getattr(exchange.state, "stopping", False) else "client disconnected"
 
 
 class RelayResponse(StreamingResponse):
