@@ -1,7 +1,8 @@
 """The scheduled jobs and their history: each run of a job is claimed per tick, fenced, recorded.
 
 A tick is the job's scheduled time on a grid shared by every replica (multiples of its interval
-since the Unix epoch). :func:`run_tick` first inserts ``job_runs(job, tick)`` (unique) in a fenced
+since the start of its grid, :func:`grid_starts`: the Unix epoch, for retention half a drift interval
+later). :func:`run_tick` first inserts ``job_runs(job, tick)`` (unique) in a fenced
 transaction: a tick is claimed once, so after a takeover the new leader never repeats a tick the
 old one started. A failed job is recorded and simply runs again on its next tick; repeated failures
 raise the ``scheduler`` alert (:mod:`monitor.scheduler.health`).
@@ -14,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import insert, update
 from sqlalchemy.engine import Engine
@@ -39,16 +40,21 @@ log = logging.getLogger(__name__)
 
 Job = Callable[[Engine, Settings, datetime, Fence], Mapping[str, Any]]
 GRID_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Never run at once (in the leader's process): the drift run reads requests for seconds (3-4 s at 10M rows),
+# and each of retention's partition drops waits for every read of the table to end.
+SERIAL_JOBS: Final = frozenset({"drift", "retention"})
 
 
-def tick_of(now: datetime, interval: timedelta) -> datetime:
-    """The grid point at or before ``now``.
+def tick_of(now: datetime, interval: timedelta, start: datetime = GRID_EPOCH) -> datetime:
+    """The point at or before ``now`` of the grid of ``interval`` from ``start``.
 
     >>> tick_of(datetime(2026, 1, 1, 12, 7, 31, tzinfo=UTC), timedelta(minutes=5)).isoformat()
     '2026-01-01T12:05:00+00:00'
+    >>> tick_of(datetime(2026, 1, 1, 0, 1, tzinfo=UTC), timedelta(days=1), GRID_EPOCH + timedelta(minutes=2))
+    datetime.datetime(2025, 12, 31, 0, 2, tzinfo=datetime.timezone.utc)
     """
     step = interval.total_seconds()
-    return GRID_EPOCH + timedelta(seconds=((now - GRID_EPOCH).total_seconds() // step) * step)
+    return start + timedelta(seconds=((now - start).total_seconds() // step) * step)
 
 
 def drift_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) -> Mapping[str, Any]:
@@ -80,7 +86,8 @@ def retention_job(engine: Engine, settings: Settings, tick: datetime, fence: Fen
     ahead = max(settings.database.partitions_ahead_days, interval_days + 1)
     failed: PartitionLockError | None = None
     try:
-        created = ensure_all_partitions(engine, now, ahead, partition_days=settings.database.partition_days)
+        created = ensure_all_partitions(engine, now, ahead, partition_days=settings.database.partition_days,
+                                        wait_s=settings.retention.partition_lock_wait_s)  # fmt: skip
     except PartitionLockError as error:  # retention still runs; the job is reported failed below
         created, failed = [], error
     detail = {**apply_retention(engine, settings.retention, now, fence), "partitions_created": len(created)}
@@ -124,6 +131,19 @@ def intervals(settings: Settings) -> dict[str, timedelta]:
         "scrape": settings.scheduler.scrape_interval,
         "rollout": settings.scheduler.rollout_interval,
     }
+
+
+def grid_starts(settings: Settings) -> dict[str, datetime]:
+    """Where each job's grid starts: the Unix epoch, retention's half a drift interval later.
+
+    On one grid the daily retention tick would also be a drift tick, and its partition drops would
+    wait behind the drift run's reads. Half a drift interval apart, the two never meet while the
+    retention interval is a multiple of the drift interval (the defaults: 1 day and 5 minutes);
+    otherwise :data:`SERIAL_JOBS` keeps them apart.
+    """
+    starts = dict.fromkeys(intervals(settings), GRID_EPOCH)
+    starts["retention"] = GRID_EPOCH + settings.scheduler.drift_interval / 2
+    return starts
 
 
 def run_tick(engine: Engine, settings: Settings, lease: Lease, job: str, tick: datetime, fn: Job) -> str:

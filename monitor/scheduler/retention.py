@@ -22,10 +22,12 @@ rollups): deleting its expired rows at each run would, over its days, delete nea
 by row, the WAL and bloat partitioning is there to avoid. With ``requests_edge`` delete requests'
 go by the batched delete, for retention exact to the minute; rollups, additive counts kept 400 days
 by default, live up to a week past theirs instead. The default partitions' expired rows always go by
-the batched delete (no partition drop ever takes them). Should a partition stay locked past its
-attempts, the batched delete of its table is skipped this time (it would delete that whole
-partition row by row) and the job fails, to run again on its next tick. While ``draftwatch db
-partition`` converts a table, that table is left alone.
+the batched delete (no partition drop ever takes them). A drop waits for its lock at most 50 ms at
+a time, so that writers never queue behind it for longer, and tries again after a jittered pause
+for up to ``retention.partition_lock_wait_s`` (:func:`monitor.store.partitions.with_ddl_retries`).
+Should a partition stay locked all that time, the batched delete of its table is skipped this time
+(it would delete that whole partition row by row) and the job fails, to run again on its next tick.
+While ``draftwatch db partition`` converts a table, that table is left alone.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def apply_retention(
             edge = retention.requests_edge if table == "requests" else "keep"
             try:
                 cutoff = _drop_partitions(engine, table, now - timedelta(days=days), fence, deleted,
-                                          drop=by_partition, edge=edge)  # fmt: skip
+                                          drop=by_partition, edge=edge,
+                                          wait_s=retention.partition_lock_wait_s)  # fmt: skip
             except PartitionLockError as error:
                 log.warning("retention: %s; %s is deleted on the next run", error, table)
                 failed = failed or error
@@ -119,6 +122,7 @@ def _drop_partitions(
     *,
     drop: bool,
     edge: str,
+    wait_s: float,
 ) -> datetime | None:
     """Drop ``table``'s whole expired partitions (PostgreSQL, ``drop``); the cutoff left for the batched delete.
 
@@ -134,7 +138,7 @@ def _drop_partitions(
         log.info("retention leaves %s alone while `draftwatch db partition` converts the table", table)
         return None
     if partitioned and drop:
-        dropped = drop_expired_partitions(engine, cutoff, fence, parent=table)
+        dropped = drop_expired_partitions(engine, cutoff, fence, parent=table, wait_s=wait_s)
         deleted[f"{table}_partitions_dropped"] = len(dropped)
         deleted[f"{table}_rows_dropped_estimate"] = sum(d.rows_estimate for d in dropped)
     return cutoff if edge_start is None else min(cutoff, edge_start)

@@ -1,13 +1,18 @@
 """The scheduler service: an APScheduler 3.x BackgroundScheduler plus the lease heartbeat.
 
-Every replica runs the same jobs on the same grid (interval triggers anchored at the Unix epoch);
-a job body returns at once unless this replica holds the lease, and then claims its tick
-(:func:`monitor.scheduler.jobs.run_tick`). The heartbeat is a plain thread, not a job, so a long
-job in APScheduler's pool never delays the renewal that keeps this replica the leader.
+Every replica runs the same jobs on the same grid (interval triggers anchored at the Unix epoch,
+retention's half a drift interval later: :func:`monitor.scheduler.jobs.grid_starts`); a job body
+returns at once unless this replica holds the lease, and then claims its tick
+(:func:`monitor.scheduler.jobs.run_tick`). The jobs of :data:`~monitor.scheduler.jobs.SERIAL_JOBS`
+(drift and retention) wait for one another. On PostgreSQL every statement of a job is bounded by
+``scheduler.statement_timeout_s`` when the service opens its own connections. The heartbeat is a
+plain thread, not a job, so a long job in APScheduler's pool never delays the renewal that keeps
+this replica the leader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -21,9 +26,9 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.engine import Engine
 
 from monitor.config import Settings
-from monitor.scheduler.jobs import GRID_EPOCH, JOBS, abandon_stale_runs, intervals, run_tick, tick_of
+from monitor.scheduler.jobs import JOBS, SERIAL_JOBS, abandon_stale_runs, grid_starts, intervals, run_tick, tick_of
 from monitor.scheduler.lease import Lease
-from monitor.store.engine import create_engine
+from monitor.store.engine import create_engine, normalize_url
 from monitor.store.migrate import current_revision, head_revision
 
 log = logging.getLogger(__name__)
@@ -35,7 +40,7 @@ class SchedulerService:
     def __init__(self, settings: Settings, engine: Engine | None = None, jobs: Iterable[str] | None = None) -> None:
         self.settings = settings
         self._own_engine = engine is None
-        self.engine = engine or create_engine(settings.database.url)
+        self.engine = engine or _engine(settings)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = Lease(self.engine, self.holder, settings.scheduler.lease_ttl_s)
         # Scrape mode's job runs only where targets are configured: elsewhere it would fill the job history.
@@ -46,6 +51,7 @@ class SchedulerService:
         unknown = set(self.jobs) - set(JOBS)
         if unknown:
             raise ValueError(f"unknown job(s): {', '.join(sorted(unknown))}")
+        self._serial = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._schema_ready = False
@@ -61,9 +67,9 @@ class SchedulerService:
         )
 
     def start(self) -> SchedulerService:
-        every = intervals(self.settings)
+        every, starts = intervals(self.settings), grid_starts(self.settings)
         for name in self.jobs:
-            trigger = IntervalTrigger(seconds=every[name].total_seconds(), start_date=GRID_EPOCH, timezone=UTC)
+            trigger = IntervalTrigger(seconds=every[name].total_seconds(), start_date=starts[name], timezone=UTC)
             self._scheduler.add_job(self._run, trigger, args=[name], id=name, name=name)
         self._beat()  # try to lead at once, before the first tick
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="draftwatch-lease", daemon=True)
@@ -125,6 +131,15 @@ class SchedulerService:
     def _run(self, name: str) -> None:
         if not self.lease.held:
             return
-        tick = tick_of(datetime.now(UTC), intervals(self.settings)[name])
-        status = run_tick(self.engine, self.settings, self.lease, name, tick, JOBS[name])
+        tick = tick_of(datetime.now(UTC), intervals(self.settings)[name], grid_starts(self.settings)[name])
+        with self._serial if name in SERIAL_JOBS else contextlib.nullcontext():
+            status = run_tick(self.engine, self.settings, self.lease, name, tick, JOBS[name])
         log.debug("job %s tick %s: %s", name, tick.isoformat(), status)
+
+
+def _engine(settings: Settings) -> Engine:
+    """The scheduler's own engine; on PostgreSQL each statement bounded by ``scheduler.statement_timeout_s``."""
+    timeout_ms = round(settings.scheduler.statement_timeout_s * 1000)
+    if normalize_url(settings.database.url).get_backend_name() != "postgresql" or timeout_ms <= 0:
+        return create_engine(settings.database.url)
+    return create_engine(settings.database.url, connect_args={"options": f"-c statement_timeout={timeout_ms}"})

@@ -34,7 +34,8 @@ class SchedulerSettings:
         "scheduler.retention_interval",
         parse_duration,
         timedelta(days=1),
-        "how often the retention job deletes old rows",
+        "how often the retention job deletes old rows; it runs half a drift interval after a drift run's time "
+        "(00:02:30 UTC daily by default) and never beside a drift run",
     )
     scrape_interval: timedelta = setting(
         "scheduler.scrape_interval",
@@ -78,6 +79,14 @@ class SchedulerSettings:
         parse_seconds,
         10.0,
         "how often replicas renew or try to take the lease; keep well below lease_ttl_s",
+    )
+    statement_timeout_s: float = setting(
+        "scheduler.statement_timeout_s",
+        parse_seconds,
+        300.0,
+        "longest one statement of a scheduled job may run on PostgreSQL (the statement_timeout of the scheduler's "
+        "connections), so that no job's read holds requests for longer against retention's partition drops; past "
+        "it the job fails and runs again on its next tick; 0: no bound",
     )
     failure_alert_after: int = setting(
         "scheduler.failure_alert_after",
@@ -144,6 +153,14 @@ class RetentionSettings:
         10_000,
         "most rows one retention transaction deletes: a table's expired rows go in transactions of this size, "
         "each committed before the next, so that no lock or WAL grows with the backlog",
+    )
+    partition_lock_wait_s: float = setting(
+        "retention.partition_lock_wait_s",
+        parse_seconds,
+        120.0,
+        "on partitioned PostgreSQL, how long retention keeps trying to drop an expired partition (or make one ahead) "
+        "while a read holds its table: each try waits at most 50 ms for its lock, so that writers never queue "
+        "behind it for longer, then pauses up to 2 s; past this the job fails and the next run drops it",
     )
     batch_timeout_s: float = setting(
         "retention.batch_timeout_s",

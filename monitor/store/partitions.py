@@ -21,10 +21,16 @@ the store is the same.
   never overlaps what exists.
 * :func:`drop_expired_partitions` detaches and drops each partition that lies entirely before the
   retention cutoff, each in its own transaction. ``DETACH`` and ``DROP`` take ACCESS EXCLUSIVE on
-  the parent (and its default partition) for the few milliseconds of the catalog change: every
-  statement holds ``lock_timeout`` (:data:`DDL_LOCK_TIMEOUT_MS`), so that a long read in the way
-  makes it give up and retry rather than queue every writer behind it. The partial partition at the
-  cutoff is retention's (:mod:`monitor.scheduler.retention`).
+  the parent (and its default partition) for the few milliseconds of the catalog change. While such
+  a statement waits for its lock, every writer that arrives queues behind it: so each attempt waits
+  at most :data:`DDL_LOCK_TIMEOUT_MS`, well under a recorder flush, and gives up, and the attempts
+  go on, spaced by jittered pauses, until the lock is had or ``wait_s`` has passed
+  (:func:`with_ddl_retries`). A long read in the way then costs writers at most that short wait
+  per attempt, never the read's duration. ``DETACH PARTITION ... CONCURRENTLY`` (PostgreSQL 14+),
+  which takes a weaker lock, is refused on a table with a default partition ("cannot detach
+  partitions concurrently when a default partition exists", detaching the default partition itself
+  included), and every table here has one. The partial partition at the cutoff is retention's
+  (:mod:`monitor.scheduler.retention`).
 
 Both serialise on a transaction-level advisory lock (:data:`PARTITION_LOCK_KEY`), so replicas
 running them at once create each partition once; the creation re-reads the partitions under it.
@@ -33,6 +39,7 @@ running them at once create each partition once; the creation re-reads the parti
 from __future__ import annotations
 
 import logging
+import random
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -63,10 +70,17 @@ GRID_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_PARTITION_DAYS: Final = 1
 DEFAULT_AHEAD_DAYS: Final = 7  # database.partitions_ahead_days' default
 # How long one partition statement waits for a lock before it gives up (and is tried again): writers that
-# arrive meanwhile queue behind it, so this is also the longest they wait for it.
-DDL_LOCK_TIMEOUT_MS: Final = 1000
-DDL_ATTEMPTS: Final = 5
-DDL_BACKOFF_S: Final = 0.2  # doubled after each attempt
+# arrive meanwhile queue behind it, so this is also the longest they wait for it. Under a quarter of the
+# recorder's flush interval (recorder.flush_interval_s, 0.2 s by default).
+DDL_LOCK_TIMEOUT_MS: Final = 50
+# How long the attempts go on by default: a service's start (monitor.store.migrate) and `db partition` wait no
+# longer for their partitions; the retention job passes retention.partition_lock_wait_s.
+DDL_WAIT_S: Final = 10.0
+# The pause after the first attempt, doubled after each up to DDL_BACKOFF_MAX_S, each drawn between half of
+# it and all of it: attempts in step with a reader that comes back at a fixed period would keep missing.
+# With the cap, a read that holds the table for long costs writers at most 50 ms a second.
+DDL_BACKOFF_S: Final = 0.1
+DDL_BACKOFF_MAX_S: Final = 2.0
 # The default partition is scanned whenever a partition is attached: say so when it grows.
 DEFAULT_ROWS_WARNING: Final = 100_000
 
@@ -110,7 +124,7 @@ def table_of(parent: str) -> PartitionedTable:
 
 
 class PartitionLockError(RuntimeError):
-    """A partition statement found its lock held past :data:`DDL_LOCK_TIMEOUT_MS` on every attempt."""
+    """A partition statement found its lock held past :data:`DDL_LOCK_TIMEOUT_MS` on every attempt of its wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +240,18 @@ def lock_timed_out(error: OperationalError) -> bool:
     return getattr(error.orig, "sqlstate", None) == "55P03"  # lock_not_available
 
 
-def with_ddl_retries(engine: Engine, what: str, work: Callable[[Connection], T]) -> T:
-    """Run ``work`` in a transaction of its own; after a lock timeout again (backing off), DDL_ATTEMPTS times in all."""
-    attempts = DDL_ATTEMPTS
-    for attempt in range(1, attempts + 1):
+def with_ddl_retries(engine: Engine, what: str, work: Callable[[Connection], T], *, wait_s: float = DDL_WAIT_S) -> T:
+    """Run ``work`` in a transaction of its own; after a lock timeout again, after a jittered pause, for ``wait_s``.
+
+    Each attempt waits at most :data:`DDL_LOCK_TIMEOUT_MS` for a lock (the longest a writer queues
+    behind it); the last one starts before ``wait_s`` has passed. Raises :class:`PartitionLockError`
+    when every attempt timed out.
+    """
+    deadline = time.monotonic() + wait_s
+    pause = DDL_BACKOFF_S
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             with engine.begin() as conn:
                 ddl_session(conn)
@@ -237,10 +259,17 @@ def with_ddl_retries(engine: Engine, what: str, work: Callable[[Connection], T])
         except OperationalError as error:
             if not lock_timed_out(error):
                 raise
-            log.info("%s: a lock was held past %d ms (attempt %d of %d)", what, DDL_LOCK_TIMEOUT_MS, attempt, attempts)
-            if attempt < attempts:
-                time.sleep(min(DDL_BACKOFF_S * 2**attempt, 5.0))
-    raise PartitionLockError(f"{what}: a lock was held past {DDL_LOCK_TIMEOUT_MS} ms on each of {attempts} attempts")
+        left = deadline - time.monotonic()
+        # Said once at INFO: over a long read the attempts run to a hundred.
+        log.log(logging.INFO if attempt == 1 else logging.DEBUG, "%s: a lock was held past %d ms (attempt %d, "
+                "tried again for %.1f s more)", what, DDL_LOCK_TIMEOUT_MS, attempt, max(0.0, left))  # fmt: skip
+        if left <= 0:
+            break
+        time.sleep(min(left, random.uniform(pause / 2, pause)))
+        pause = min(pause * 2, DDL_BACKOFF_MAX_S)
+    raise PartitionLockError(f"{what}: a lock was held past {DDL_LOCK_TIMEOUT_MS} ms on each of {attempt} attempts "
+                             f"over {wait_s:g} s (a long read or an idle transaction on the table: see "
+                             "pg_stat_activity); it is tried again on the next run")  # fmt: skip
 
 
 def partition_start(conn: Connection, ts: datetime, parent: str = PARENT) -> datetime | None:
@@ -350,6 +379,7 @@ def ensure_partitions(
     *,
     partition_days: int | None = None,
     parent: str = PARENT,
+    wait_s: float = DDL_WAIT_S,
 ) -> list[str]:
     """Create ``parent``'s missing partitions from ``now``'s to ``ahead_days`` ahead; returns their names.
 
@@ -370,12 +400,13 @@ def ensure_partitions(
     created: list[str] = []
     for start, end in missing:  # one transaction each: the default partition's lock is held for one at a time
         what = f"creating the {parent} partition from {start:%Y-%m-%d}"
-        created += with_ddl_retries(engine, what, partial(create_missing, start=start, end=end, parent=parent))
+        make = partial(create_missing, start=start, end=end, parent=parent)
+        created += with_ddl_retries(engine, what, make, wait_s=wait_s)
     return created
 
 
 def ensure_all_partitions(
-    engine: Engine, now: datetime, ahead_days: int, *, partition_days: int | None = None
+    engine: Engine, now: datetime, ahead_days: int, *, partition_days: int | None = None, wait_s: float = DDL_WAIT_S
 ) -> list[str]:
     """:func:`ensure_partitions` for every table of :data:`TABLES`, each at its width; returns the names made.
 
@@ -388,7 +419,7 @@ def ensure_all_partitions(
     for table in TABLES:
         try:
             created += ensure_partitions(engine, now, ahead_days, partition_days=table.days or partition_days,
-                                         parent=table.name)  # fmt: skip
+                                         parent=table.name, wait_s=wait_s)  # fmt: skip
         except PartitionLockError as error:
             log.warning("%s", error)
             failed = failed or error
@@ -423,14 +454,14 @@ def _warn_of_default(conn: Connection, default: str) -> None:
 
 
 def drop_expired_partitions(
-    engine: Engine, cutoff: datetime, fence: Fence | None = None, *, parent: str = PARENT
+    engine: Engine, cutoff: datetime, fence: Fence | None = None, *, parent: str = PARENT, wait_s: float = DDL_WAIT_S
 ) -> list[Dropped]:
     """Detach and drop every partition of ``parent`` that ends at or before ``cutoff``, one transaction each.
 
     ``fence`` is checked last in each transaction, so a replica that lost the scheduler's lease
     drops nothing more. The default partition is never dropped. Does nothing on SQLite or when
     ``parent`` is not partitioned. Raises :class:`PartitionLockError` when a partition's locks stayed
-    held on every attempt (the partitions before it are dropped).
+    held on every attempt for ``wait_s`` (the partitions before it are dropped).
     """
     if engine.dialect.name != "postgresql":
         return []
@@ -443,9 +474,8 @@ def drop_expired_partitions(
     dropped: list[Dropped] = []
     for partition in expired:
         what = f"dropping the partition {partition.name}"
-        done = with_ddl_retries(
-            engine, what, partial(_drop, partition=partition, cutoff=cutoff, parent=parent, fence=fence)
-        )
+        drop = partial(_drop, partition=partition, cutoff=cutoff, parent=parent, fence=fence)
+        done = with_ddl_retries(engine, what, drop, wait_s=wait_s)
         if done is not None:
             dropped.append(done)
     return dropped

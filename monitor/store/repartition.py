@@ -10,12 +10,13 @@ transaction or series of them; the names below are requests', a rollup table's a
 1. **Prepare** (one transaction): the new table ``requests_next`` beside ``requests``, in the other
    layout, with the same columns and id sequence, its keys and every secondary index of
    ``requests`` (named ``..._next`` until the swap); for the partitioned layout its default
-   partition and the partitions from today to ``ahead_days`` ahead. Statement-level triggers on
-   ``requests`` copy every row inserted (and delete every row deleted) from then on into the new
-   table, through their transition tables, so rows written during the conversion are there when it
-   ends. The range of the partition key to copy is read after the triggers exist: every row
-   committed before them lies in it. The state (how far the copy got) is the row of
-   ``requests_conversion``.
+   partition and the partitions from today to ``ahead_days`` ahead. Then, last, statement-level
+   triggers on ``requests`` copy every row inserted (and delete every row deleted) from then on
+   into the new table, through their transition tables, so rows written during the conversion are
+   there when it ends. Creating a trigger takes a lock that writers wait for until the commit, so
+   only the triggers and the read of the range to copy come after it: the range of the partition
+   key is read after the triggers exist, so that every row committed before them lies in it. The
+   state (how far the copy got) is the row of ``requests_conversion``.
 2. **Copy**, in batches by ranges of the partition key, oldest first, each a transaction that
    copies one range (``INSERT ... SELECT ... ON CONFLICT DO NOTHING``: a row the triggers copied
    already is skipped) and moves the state's watermark past it. A range's width adapts so that a
@@ -382,9 +383,23 @@ def _prepare(conn: Connection, table: Convertible, partitioned: bool, width: int
         index = match.group(2).strip('"')
         rest = definition[match.end() :]
         conn.execute(text(f'CREATE {match.group(1) or ""}INDEX "{index}{CONVERSION_SUFFIX}" ON {target} USING {rest}'))
+    now = conn.execute(text("SELECT now()")).scalar_one()
     if partitioned:
         conn.execute(text(f"CREATE TABLE {table.table.default_partition} PARTITION OF {target} DEFAULT"))
         name_partition_indexes(conn, table.table.default_partition, target)
+        # What the triggers copy from now on lands in its own partition. Made before the triggers: from the
+        # first trigger to the commit every writer of the table waits, so nothing but them and the bounds read
+        # happens there (making a week of partitions held writers 0.3-0.4 s).
+        for cell_start in _cells(now, now + timedelta(days=ahead_days), width):
+            create_missing(conn, cell_start, cell_start + timedelta(days=width), target)
+    conn.execute(
+        text(
+            f"CREATE TABLE {table.state} (direction text NOT NULL, first_ts timestamptz NOT NULL, "
+            "watermark timestamptz NOT NULL, end_ts timestamptz NOT NULL, step_s double precision NOT NULL, "
+            "rows_copied bigint NOT NULL, batches bigint NOT NULL, started_at timestamptz NOT NULL, "
+            "updated_at timestamptz NOT NULL)"
+        )
+    )
     if table.updated:  # the rows as they are now, in key order (see the module docstring)
         kept = {"id", *unique_columns.split(", ")}
         updates = ", ".join(f"{c} = excluded.{c}" for c in columns.split(", ") if c not in kept)
@@ -419,17 +434,8 @@ def _prepare(conn: Connection, table: Convertible, partitioned: bool, width: int
             )
         )
     first, last = _bounds(conn, table)
-    now = conn.execute(text("SELECT now()")).scalar_one()
     first = first or now
     end = (last + timedelta(microseconds=1)) if last is not None else first
-    conn.execute(
-        text(
-            f"CREATE TABLE {table.state} (direction text NOT NULL, first_ts timestamptz NOT NULL, "
-            "watermark timestamptz NOT NULL, end_ts timestamptz NOT NULL, step_s double precision NOT NULL, "
-            "rows_copied bigint NOT NULL, batches bigint NOT NULL, started_at timestamptz NOT NULL, "
-            "updated_at timestamptz NOT NULL)"
-        )
-    )
     conn.execute(
         text(
             f"INSERT INTO {table.state} VALUES (:direction, :first, :first, :end, :step, 0, 0, now(), now())"
@@ -437,9 +443,6 @@ def _prepare(conn: Connection, table: Convertible, partitioned: bool, width: int
         {"direction": "partition" if partitioned else "unpartition", "first": first, "end": end,
          "step": FIRST_STEP.total_seconds()},
     )  # fmt: skip
-    if partitioned:  # what the triggers copy from now on lands in its own partition
-        for cell_start in _cells(now, now + timedelta(days=ahead_days), width):
-            create_missing(conn, cell_start, cell_start + timedelta(days=width), target)
     log.info("conversion prepared: %s beside %s, %s %s to %s to copy", target, name, key, first, end)
 
 

@@ -19,7 +19,6 @@ from monitor.ingest.synthetic import synthetic_record
 from monitor.scheduler.jobs import retention_job
 from monitor.scheduler.retention import apply_retention
 from monitor.scheduler.settings import RetentionSettings
-from monitor.store import partitions
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.models import RecorderBatchRow, RequestRow, RollupBinRow, RollupMinuteRow
@@ -254,12 +253,7 @@ def test_expired_weeks_of_rollups_are_dropped_whole_and_the_week_at_the_cutoff_k
         assert minutes[0] == week0 + timedelta(days=17, hours=12) and bin_buckets[0] == minutes[0]
 
 
-def test_a_partition_held_by_a_long_read_is_neither_dropped_nor_deleted_row_by_row(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(partitions, "DDL_LOCK_TIMEOUT_MS", 100)
-    monkeypatch.setattr(partitions, "DDL_ATTEMPTS", 2)
-    monkeypatch.setattr(partitions, "DDL_BACKOFF_S", 0.01)
+def test_a_partition_held_by_a_long_read_is_neither_dropped_nor_deleted_row_by_row(pg_url: str) -> None:
     engine = create_engine(pg_url)
     upgrade(engine)
     ensure_partitions(engine, DAY, 2)
@@ -272,7 +266,7 @@ def test_a_partition_held_by_a_long_read_is_neither_dropped_nor_deleted_row_by_r
             )
         )
     settings = RetentionSettings(requests_days=1, batches_days=7, rollups_days=0, drift_days=0, alerts_days=0,
-                                 jobs_days=0)  # fmt: skip
+                                 jobs_days=0, partition_lock_wait_s=0.3)  # fmt: skip
     with engine.connect() as reader:
         reader.execute(text("SELECT count(*) FROM requests"))  # an open read holds its lock on requests
         with pytest.raises(PartitionLockError):
