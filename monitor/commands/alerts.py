@@ -98,12 +98,13 @@ def _ack(args: argparse.Namespace) -> int:
 def _scheduler(args: argparse.Namespace) -> int:
     from monitor.scheduler.service import SchedulerService
 
-    def action(engine: Any, settings: Settings) -> int:
+    def action(_engine: Any, settings: Settings) -> int:
         jobs = [j.strip() for j in args.jobs.split(",")] if args.jobs else None
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        service = SchedulerService(settings, engine, jobs).start()
+        # Its own engine, as serve's scheduler has: its statements bounded by scheduler.statement_timeout_s.
+        service = SchedulerService(settings, jobs=jobs).start()
         print(f"draftwatch scheduler: {service.holder} running ({', '.join(service.jobs)})", file=sys.stderr,
               flush=True)  # fmt: skip
         try:
