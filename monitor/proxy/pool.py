@@ -74,7 +74,11 @@ class Member:
         self.inflight -= 1
 
     async def send(self, method: str, target: bytes, headers: Headers, body: bytes) -> UpstreamResponse:
-        """:meth:`Upstream.send`, its outcome counted towards this member's health."""
+        """:meth:`Upstream.send`, its outcome counted towards this member's health.
+
+        Any status but the engine's "cannot serve" is an answer: a 4xx (a 413 for a body over the engine's
+        limit, even one sent before the body was read) is the request's fault, not the replica's.
+        """
         try:
             response = await self.upstream.send(method, target, headers, body)
         except UpstreamError as error:

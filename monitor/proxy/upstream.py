@@ -12,7 +12,10 @@ saying so) has seen its end, and is dropped before anything is written.
 A generation must never run twice, so a request goes out a second time only when the upstream
 cannot have started it: the request could not be written whole. Once it was written, a connection
 cut before the answer is a 502, not a retry: the upstream may have read the request and be
-generating. A refused connection is not tried again here (the replica is down: a second try would
+generating. And a request the upstream answered is never sent again: a server with a body limit
+(Go's net/http, most gateways) answers 413 once it has read the head and closes without reading the
+rest, so the write of a large body fails with the answer already in; that answer is the request's.
+A refused connection is not tried again here (the replica is down: a second try would
 be refused too) but raised as :class:`UpstreamRefusedError`, which the proxy sends once to another
 replica of the pool. Errors become two kinds: :class:`UpstreamTimeoutError` (nothing within
 ``proxy.timeout_s``) and :class:`UpstreamUnavailableError`, each named as httpcore named it
@@ -28,12 +31,13 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Final
+from typing import Final, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import httptools
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 Headers = Sequence[tuple[bytes, bytes]]
 # Idle connections kept for reuse; a burst beyond them opens new ones, closed once idle.
@@ -42,6 +46,9 @@ KEEPALIVE_EXPIRY_S: Final = 30.0
 # Sends of a request that never reached the upstream whole, after the first (see the module docstring).
 RETRIES: Final = 1
 READ_SIZE: Final = 65536
+# How long a failed write waits for the watch on its answer to end: the connection's end reaches the
+# reader right after what the upstream sent before it, so this bounds a wait that has nothing to wait for.
+EARLY_ANSWER_S: Final = 1.0
 
 
 class UpstreamError(Exception):
@@ -169,33 +176,73 @@ def basic_authorization(url: str) -> bytes | None:
 class _Connection:
     """One HTTP/1.1 connection to the upstream, between requests idle until ``idle_until``."""
 
-    __slots__ = ("idle_until", "reader", "writer")
+    __slots__ = ("_early", "idle_until", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.idle_until = 0.0
+        # The read begun while a large request was written (see write): the next read's bytes.
+        self._early: asyncio.Task[bytes] | None = None
 
     def reusable(self) -> bool:
         """Open, not expired, and its end not seen: an upstream that closed it idle has sent that end."""
         return time.monotonic() < self.idle_until and not self.writer.is_closing() and not self.reader.at_eof()
 
     async def write(self, head: bytes, body: bytes, timeout_s: float) -> None:
-        """The whole request onto the socket; :class:`UpstreamUnavailableError` when it could not be (nothing sent)."""
+        """The request onto the socket, or as much of it as went before the upstream answered.
+
+        :class:`UpstreamUnavailableError` when it could not be written and nothing came back: nothing
+        was started. A body under one read's size goes in one write, which the socket's buffer takes
+        whole: an answer to it, early or not, is read after it as any other.
+        """
+        if len(body) >= READ_SIZE:
+            await self._write_watched(head, body, timeout_s)
+            return
         try:
             async with asyncio.timeout(timeout_s):
-                self.writer.write(head + body if len(body) < READ_SIZE else head)
-                if len(body) >= READ_SIZE:
-                    self.writer.write(body)
+                self.writer.write(head + body)
                 await self.writer.drain()
         except TimeoutError:
             raise UpstreamTimeoutError("WriteTimeout") from None
         except OSError:
             raise UpstreamUnavailableError("WriteError") from None
 
+    async def _write_watched(self, head: bytes, body: bytes, timeout_s: float) -> None:
+        """A large request, written while its answer is watched for: what came first is the next read's.
+
+        An upstream that answers before it has read the body (a 413) may close without reading it, and
+        the write fails, or leave it unread, and the write never ends: either way the request has its answer.
+        """
+        answer = self._early = _quiet(asyncio.ensure_future(self.reader.read(READ_SIZE)))
+        self.writer.write(head)
+        self.writer.write(body)
+        drain = _quiet(asyncio.ensure_future(self.writer.drain()))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wait((drain, answer), return_when=asyncio.FIRST_COMPLETED)
+                if not _answered(answer):
+                    await drain
+        except TimeoutError:
+            raise UpstreamTimeoutError("WriteTimeout") from None
+        except OSError:
+            # The failed write ended the connection, and its reader after what the upstream sent before it closed.
+            await asyncio.wait((answer,), timeout=EARLY_ANSWER_S)
+            if not _answered(answer):
+                raise UpstreamUnavailableError("WriteError") from None
+        finally:
+            drain.cancel()
+
+    def written(self) -> bool:
+        """Whether the request went whole (an answer that came before its end leaves the rest unsent)."""
+        return not self.writer.transport.get_write_buffer_size()
+
     async def read(self, timeout_s: float) -> bytes:
         try:
             async with asyncio.timeout(timeout_s):
+                if self._early is not None:
+                    early, self._early = self._early, None
+                    return await early
                 return await self.reader.read(READ_SIZE)
         except TimeoutError:
             raise UpstreamTimeoutError("ReadTimeout") from None
@@ -203,7 +250,23 @@ class _Connection:
             raise UpstreamUnavailableError("ReadError") from None
 
     def close(self) -> None:
-        self.writer.close()
+        if self._early is not None:
+            self._early.cancel()
+        if self.written():
+            self.writer.close()
+        else:
+            self.writer.transport.abort()  # not flushed to an upstream that answered and may never read the rest
+
+
+def _quiet(task: asyncio.Task[_T]) -> asyncio.Task[_T]:
+    """``task``, its exception taken when it ends: one nobody awaits (the connection closed first) is no log line."""
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return task
+
+
+def _answered(read: asyncio.Task[bytes]) -> bool:
+    """Whether the watch on the answer has bytes of it (not the connection's end, nor its error)."""
+    return read.done() and not read.cancelled() and read.exception() is None and bool(read.result())
 
 
 class _Message:
@@ -316,7 +379,8 @@ class UpstreamResponse:
             return
         self._closed = True
         message = self._message
-        if message.complete and not message.body and self._reusable and message.keep_alive:
+        read_whole = message.complete and not message.body and self._reusable
+        if read_whole and message.keep_alive and self._connection.written():
             self._keep(self._connection)
         else:
             self._connection.close()
