@@ -21,6 +21,7 @@ from monitor.alerts import queries as alert_queries
 from monitor.alerts.silences import Silence, list_silences
 from monitor.config import Settings, default_config_file
 from monitor.drift import queries as drift_queries
+from monitor.settings.masking import mask_urls
 from monitor.store import evaluations as stored_evaluations
 from monitor.store import rollouts as stored_rollouts
 from monitor.store import routing, scrape
@@ -51,7 +52,7 @@ def engine(url: str) -> Engine:
     # A fresh store (first start, before any record) has no tables yet: migrate so that pages can
     # show their empty state instead of an error. Same call the API makes at start-up.
     upgrade(created, database=_database())
-    log.info("dashboard reading %s", created.url.render_as_string(hide_password=True))
+    log.info("dashboard reading %s", mask_urls(created.url.render_as_string(hide_password=True)))
     return created
 
 

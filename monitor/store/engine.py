@@ -16,6 +16,8 @@ from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, make_url
 
+from monitor.settings.masking import mask_urls
+
 log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -71,8 +73,9 @@ def create_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Engin
         kwargs.setdefault("pool_pre_ping", True)
         engine = sa_create_engine(parsed, echo=echo, connect_args=connect_args, **kwargs)
     else:
-        raise ValueError(f"database URL {parsed.render_as_string()!r}: only sqlite and postgresql are supported")
-    log.debug("engine for %s", parsed.render_as_string(hide_password=True))
+        shown = mask_urls(parsed.render_as_string(hide_password=False))
+        raise ValueError(f"database URL {shown!r}: only sqlite and postgresql are supported")
+    log.debug("engine for %s", mask_urls(parsed.render_as_string(hide_password=True)))
     return engine
 
 

@@ -83,3 +83,14 @@ def test_masking_is_linear_in_the_value_whatever_it_holds() -> None:
         started = time.perf_counter()
         assert len(quoted(value)) < 300
         assert time.perf_counter() - started < 1.0, value[:20]
+
+
+def test_a_refused_database_url_and_a_remote_candidates_error_quote_no_secret() -> None:
+    from monitor.commands.evaluate.servers import ServerError
+    from monitor.store.engine import create_engine
+
+    with pytest.raises(ValueError, match="only sqlite and postgresql") as refused:
+        create_engine(f"mysql://ada:{KEY}@db.example/x?password={KEY}")
+    assert KEY not in str(refused.value) and "mysql://ada:***@db.example/x?password=***" in str(refused.value)
+    error = ServerError(f"cannot reach http://ada:{KEY}@h:8080?api_key={KEY}: start the server there")
+    assert KEY not in str(error) and "http://ada:***@h:8080?api_key=***" in str(error)

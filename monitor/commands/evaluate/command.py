@@ -39,6 +39,7 @@ from decoder.workloads import builtin_workloads
 from monitor.commands.common import add_settings_arguments, run_with_engine, settings_from_args
 from monitor.commands.evaluate.servers import Progress, ServerError, ServerVerdict, base_url, measure_servers
 from monitor.config import ConfigError
+from monitor.settings.masking import mask_urls
 
 if TYPE_CHECKING:  # the database layer loads when --store runs, not when --help is read
     from sqlalchemy.engine import Engine
@@ -170,7 +171,7 @@ def _store(args: argparse.Namespace, reports: Sequence[WorkloadReport], target: 
     def action(engine: Engine, settings: Settings) -> int:
         run_id = save_evaluation(engine, [r.to_dict() for r in reports], target_model=target, target_version=version,
                                  sample=sample)  # fmt: skip
-        where = engine.url.render_as_string(hide_password=True)
+        where = mask_urls(engine.url.render_as_string(hide_password=True))
         print(f"stored evaluation {run_id} ({len(reports)} workload(s), target {target}) in {where}", file=sys.stderr)
         return 0
 

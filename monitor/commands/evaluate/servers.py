@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from decoder.evaluation import CandidateResult, SampleRow, WorkloadReport, measure
 from decoder.record import RequestRecord, pooled_decode_ms_per_token
+from monitor.settings.masking import mask_urls
 
 if TYPE_CHECKING:  # the HTTP client loads when a server is asked, not when --help is read
     import httpx
@@ -68,7 +69,10 @@ Progress = Callable[[str], None]
 
 
 class ServerError(RuntimeError):
-    """A remote candidate that cannot be evaluated; the message names its URL and what to do."""
+    """A remote candidate that cannot be evaluated; the message names its URL (credentials masked) and what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(mask_urls(message))
 
 
 def base_url(url: str) -> str:
@@ -143,7 +147,7 @@ def measure_servers(
             plain_ms = pooled_decode_ms_per_token(plain)
             results = []
             for url, records in drafted.items():
-                result = CandidateResult(f"server:{url}", predicted_speedup=None, gamma=None, server=url)
+                result = CandidateResult(f"server:{mask_urls(url)}", predicted_speedup=None, gamma=None, server=url)
                 measure(result, records, plain_ms)
                 if not result.drafted:
                     logger.warning(
@@ -316,7 +320,7 @@ def _record(report: StackReport, url: str, row: SampleRow, decode_ms: float | No
         ts_start=now,
         ts_end=now,
         workload=row.workload,
-        target_model=report.model or url,
+        target_model=report.model or mask_urls(url),
         drafter="server",
         mode=report.mode,
         num_speculative_tokens=report.num_speculative_tokens or 0,
