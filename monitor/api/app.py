@@ -39,6 +39,7 @@ from monitor.api.ingest.adapters import MODELS
 from monitor.api.limits import LimitsMiddleware
 from monitor.api.reads import alerts, drift, health, rollouts, workloads
 from monitor.api.reads import metrics as prometheus  # the module of /metrics; `metrics` below is its Metrics
+from monitor.api.server import DrainMiddleware
 from monitor.api.state import ApiState
 from monitor.config import Settings
 from monitor.ingest.capture.sidecar import PromptCapture
@@ -158,9 +159,13 @@ def create_app(
         # A proxied request waits on the upstream, under the proxy's own timeout, and has its own body limit.
         proxied=forward.proxied if settings.proxy.upstream else None,
         proxied_max_body_bytes=settings.proxy.max_body_bytes,
+        body_timeout_s=settings.api.body_timeout_s,
+        max_body_bytes_in_flight=settings.api.max_body_bytes_in_flight,
     )
     # Added last, so outermost: it also answers for an error in the limits middleware.
     app.add_middleware(errors.UnhandledErrorMiddleware)
+    # Before any other, once SIGTERM came: /readyz answers 503 (monitor/api/server.py).
+    app.add_middleware(DrainMiddleware)
     # Around even that: every answer has one Date (uvicorn's is off, see monitor/api/dates.py).
     app.add_middleware(DateMiddleware)
     # In proxy mode the stack's endpoints are the upstream's, the embedded decoder's chat included.

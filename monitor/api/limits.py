@@ -7,8 +7,15 @@ body, so a client that trickles bytes cannot hold a worker; a streamed response 
 is not cut once it has started.
 
 In proxy mode a forwarded request (``proxied``) has a limit of its own (``proxy.max_body_bytes``:
-engines take long prompts and images), no time limit here (the proxy's own timeout applies), and a
-413 in the OpenAI error shape its client parses.
+engines take long prompts and images), no time limit here (the proxy's own timeout applies), and its
+refusals in the OpenAI error shape its client parses.
+
+Every request's body must keep arriving: a pause over ``body_timeout_s`` is answered 408. The bodies
+held at once, each from its first byte (its declared length at once) until its request's handling
+ends, stay under ``max_body_bytes_in_flight``: a body that would pass it is answered 503 with
+``Retry-After`` without reading the rest, unless no other body is held (a body alone is never
+refused by it). A request's head is limited before this, in uvicorn's protocol
+(monitor/api/connections.py).
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from monitor.api.errors import TrackedSend
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_S: Final = 1  # past the bound on bodies held: bodies are let go as their requests end
 
 
 class LimitsMiddleware:
@@ -37,6 +46,8 @@ class LimitsMiddleware:
         untimed: tuple[str, ...] = (),
         proxied: Callable[[Scope], bool] | None = None,
         proxied_max_body_bytes: int = 0,
+        body_timeout_s: float = 0.0,
+        max_body_bytes_in_flight: int = 0,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
@@ -44,6 +55,9 @@ class LimitsMiddleware:
         self.untimed = frozenset(untimed)
         self.proxied = proxied
         self.proxied_max_body_bytes = proxied_max_body_bytes
+        self.body_timeout_s = body_timeout_s or None  # 0: off
+        self.max_in_flight = max_body_bytes_in_flight or None  # 0: no bound
+        self.in_flight = 0  # body bytes held by the requests under way (one event loop: no lock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -76,32 +90,67 @@ class LimitsMiddleware:
         if declared is not None and declared > limit:
             await _error(send, 413, "body_too_large", f"the body exceeds {limit} bytes", openai=openai)
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
+        held = 0  # what this request counts in self.in_flight
+        try:
+            if declared and not self._hold(held, declared):
+                await self._busy(send, openai)
                 return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await _error(send, 413, "body_too_large", f"the body exceeds {limit} bytes", openai=openai)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        delivered = False
+            held = declared or 0
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                try:
+                    async with asyncio.timeout(self.body_timeout_s):
+                        message = await receive()
+                except TimeoutError:
+                    log.warning("request body stalled for %g s: %s %s", self.body_timeout_s, scope["method"],
+                                scope["path"])  # fmt: skip
+                    await _error(send, 408, "body_timeout", f"the body's next byte did not arrive within "
+                                 f"{self.body_timeout_s:g} s (api.body_timeout_s)", openai=openai)  # fmt: skip
+                    return
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    await _error(send, 413, "body_too_large", f"the body exceeds {limit} bytes", openai=openai)
+                    return
+                if size > held:  # an undeclared (chunked) body, counted as it comes
+                    if not self._hold(held, size - held):
+                        await self._busy(send, openai)
+                        return
+                    held = size
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            delivered = False
 
-        async def replay() -> Message:
-            # The whole body once; afterwards the real channel, where a disconnect will show.
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            async def replay() -> Message:
+                # The whole body once; afterwards the real channel, where a disconnect will show.
+                nonlocal delivered
+                if not delivered:
+                    delivered = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            self.in_flight -= held
+
+    def _hold(self, held: int, more: int) -> bool:
+        """Count ``more`` bytes for a request holding ``held``, unless that passes the bound while others hold some."""
+        if self.max_in_flight is not None and self.in_flight + more > self.max_in_flight and self.in_flight > held:
+            return False
+        self.in_flight += more
+        return True
+
+    async def _busy(self, send: Send, openai: bool) -> None:
+        log.warning("request body refused: %d bytes of bodies already held (api.max_body_bytes_in_flight)",
+                    self.in_flight)  # fmt: skip
+        message = (f"the server holds request bodies up to its bound of {self.max_in_flight} bytes at once "
+                   "(api.max_body_bytes_in_flight); retry shortly")  # fmt: skip
+        await _error(send, 503, "bodies_in_flight", message, openai=openai, retry_after_s=RETRY_AFTER_S)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -114,11 +163,16 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _error(send: Send, status: int, code: str, message: str, *, openai: bool = False) -> None:
-    shaped = {"error": {"message": message, "type": "invalid_request_error", "code": code}} if openai else None
+async def _error(
+    send: Send, status: int, code: str, message: str, *, openai: bool = False, retry_after_s: int | None = None
+) -> None:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    shaped = {"error": {"message": message, "type": kind, "code": code}} if openai else None
     body = json.dumps(shaped or {"error": code, "message": message}).encode()
     headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 413:
-        headers.append((b"connection", b"close"))
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
+    # The body is left unread: the connection cannot carry another request.
+    headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -75,6 +75,53 @@ class ApiSettings:
         60.0,
         "longest time from a request's arrival to its response's start; 0 disables",
     )
+    header_timeout_s: float = setting(
+        "api.header_timeout_s",
+        parse_seconds,
+        10.0,
+        "longest time a request's head (request line and headers) may take to arrive, from the connection's "
+        "opening or the request's first byte: past it 408 and the connection is closed; 0 disables",
+    )
+    body_timeout_s: float = setting(
+        "api.body_timeout_s",
+        parse_seconds,
+        30.0,
+        "longest pause in a request body's arrival: past it 408 and the connection is closed; 0 disables",
+    )
+    max_headers: int = setting(
+        "api.max_headers",
+        parse_int(8),
+        100,
+        "most header fields in a request: past it 431 and the connection is closed",
+    )
+    max_header_bytes: int = setting(
+        "api.max_header_bytes",
+        parse_int(1024),
+        64 * 1024,
+        "largest request head (target and header fields), in bytes: past it 431 and the connection is closed "
+        "(default: 64 KiB)",
+    )
+    max_body_bytes_in_flight: int = setting(
+        "api.max_body_bytes_in_flight",
+        parse_int(1024),
+        512 * 1024 * 1024,
+        "most request body bytes held at once, over all requests until each is answered: past it 503 with "
+        "Retry-After (a body alone is never refused by it) (default: 512 MiB)",
+    )
+    drain_delay_s: float = setting(
+        "api.drain_delay_s",
+        parse_seconds,
+        0.0,
+        "on SIGTERM, how long the server keeps taking requests while /readyz answers 503 (so a load balancer "
+        "takes it out) before it stops accepting",
+    )
+    shutdown_timeout_s: float = setting(
+        "api.shutdown_timeout_s",
+        parse_seconds,
+        20.0,
+        "after api.drain_delay_s, how long the requests and streams still open may run before they are ended "
+        "and recorded as cut (below the pod's terminationGracePeriodSeconds)",
+    )
     decode_queue_size: int = setting(
         "api.decode_queue_size",
         parse_int(1),

@@ -41,6 +41,10 @@ class ApiState:
     # SQLite has one writer at a time and its busy handler sleeps in growing steps while it waits:
     # queueing writers on a lock here instead is faster and keeps latency even. PostgreSQL needs none.
     write_lock: AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext)
+    # The shutdown's phases (monitor/api/server.py): SIGTERM came (draining: /readyz answers 503 while requests
+    # are still taken), then the shutdown's limit passed (stopping: what still runs is being ended, not left).
+    draining: bool = False
+    stopping: bool = False
 
 
 def api_state(request: Request) -> ApiState:

@@ -181,6 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from monitor.api.app import create_app
     from monitor.api.auth import check_bind
+    from monitor.api.server import GracefulServer, uvicorn_options
 
     try:
         upstream = _upstreams("--upstream", args.upstream)
@@ -268,16 +269,15 @@ def _serve(args: argparse.Namespace) -> int:
     # no longer walk it (under proxied load they took 85-120 ms each, 10-13 ms frozen: the proxy's p99).
     gc.freeze()
     try:
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=settings.api.host,
             port=settings.api.port,
             log_level=logging.getLevelName(logging.getLogger().level).lower(),
             access_log=logging.getLogger().level <= logging.INFO,
-            # The app adds Date where a response has none: uvicorn's own would double a proxied one's.
-            server_header=False,
-            date_header=False,
+            **uvicorn_options(settings.api),
         )
+        GracefulServer(config, app, settings.api).run()
     finally:
         if scheduler is not None:
             # Stopped once started, or its start would go on after the stop; a start the database holds

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from monitor.api.app import create_app
+from monitor.api.server import uvicorn_options
 from monitor.store.engine import create_engine
 from monitor.store.models import RequestRow
 from tests.api.conftest import make_settings
@@ -151,9 +152,11 @@ def stream_events(*, usage: bool, timings: bool = False, number: int = 1) -> lis
 
 @contextmanager
 def sidecar(tmp_path: Path, db_url: str, upstream_url: str, **env: str) -> Iterator[tuple[str, FastAPI]]:
-    """The sidecar in proxy mode on real HTTP, with draftwatch serve's uvicorn options (no Server, no Date)."""
-    app = create_app(make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream_url, **env))
-    with serving(app, server_header=False, date_header=False, log_level="warning") as url:
+    """The sidecar in proxy mode on real HTTP, with draftwatch serve's uvicorn options (its client limits, no
+    Server, no Date)."""
+    settings = make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream_url, **env)
+    app = create_app(settings)
+    with serving(app, **uvicorn_options(settings.api), log_level="warning") as url:
         yield url, app
 
 
