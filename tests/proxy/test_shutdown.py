@@ -54,8 +54,8 @@ def test_sigterm_drains_then_ends_a_never_ending_stream_within_its_limit_and_rec
             reader = threading.Thread(target=stream)
             reader.start()
             assert first.wait(30), "the stream never started"
+            signalled = time.monotonic()  # before the signal: the server's own clock starts after it
             process.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
             # The drain: out of the load balancer, still serving.
             ready = httpx.get(f"{url}/readyz", timeout=5)
             answered = httpx.post(f"{url}/v1/chat/completions", json=ASK, headers={"X-Workload": "draining"},
