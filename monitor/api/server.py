@@ -30,11 +30,9 @@ from typing import Any, Final
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from monitor.api.connections import limited_protocol
-from monitor.api.reads.health import Health
 from monitor.api.settings import ApiSettings
 from monitor.api.state import ApiState
 
@@ -118,7 +116,7 @@ class GracefulServer(uvicorn.Server):
 
 
 class DrainMiddleware:
-    """While the server drains (``ApiState.draining``): ``/readyz`` answers 503 and every answer closes its
+    """While the server drains (``ApiState.draining``; ``/readyz`` answers 503 meanwhile): every answer closes its
     connection, so that the client's next request opens one, which a load balancer sends elsewhere."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -128,10 +126,6 @@ class DrainMiddleware:
         state: ApiState | None = getattr(scope["app"].state, "api", None) if scope["type"] == "http" else None
         if state is None or not state.draining:
             await self.app(scope, receive, send)
-            return
-        if scope["path"] == "/readyz":
-            health = Health(status="not_ready", checks={"shutdown": {"ok": False, "draining": True}})
-            await JSONResponse(health.model_dump(), 503, headers={"connection": "close"})(scope, receive, send)
             return
 
         async def closing(message: Message) -> None:

@@ -80,4 +80,5 @@ def test_sigterm_drains_then_ends_a_never_ending_stream_within_its_limit_and_rec
     recorded = {row["workload"]: row for row in rows(db_url)}
     assert recorded.keys() == {"streaming", "draining"}
     assert recorded["draining"]["error"] is None
-    assert recorded["streaming"]["finish_reason"] == "error" and recorded["streaming"]["error"]
+    cut = recorded["streaming"]
+    assert cut["finish_reason"] == "error" and cut["error"] == "server shutting down"

@@ -48,6 +48,9 @@ async def healthz(request: Request) -> Health:
 )
 async def readyz(request: Request) -> JSONResponse:
     state = api_state(request)
+    if state.draining:  # SIGTERM: out of the load balancer first, while requests are still served
+        body = Health(status="not_ready", checks={"shutdown": {"ok": False, "draining": True}})
+        return JSONResponse(body.model_dump(), status_code=503, headers={"connection": "close"})
     if state.router is not None:
         checks = await proxy_readiness(state)
     else:
