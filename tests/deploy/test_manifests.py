@@ -445,3 +445,22 @@ def test_the_canary_s_rollout_starts_from_the_scheduler_s_pod_as_its_overlay_say
     finally:
         engine.dispose()
     assert (r.deployment, r.drafter, r.steps, r.per_workload) == ("*", "ngram-k5", (0.05, 0.25, 0.5, 1.0), True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_pod_s_shutdown_fits_its_grace_period(overlay: str, tmp_path: Path) -> None:
+    """preStop, drain, the streams' limit and their end come before the kubelet's SIGKILL, with room for the
+    recorder's last write; the engine stays up through the sidecar's preStop."""
+    from monitor.api.server import END_WAIT_S
+
+    for spec, container, env in proxies(render(overlay)):
+        api = Settings.from_env({"HOME": str(tmp_path), **env}, None).api
+        pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+        needed = pre_stop + api.drain_delay_s + api.shutdown_timeout_s + END_WAIT_S
+        grace = spec.get("terminationGracePeriodSeconds", 30)
+        assert needed + 10 <= grace, f"deploy/{overlay}: shutdown takes up to {needed:g} s of a {grace} s grace period"
+        for engine in spec["containers"]:
+            if engine is not container and image_name(engine["image"]) not in IMAGES:
+                assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] >= pre_stop, (
+                    f"deploy/{overlay}: the engine {engine['name']} stops before the sidecar's preStop ends"
+                )
