@@ -49,6 +49,8 @@ class Signal:
     labels: dict[str, str]
     effect: float | None = None
     note: str | None = None
+    # Why the figure moved, in words (the acceptance split's sentence); leads the alert's description.
+    explanation: str | None = None
 
 
 @dataclass(slots=True)
@@ -106,7 +108,9 @@ def signals_from_results(results: Iterable[Any]) -> list[Signal]:
         r = getattr(item, "result", item)
         labels = {k: str(v) for k in ("workload", "pair", "metric") if (v := getattr(r, k, None)) not in (None, "")}
         effect = getattr(r, "effect", None)
-        out.append(Signal("drift", str(r.test), str(r.decision), labels, effect, getattr(r, "note", None)))
+        explanation = (getattr(r, "detail", None) or {}).get("explanation")
+        note = getattr(r, "note", None)
+        out.append(Signal("drift", str(r.test), str(r.decision), labels, effect, note, explanation))
     return out
 
 
@@ -245,7 +249,9 @@ def _annotations(rule: Rule, signals: Sequence[Signal]) -> tuple[dict[str, str],
         if s.decision == "drift" and s.effect is not None:
             value = float(s.effect)
     summary = rule.summary + (f" ({where})" if where else "")
-    return {"summary": summary, "description": "; ".join(parts)}, value
+    said = next((s.explanation for s in signals if s.explanation), None)
+    description = "; ".join(parts)
+    return {"summary": summary, "description": f"{said} {description}" if said else description}, value
 
 
 def _save(run: _Pass, target: _Target, alert: AlertState, shown: _Shown) -> int:

@@ -1,4 +1,4 @@
-"""``draftwatch drift run`` and ``draftwatch baseline pin|unpin``: drift tests from the command line."""
+"""``draftwatch drift run|explain`` and ``draftwatch baseline pin|unpin``: drift tests from the command line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from monitor.settings.parsers import parse_duration
 if TYPE_CHECKING:  # the statistics (scipy) load when a drift command runs, not when --help is read
     from sqlalchemy.engine import Engine
 
+    from monitor.drift.explain import Explanation
     from monitor.drift.run import DriftRun
+    from monitor.drift.windows import Windows
 
 DURATION = argument_type(parse_duration)
 
@@ -46,6 +48,28 @@ def register(subparsers: Any) -> None:
         help="exit with status 1 when any result is drift (for cron and CI gates); 0 otherwise",
     )
     run.set_defaults(handler=_run)
+    explain = drift_commands.add_parser(
+        "explain",
+        help="why acceptance changed: the change split into mix and within-workload parts, with intervals",
+        description=(
+            "Split the change of pooled acceptance (accepted / drafted draft tokens) between the reference and the "
+            "current window into 'mix' (the share of drafts moving between workloads) and 'within' each workload "
+            "(its own rate moving), exactly: the parts add up to the change. Intervals are 95 % request-level "
+            "bootstrap intervals; a part is named (marked *) when Benjamini-Hochberg across the parts keeps it at "
+            "q < 0.05, its interval excludes zero and it is at least 0.01. Workloads with fewer than "
+            "drift.explain_min_requests drafting requests in a window are merged into 'other'; what still cannot be "
+            "split is the 'unexplained' part, which says why. The windows are drift run's default ones."
+        ),
+    )
+    add_settings_arguments(explain)
+    explain.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    explain.add_argument(
+        "--workload", default=None, help="show only this workload's within part and the run-wide parts (mix, rest)"
+    )
+    explain.add_argument("--current", type=DURATION, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
+    explain.add_argument("--reference", type=DURATION, default=None, help="reference window before it (default: 1d)")
+    explain.add_argument("--now", type=_time, default=None, help="end of the current window (default: now)")
+    explain.set_defaults(handler=_explain)
 
     baseline = subparsers.add_parser("baseline", help="pin or unpin a workload's drift reference window")
     baseline.set_defaults(handler=lambda _args: (baseline.print_help(), 2)[1])
@@ -80,6 +104,48 @@ def _run(args: argparse.Namespace) -> int:
         return 1 if args.fail_on_drift and result.drifts else 0
 
     return run_with_engine(args, "drift run", action)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from monitor.drift.run import explain_drift
+
+    def action(engine: Engine, settings: Settings) -> int:
+        windows, explanation = explain_drift(
+            engine, settings.drift, args.now, current=args.current, reference=args.reference
+        )
+        if args.workload is not None:
+            explanation = explanation.for_workload(args.workload)
+        print(json.dumps(explanation.to_json(), indent=1) if args.json else format_split(windows, explanation))
+        return 0
+
+    return run_with_engine(args, "drift explain", action)
+
+
+def format_split(windows: Windows, e: Explanation) -> str:
+    """A readable table of the split: one line per part (* named), the sentence last."""
+
+    def number(value: float | None) -> str:
+        return f"{value:+.3f}" if value is not None and value == value else "-"
+
+    def interval(low: float | None, high: float | None) -> str:
+        return f"[{low:+.3f}, {high:+.3f}]" if low is not None and high is not None and low == low else ""
+
+    lines = [
+        f"acceptance split  reference {windows.ref_start:%Y-%m-%d %H:%M} .. {windows.ref_end:%Y-%m-%d %H:%M}  "
+        f"current .. {windows.cur_end:%Y-%m-%d %H:%M} UTC",
+        f"  {'cause':<12} {'workload':<16} {'value':>8}  interval",
+        f"  {'change':<12} {'*':<16} {number(e.change):>8}  {interval(e.low, e.high)}",
+    ]
+    for p in e.parts:
+        mark = "*" if p.named else " "
+        reason = f"  ({p.detail['reason']})" if "reason" in p.detail else ""
+        lines.append(
+            f"{mark} {p.cause:<12} {(p.workload or '-'):<16.16} {number(p.value):>8}  {interval(p.low, p.high)}{reason}"
+        )
+    from monitor.drift.explain import sentence
+
+    lines.append(sentence(e))
+    return "\n".join(lines)
 
 
 def format_table(run: DriftRun, *, everything: bool = False) -> str:

@@ -7,6 +7,7 @@ a million stored requests takes seconds (``benchmarks/drift_speed.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -29,6 +30,8 @@ from monitor.drift.detectors.online import update_detector
 from monitor.drift.detectors.prompt_length import PromptLengthShift
 from monitor.drift.detectors.scraped import scraped_tests
 from monitor.drift.detectors.traffic_mix import TrafficMixDrift
+from monitor.drift.explain import Explanation, explain, sentence
+from monitor.drift.explain_read import split_strata
 from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, sample_requests, window_counts
@@ -51,6 +54,8 @@ class DriftRun:
     windows: Windows
     level: float
     results: list[DriftResult] = field(default_factory=list)
+    # Why pooled acceptance changed between the default windows (None: the run did not split it).
+    explanation: Explanation | None = None
 
     @property
     def drifts(self) -> list[DriftResult]:
@@ -67,6 +72,7 @@ class DriftRun:
                 "current": [self.windows.cur_start.isoformat(), self.windows.cur_end.isoformat()],
             },
             "results": [r.to_json() for r in self.results],
+            "acceptance_split": self.explanation.to_json() if self.explanation is not None else None,
         }
 
 
@@ -83,6 +89,8 @@ class _RunReads:
     windows: dict[Pair, Windows] = field(default_factory=dict)
     # The net-loss fallback: all plain and holdout requests of a target model, by (target, start, end).
     plain: dict[tuple[str, datetime, datetime], Sample] = field(default_factory=dict)
+    # Samples read over the default windows, by (workload, pair): the acceptance split uses them as they are.
+    split: dict[tuple[str, Pair], tuple[Sample, Sample]] = field(default_factory=dict)
 
 
 def _workload_tests(
@@ -99,6 +107,8 @@ def _workload_tests(
     windows, cur = _current(conn, config, windows, workload, pair, only_pair)
     limit = config.sample_size
     ref = sample_requests(conn, workload, pair, windows.ref_start, windows.ref_end, limit, only_pair=only_pair)
+    if dataclasses.replace(windows, note=None) == base:
+        reads.split[(workload, pair)] = (ref, cur)
     common: dict[str, Any] = {"min_requests": config.min_requests, "ci_level": config.ci_level}
 
     def floor(key: str) -> float:
@@ -287,8 +297,12 @@ def run_drift(
                 found = update_detector(conn, workload, pair, base.cur_start, base.cur_end, started, cap)
                 results.append(found.replace(workload=workload, pair=pair.label))
         results += scraped_tests(conn, config, base)
+        explanation = _explain(conn, config, base, seed, reads.split)
+        said = sentence(explanation)
+        # The acceptance alert's description is built from its results: each carries the split's sentence.
+        results = [_with(r, said) if r.metric.startswith("acceptance_rate") else r for r in results]
         results = apply_bh(results, config.fdr_level)
-        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.fdr_level, results)
+        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.fdr_level, results, explanation)
         if store:
             _store(conn, run, config)
         if fence is not None:
@@ -297,6 +311,44 @@ def run_drift(
     elapsed = time.perf_counter() - t0
     log.info("drift run %s: %d results, %d drift, %.2f s", run.run_id, len(results), len(run.drifts), elapsed)
     return run
+
+
+def _explain(
+    conn: Connection,
+    config: DriftSettings,
+    windows: Windows,
+    seed: int,
+    samples: dict[tuple[str, Pair], tuple[Sample, Sample]],
+) -> Explanation:
+    strata = split_strata(conn, windows, config.sample_size, samples)
+    return explain(
+        strata,
+        min_requests=config.explain_min_requests,
+        n_boot=config.n_boot,
+        seed=_seed(seed, "acceptance_split"),
+        fdr_level=config.fdr_level,
+    )
+
+
+def _with(result: DriftResult, explanation: str) -> DriftResult:
+    return result.replace(detail={**result.detail, "explanation": explanation})
+
+
+def explain_drift(
+    engine: Engine,
+    config: DriftSettings | None = None,
+    now: datetime | None = None,
+    *,
+    current: timedelta | None = None,
+    reference: timedelta | None = None,
+    seed: int = 0,
+) -> tuple[Windows, Explanation]:
+    """The acceptance split of a drift run over the same windows (``run_drift``'s arguments), without the tests."""
+    config = config or DriftSettings()
+    now = utc(now) if now is not None else datetime.now(UTC)
+    windows = rolling_windows(now, current or config.current_window, reference or config.reference_window)
+    with engine.connect() as conn:
+        return windows, _explain(conn, config, windows, seed, {})
 
 
 def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:

@@ -75,6 +75,13 @@ class DriftSettings:
         2000,
         "most requests read per window and workload (a deterministic hash sample)",
     )
+    explain_min_requests: int = setting(
+        "drift.explain_min_requests",
+        parse_int(5),
+        30,
+        "fewest drafting requests a workload needs in each window to get its own part in the acceptance split; "
+        "thinner workloads are merged into one 'other' cell",
+    )
     acceptance_floor: float = setting(
         "drift.acceptance_floor",
         parse_fraction,

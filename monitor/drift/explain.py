@@ -1,0 +1,360 @@
+"""Why acceptance changed: the symmetric Kitagawa split of R = Σ accepted / Σ drafted into mix and within parts.
+
+Cells are workloads, weights w_c their share of drafted tokens, rates r_c = accepted / drafted in the
+cell; bars are the mean of the reference (0) and current (1) window. Then, exactly,
+
+    R1 − R0 = Σ_c (r̄_c − R̄)(w1_c − w0_c)   [mix: centred, so a shift towards a below-average cell reads negative]
+            + Σ_c w̄_c (r1_c − r0_c)          [within c]
+            + the rest                        [unexplained: cells too thin to split, see below]
+
+A cell with fewer than ``min_requests`` requests in either window is merged into one ``other`` cell;
+if that is still thin, its whole contribution is the ``unexplained`` part ("not enough data to
+split"). One cell only, or a window without drafts, gives a single ``unexplained`` part and no split.
+
+Intervals: Poisson bootstrap over whole requests (each request of a window weighted Poisson(1), so
+the per-workload counts vary as they do between real windows), never over tokens. A stratum (one
+window, workload and pair) read as a sample of n of its N requests is resampled on the sample and
+its replicate deviation scaled by √(N/n): exact (the plain Poisson bootstrap) where the sample is
+the whole stratum, its normal limit otherwise (docs/statistics.md, "Why acceptance changed").
+Benjamini–Hochberg across the parts (normal p-values from the bootstrap standard error) decides,
+with the interval excluding zero and the size floor, which parts are named.
+
+>>> rng = np.random.default_rng(3)
+>>> def stratum(window, cell, rate, n):
+...     d = rng.integers(8, 40, n).astype(float)
+...     return Stratum(window, cell, d, rng.binomial(d.astype(int), rate).astype(float))
+>>> strata = [stratum(0, "chat", 0.4, 600), stratum(0, "code", 0.7, 600),
+...           stratum(1, "chat", 0.4, 1400), stratum(1, "code", 0.7, 600)]
+>>> e = explain(strata, min_requests=30, n_boot=400, seed=1, fdr_level=0.01)
+>>> [(p.cause, p.workload, p.named) for p in e.parts]
+[('mix', None, True), ('within', 'chat', False), ('within', 'code', False)]
+>>> abs(sum(p.value for p in e.parts) - e.change) < 1e-12
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import numpy as np
+from scipy import stats as st
+
+from monitor.drift.result import benjamini_hochberg
+from monitor.drift.stats import FloatArray
+
+# Level 1 gives mix, within and unexplained; the factor groups of a within part come as their own causes.
+Cause = Literal["mix", "within", "length", "sampling", "style", "content", "version", "health", "unexplained"]
+OTHER: Final = "other"
+# Parts smaller than this are never named: a true 0.004 is not what a person paged at night needs.
+NAMED_FLOOR: Final = 0.01
+NOT_SPLIT: Final = "not enough data to split"
+# Strata up to this many requests are resampled request by request; larger ones from the normal limit.
+EXACT_UP_TO: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Stratum:
+    """Per-request drafted and accepted tokens of one window (0 reference, 1 current) and cell.
+
+    ``population`` is how many requests the stratum holds when the arrays are a uniform sample of it,
+    and ``totals`` its exact (accepted, drafted) sums; None: the arrays are the whole stratum.
+    """
+
+    window: int
+    cell: str
+    drafted: FloatArray
+    accepted: FloatArray
+    population: int | None = None
+    totals: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One part of the change: its cause, the workload it sits in (None: all), value and interval."""
+
+    cause: Cause
+    workload: str | None
+    value: float
+    low: float | None
+    high: float | None
+    named: bool = False
+    q: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause,
+            "workload": self.workload,
+            "value": _finite(self.value),
+            "low": _finite(self.low),
+            "high": _finite(self.high),
+            "detail": {**self.detail, "named": self.named, "q": _finite(self.q)},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """The change of acceptance between two windows and its parts (they add up to ``change``)."""
+
+    change: float | None
+    low: float | None
+    high: float | None
+    rate_ref: float | None
+    rate_cur: float | None
+    parts: tuple[Part, ...]
+    requests: tuple[int, int] = (0, 0)
+
+    @property
+    def named(self) -> list[Part]:
+        return [p for p in self.parts if p.named]
+
+    def for_workload(self, workload: str) -> Explanation:
+        """The parts about ``workload``: its within part and the run-wide ones (mix, unexplained)."""
+        kept = tuple(p for p in self.parts if p.workload in (None, workload))
+        return Explanation(self.change, self.low, self.high, self.rate_ref, self.rate_cur, kept, self.requests)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "change": _finite(self.change),
+            "low": _finite(self.low),
+            "high": _finite(self.high),
+            "parts": [p.to_json() for p in self.parts],
+            "detail": {
+                "rate_ref": _finite(self.rate_ref),
+                "rate_cur": _finite(self.rate_cur),
+                "requests_ref": self.requests[0],
+                "requests_cur": self.requests[1],
+                "summary": sentence(self),
+            },
+        }
+
+
+def not_split(
+    reason: str,
+    change: float | None = None,
+    rates: tuple[float | None, float | None] = (None, None),
+    requests: tuple[int, int] = (0, 0),
+) -> Explanation:
+    """No split: the whole change (if known) is one ``unexplained`` part that says why."""
+    value = change if change is not None else math.nan
+    part = Part("unexplained", None, value, None, None, detail={"reason": f"{NOT_SPLIT}: {reason}"})
+    return Explanation(change, None, None, rates[0], rates[1], (part,), requests)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cells:
+    """Accepted and drafted totals per window, cell and replicate (column 0: the estimate)."""
+
+    names: list[str]
+    accepted: FloatArray  # shape (2, cells, 1 + n_boot)
+    drafted: FloatArray
+    requests: np.ndarray[Any, np.dtype[np.int64]]  # shape (2, cells): requests measured
+
+
+def explain(
+    strata: Sequence[Stratum],
+    *,
+    min_requests: int,
+    n_boot: int,
+    seed: int,
+    fdr_level: float,
+    ci_level: float = 0.95,
+    floor: float = NAMED_FLOOR,
+) -> Explanation:
+    """Split the change of pooled acceptance between window 0 and window 1 (see the module docstring)."""
+    clean = [_clean(s) for s in strata]
+    requests = tuple(sum(len(s.drafted) for s in clean if s.window == k) for k in (0, 1))
+    totals = [sum(_totals(s)[1] for s in clean if s.window == k) for k in (0, 1)]
+    for k, name in ((0, "reference"), (1, "current")):
+        if totals[k] <= 0:
+            return not_split(f"no drafted tokens in the {name} window", requests=(requests[0], requests[1]))
+    cells = _resample(_merge_thin(clean, min_requests), n_boot, seed)
+    good = [i for i, name in enumerate(cells.names) if cells.requests[:, i].min() >= min_requests]
+    rate = cells.accepted.sum(axis=1) / cells.drafted.sum(axis=1)  # (2, replicates)
+    change = rate[1] - rate[0]
+    rates = (float(rate[0, 0]), float(rate[1, 0]))
+    pair = (requests[0], requests[1])
+    if not good:
+        return not_split(f"every workload has fewer than {min_requests} requests in a window", change[0], rates, pair)
+    if len(cells.names) == 1:
+        return not_split(f"one workload only ({cells.names[0]})", change[0], rates, pair)
+    share = cells.drafted / cells.drafted.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cell_rate = cells.accepted / cells.drafted
+    w_bar, r_bar = share.mean(axis=0), cell_rate.mean(axis=0)  # (cells, replicates)
+    g = np.array(good)
+    mix_terms = (r_bar[g] - rate.mean(axis=0)) * (share[1, g] - share[0, g])
+    within = w_bar[g] * (cell_rate[1, g] - cell_rate[0, g])
+    draws = np.vstack([mix_terms.sum(axis=0, keepdims=True), within])
+    rest = change - draws.sum(axis=0)
+    mix: tuple[Cause, str | None] = ("mix", None)
+    labels = [mix, *(("within", cells.names[i]) for i in good)]
+    z = draws[:, 0] / np.maximum(draws[:, 1:].std(axis=1), 1e-300)
+    qs = benjamini_hochberg(list(2 * st.norm.sf(np.abs(z))))
+    parts = []
+    for j, ((cause, workload), q) in enumerate(zip(labels, qs, strict=True)):
+        value, (low, high) = float(draws[j, 0]), _interval(draws[j, 1:], ci_level)
+        named = q < fdr_level and (low > 0 or high < 0) and abs(value) >= floor
+        if cause == "mix":
+            detail = _mix_detail(cells.names, good, share[:, :, 0], mix_terms[:, 0])
+        else:
+            i = cells.names.index(str(workload))
+            detail = _within_detail(cells, i, share[:, i, 0], cell_rate[:, i, 0])
+            workload = None if workload == OTHER else workload
+        parts.append(Part(cause, workload, value, low, high, bool(named), q, detail))
+    thin = [cells.names[i] for i in range(len(cells.names)) if i not in good]
+    if thin:
+        reason = f"{NOT_SPLIT}: fewer than {min_requests} requests in a window ({', '.join(thin)})"
+        low, high = _interval(rest[1:], ci_level)
+        parts.append(Part("unexplained", None, float(rest[0]), low, high, detail={"reason": reason}))
+    low, high = _interval(change[1:], ci_level)
+    return Explanation(float(change[0]), low, high, rates[0], rates[1], tuple(parts), pair)
+
+
+def _clean(s: Stratum) -> Stratum:
+    """Requests with a finite, positive draft count and a finite accepted count in [0, drafted]."""
+    d, a = np.asarray(s.drafted, dtype=float), np.asarray(s.accepted, dtype=float)
+    keep = np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & (a <= d)
+    totals = s.totals
+    if totals is not None and not (all(map(math.isfinite, totals)) and totals[1] > 0 and 0 <= totals[0] <= totals[1]):
+        totals = None  # figures that cannot be a stratum's sums: the sample stands for it
+    population = s.population if totals is not None else None
+    return Stratum(s.window, s.cell, d[keep], a[keep], population, totals)
+
+
+def _totals(s: Stratum) -> tuple[float, float]:
+    return s.totals if s.totals is not None else (float(s.accepted.sum()), float(s.drafted.sum()))
+
+
+def _merge_thin(strata: Sequence[Stratum], min_requests: int) -> list[Stratum]:
+    """Strata of cells with fewer than ``min_requests`` requests in either window, relabelled ``other``."""
+    counts: dict[tuple[str, int], int] = {}
+    for s in strata:
+        counts[(s.cell, s.window)] = counts.get((s.cell, s.window), 0) + len(s.drafted)
+    cells = {s.cell for s in strata}
+    thin = {c for c in cells if min(counts.get((c, 0), 0), counts.get((c, 1), 0)) < min_requests}
+    if len(thin) < 2:
+        return list(strata)  # one thin cell merged with nothing is the same thin cell
+    return [Stratum(s.window, OTHER, s.drafted, s.accepted, s.population, s.totals) if s.cell in thin else s
+            for s in strata]  # fmt: skip
+
+
+def _resample(strata: Sequence[Stratum], n_boot: int, seed: int) -> _Cells:
+    names = sorted({s.cell for s in strata}, key=lambda c: (c == OTHER, c))
+    accepted = np.zeros((2, len(names), 1 + n_boot))
+    drafted = np.zeros_like(accepted)
+    requests = np.zeros((2, len(names)), dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    # Strata in a fixed order, so that the same data gives the same draws whatever order it was read in.
+    for s in sorted(strata, key=lambda s: (s.window, s.cell, len(s.drafted), float(s.drafted.sum()))):
+        i = names.index(s.cell)
+        a_tot, d_tot = _totals(s)
+        n = len(s.drafted)
+        requests[s.window, i] += n
+        accepted[s.window, i, 0] += a_tot
+        drafted[s.window, i, 0] += d_tot
+        if n == 0:
+            accepted[s.window, i, 1:] += a_tot
+            drafted[s.window, i, 1:] += d_tot
+            continue
+        scale = math.sqrt(s.population / n) if s.population is not None and s.population > n else 1.0
+        deviation = _deviations(s, n_boot, rng)
+        accepted[s.window, i, 1:] += a_tot + scale * deviation[:, 0]
+        drafted[s.window, i, 1:] += d_tot + scale * deviation[:, 1]
+    # A replicate that drew no request of a cell has no rate there: a vanishing weight keeps it finite.
+    drafted[:, :, 1:] = np.maximum(drafted[:, :, 1:], 1e-9)
+    return _Cells(names, accepted, drafted, requests)
+
+
+def _deviations(s: Stratum, n_boot: int, rng: np.random.Generator) -> FloatArray:
+    """Poisson-bootstrap deviations of a stratum's (accepted, drafted) sums from its own, ``n_boot`` x 2.
+
+    Up to ``EXACT_UP_TO`` requests the requests are weighted one by one. Above, the deviations are
+    drawn from their normal limit: mean zero and the Poisson bootstrap's own covariance, Σ (a, d)ᵀ(a, d)
+    over the requests. The sums of hundreds of independent requests are normal to well within what
+    a 95 % interval resolves, and this costs O(n) instead of O(n · n_boot).
+    """
+    pairs = np.column_stack([s.accepted, s.drafted])
+    if len(pairs) <= EXACT_UP_TO:
+        weights = rng.poisson(1.0, (n_boot, len(pairs))).astype(float)
+        return np.asarray(weights @ pairs - pairs.sum(axis=0), dtype=float)
+    values, vectors = np.linalg.eigh(pairs.T @ pairs)
+    root = vectors * np.sqrt(np.clip(values, 0.0, None))  # root @ root.T is the covariance, singular or not
+    return np.asarray(rng.standard_normal((n_boot, 2)) @ root.T, dtype=float)
+
+
+def _interval(draws: FloatArray, ci_level: float) -> tuple[float, float]:
+    tail = (1.0 - ci_level) / 2.0
+    finite = draws[np.isfinite(draws)]
+    if len(finite) == 0:
+        return math.nan, math.nan
+    low, high = np.quantile(finite, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _mix_detail(names: list[str], good: list[int], share: FloatArray, terms: FloatArray) -> dict[str, Any]:
+    """Each cell's share of drafts in both windows, and the one the mix moved most towards or away from."""
+    total = float(terms.sum())
+    lead = max(range(len(good)), key=lambda j: terms[j] * math.copysign(1.0, total))
+    i = good[lead]
+    return {
+        "shares": {names[k]: [float(share[0, k]), float(share[1, k])] for k in range(len(names))},
+        "workload": names[i],
+        "toward": bool(share[1, i] > share[0, i]),
+    }
+
+
+def _within_detail(cells: _Cells, i: int, share: FloatArray, rate: FloatArray) -> dict[str, Any]:
+    return {
+        "rate_ref": float(rate[0]),
+        "rate_cur": float(rate[1]),
+        "share_ref": float(share[0]),
+        "share_cur": float(share[1]),
+        "requests_ref": int(cells.requests[0, i]),
+        "requests_cur": int(cells.requests[1, i]),
+        **({"merged": True} if cells.names[i] == OTHER else {}),
+    }
+
+
+def sentence(e: Explanation) -> str:
+    """One or two sentences naming the parts clear of noise, e.g. "Acceptance fell 0.12 (0.61 -> 0.49): ..."."""
+    if e.change is None or not math.isfinite(e.change) or e.rate_ref is None or e.rate_cur is None:
+        reasons = [str(p.detail.get("reason")) for p in e.parts if "reason" in p.detail]
+        return f"Acceptance change: {reasons[0] if reasons else NOT_SPLIT}."
+    verb = "fell" if e.change < 0 else "rose"
+    head = f"Acceptance {verb} {abs(e.change):.2f} ({e.rate_ref:.2f} -> {e.rate_cur:.2f})"
+    named = e.named
+    if not named:
+        reasons = [str(p.detail["reason"]) for p in e.parts if "reason" in p.detail]
+        tail = reasons[0] if reasons else "no part of it stands clear of noise"
+        return f"{head}: {tail}."
+    phrases = [_phrase(p, e.change) for p in sorted(named, key=lambda p: -abs(p.value))]
+    rest = e.change - sum(p.value for p in named)
+    if abs(rest) >= 0.005:
+        phrases.append(f"{_amount(rest, e.change)} unexplained")
+    return f"{head}: {', '.join(phrases)}."
+
+
+def _amount(value: float, change: float) -> str:
+    # A part against the direction of the change is said as such, not as a bare negative number.
+    if (value < 0) == (change < 0):
+        return f"{abs(value):.2f}"
+    return f"a {abs(value):.2f} {'rise' if value > 0 else 'fall'}"
+
+
+def _phrase(p: Part, change: float) -> str:
+    amount = _amount(p.value, change)
+    if p.cause == "mix":
+        w = str(p.detail["workload"])
+        ref, cur = p.detail["shares"][w]
+        direction = "to" if p.detail["toward"] else "away from"
+        return f"{amount} from the mix moving {direction} {w} ({ref:.0%} -> {cur:.0%} of drafts)".replace("%", " %")
+    where = p.workload if p.workload is not None else "the other workloads"
+    return f"{amount} within {where} ({p.detail['rate_ref']:.2f} -> {p.detail['rate_cur']:.2f})"
+
+
+def _finite(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
