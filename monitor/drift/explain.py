@@ -151,7 +151,8 @@ class _Cells:
     names: list[str]
     accepted: FloatArray  # shape (2, cells, 1 + n_boot)
     drafted: FloatArray
-    requests: np.ndarray[Any, np.dtype[np.int64]]  # shape (2, cells): requests measured
+    requests: np.ndarray[Any, np.dtype[np.int64]]  # shape (2, cells): requests measured (sampled)
+    population: np.ndarray[Any, np.dtype[np.int64]]  # shape (2, cells): requests the windows hold
 
 
 def explain(
@@ -247,6 +248,7 @@ def _resample(strata: Sequence[Stratum], n_boot: int, seed: int) -> _Cells:
     accepted = np.zeros((2, len(names), 1 + n_boot))
     drafted = np.zeros_like(accepted)
     requests = np.zeros((2, len(names)), dtype=np.int64)
+    population = np.zeros_like(requests)
     rng = np.random.default_rng(seed)
     # Strata in a fixed order, so that the same data gives the same draws whatever order it was read in.
     for s in sorted(strata, key=lambda s: (s.window, s.cell, len(s.drafted), float(s.drafted.sum()))):
@@ -254,6 +256,7 @@ def _resample(strata: Sequence[Stratum], n_boot: int, seed: int) -> _Cells:
         a_tot, d_tot = _totals(s)
         n = len(s.drafted)
         requests[s.window, i] += n
+        population[s.window, i] += max(n, s.population or 0)
         accepted[s.window, i, 0] += a_tot
         drafted[s.window, i, 0] += d_tot
         if n == 0:
@@ -266,7 +269,7 @@ def _resample(strata: Sequence[Stratum], n_boot: int, seed: int) -> _Cells:
         drafted[s.window, i, 1:] += d_tot + scale * deviation[:, 1]
     # A replicate that drew no request of a cell has no rate there: a vanishing weight keeps it finite.
     drafted[:, :, 1:] = np.maximum(drafted[:, :, 1:], 1e-9)
-    return _Cells(names, accepted, drafted, requests)
+    return _Cells(names, accepted, drafted, requests, population)
 
 
 def _deviations(s: Stratum, n_boot: int, rng: np.random.Generator) -> FloatArray:
@@ -313,8 +316,10 @@ def _within_detail(cells: _Cells, i: int, share: FloatArray, rate: FloatArray) -
         "rate_cur": float(rate[1]),
         "share_ref": float(share[0]),
         "share_cur": float(share[1]),
-        "requests_ref": int(cells.requests[0, i]),
-        "requests_cur": int(cells.requests[1, i]),
+        "requests_ref": int(cells.population[0, i]),
+        "requests_cur": int(cells.population[1, i]),
+        "sampled_ref": int(cells.requests[0, i]),
+        "sampled_cur": int(cells.requests[1, i]),
         **({"merged": True} if cells.names[i] == OTHER else {}),
     }
 
