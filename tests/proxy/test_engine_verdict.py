@@ -10,9 +10,12 @@ loses is read off llama.cpp's own ``timings.predicted_per_token_ms`` of the very
 truth), not assumed.
 
 The sidecar holds every other request of a workload out (holdout share 0.5, target 12) and the
-drift run's ``drift.min_requests`` is lowered to 10 (default 30) so that one short run decides. The
-losing workload must come out ``net_loss`` (drift decision, alert, ``/v1/workloads``), the other not;
-with ``proxy.on_net_loss = route`` the losing workload's next requests go to the plain baseline.
+drift run's ``drift.min_requests`` is lowered to 10 (default 30) so that one short run decides.
+draftwatch's ratio must agree with llama.cpp's; a workload llama.cpp itself ran clearly slower (below
+0.8x) must come out ``net_loss`` (drift decision, alert, ``/v1/workloads``), one that paid must not,
+and in the tie zone between either decision is the product's, kept consistent across the drift result,
+the alert, the API and the route; with ``proxy.on_net_loss = route`` the losing workload's next
+requests go to the plain baseline.
 Requests go one at a time, so both sides run at the same load (``upstream_inflight`` 1).
 """
 
@@ -69,8 +72,10 @@ PROMPTS: dict[str, list[str]] = {
 }
 PER_WORKLOAD = 24  # 12 held out, 12 speculative at a 0.5 share
 MAX_TOKENS = 32
-TRUE_LOSS = 0.8  # llama.cpp's own ratio below which story counts as a clear loss (measured 0.35-0.53x)
-TIE = 0.9  # and above which copy counts as paying or tied (measured 1.35x; 1.00-1.33x with a shorter list)
+TRUE_LOSS = 0.8  # llama.cpp's own ratio below which a workload is a clear loss (story measured 0.35-0.53x)
+TIE = 1.0  # and at or above which a workload pays: it must not be called a loss (copy measured 0.83-1.35x)
+# How close draftwatch's ratio must come to llama.cpp's own on the same requests (measured within 1 %).
+AGREEMENT = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -148,18 +153,26 @@ def test_the_workload_llama_cpp_finds_slower_is_a_net_loss_and_is_routed(
             verdicts = [verdict_of(r) for r in found.values()]
             switches = decide_routes(engine, settings.proxy, verdicts, now)
             report = {w: (round(ratios[w], 2), r.decision, r.effect, r.ci, r.n_ref, r.n_cur) for w, r in found.items()}
-            # The premise, from llama.cpp alone: the greedy drafter makes story clearly slower, while copy pays or
-            # ties. A tie measures either side of 1.0 from run to run (0.999 under CI's load), so the premise asks for
-            # a margin rather than a sign.
-            assert ratios["story"] < TRUE_LOSS and ratios["copy"] > TIE, report
-            assert found["story"].decision == "drift", report
-            assert found["copy"].decision != "drift", report
-            assert {(a.rule, a.labels.get("workload")) for a in list_alerts(engine)} >= {("net_loss", "story")}
-            assert not any(a.rule == "net_loss" and a.labels.get("workload") == "copy" for a in list_alerts(engine))
+            # Each decision is checked against llama.cpp's own ratio in this run, never against what the machine
+            # was expected to do: a clear loss must be found, a gain must not be called a loss, and in the tie zone
+            # between (copy ran at 0.83x once, draftwatch measured it right) either decision is the product's.
+            for workload, ratio in ratios.items():
+                assert found[workload].effect == pytest.approx(ratio, rel=AGREEMENT), report
+                if ratio < TRUE_LOSS:
+                    assert found[workload].decision == "drift", report
+                elif ratio >= TIE:
+                    assert found[workload].decision != "drift", report
+            losses = {w for w, r in found.items() if r.decision == "drift"}
+            alerted = {a.labels.get("workload") for a in list_alerts(engine) if a.rule == "net_loss"}
+            assert alerted == losses, report
             listed = {w["workload"]: w for w in httpx.get(f"{url}/v1/workloads", timeout=30).json()["workloads"]}
-            assert listed["story"]["verdict"]["verdict"] == "net_loss" and listed["story"]["routed_to_baseline"]
-            assert listed["copy"]["verdict"]["verdict"] != "net_loss" and not listed["copy"]["routed_to_baseline"]
-            assert [(s.workload, s.routed) for s in switches] == [("story", True)]
+            for workload in found:
+                lost = workload in losses
+                assert (listed[workload]["verdict"]["verdict"] == "net_loss") == lost, report
+                assert listed[workload]["routed_to_baseline"] == lost, report
+            assert sorted((s.workload, s.routed) for s in switches) == [(w, True) for w in sorted(losses)]
+            if "story" not in losses:
+                pytest.skip(f"llama.cpp's own ratio put story in the tie zone this run ({report}): nothing to route")
             assert latest_routing(engine)["story"].routed
         finally:
             engine.dispose()
