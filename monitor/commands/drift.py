@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
             "current window into 'mix' (the share of drafts moving between workloads) and 'within' each workload "
             "(its own rate moving), exactly: the parts add up to the change. Intervals are 95 % request-level "
             "bootstrap intervals; a part is named (marked *) when Benjamini-Hochberg across the parts keeps it at "
-            "q < 0.05, its interval excludes zero and it is at least 0.01. Workloads with fewer than "
+            "q < drift.fdr_level (0.01), its interval excludes zero and it is at least 0.01. Workloads with fewer than "
             "drift.explain_min_requests drafting requests in a window are merged into 'other'; what still cannot be "
             "split is the 'unexplained' part, which says why. The windows are drift run's default ones."
         ),
