@@ -98,7 +98,7 @@ class EventCutter:
             if newline < 0:
                 resume = len(pending)
                 break
-            if newline + 2 >= len(pending) and pending[newline + 1 :] in (b"", b"\r"):
+            if newline + 1 == len(pending) or (newline + 2 == len(pending) and pending[newline + 1] == 0x0D):
                 resume = newline  # which line ends here is told by bytes still to come
                 break
             if pending[newline + 1] == 0x0A:  # \n\n
@@ -124,6 +124,11 @@ class EventCutter:
 
 def event_data(event: bytes) -> bytes | None:
     """The joined ``data:`` lines of one event; None for comments, keep-alives and ``[DONE]``."""
+    first_end = event.find(b"\n")
+    if event.startswith(b"data:") and not event[first_end:].strip() and b"\r" not in event[:first_end]:
+        # One data line (what engines send): one copy of it, where a large event's lines cost three.
+        data = event[5:first_end].lstrip()
+        return None if data.strip() == b"[DONE]" else data
     lines = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
     data = b"\n".join(lines)
     return None if not lines or data.strip() == b"[DONE]" else data
@@ -145,20 +150,27 @@ def json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-async def object_of(content: bytes) -> dict[str, Any] | None:
-    """:func:`json_object`; past :data:`SMALL_BYTES`, in a worker thread with its large values left out."""
+def object_in(content: bytes) -> dict[str, Any] | None:
+    """:func:`json_object`; past :data:`SMALL_BYTES`, with its large values left out (for a worker thread)."""
     if len(content) <= SMALL_BYTES:
         return json_object(content)
-    read = await asyncio.to_thread(read_object, content)
+    read = read_object(content)
     return None if read is None else read.members
 
 
-async def cleaned_sglang_event(data: bytes, added: Collection[str]) -> bytes | None:
-    """:func:`~monitor.proxy.asks.cleaned_sglang_json`, a large event's in a worker thread.
+async def object_of(content: bytes) -> dict[str, Any] | None:
+    """:func:`object_in`, in a worker thread past :data:`SMALL_BYTES` (on the event loop, no thread hop, below)."""
+    if len(content) <= SMALL_BYTES:
+        return json_object(content)
+    return await asyncio.to_thread(object_in, content)
 
-    Its parse there still holds the GIL for the event's length: SGLang's added details come on an
-    event of their own, so a large event with them is not expected.
+
+async def cleaned_sglang_of(content: bytes, added: Collection[str]) -> bytes | None:
+    """:func:`~monitor.proxy.asks.cleaned_sglang_json` of an event or a whole answer, a large one in a worker thread.
+
+    Its parse there still holds the GIL for the content's length: SGLang's added details come on an
+    event of their own, and ``meta_info`` is asked for a whole answer only, so this is rare.
     """
-    if len(data) <= SMALL_BYTES:
-        return cleaned_sglang_json(data, added)
-    return await asyncio.to_thread(cleaned_sglang_json, data, added)
+    if len(content) <= SMALL_BYTES:
+        return cleaned_sglang_json(content, added)
+    return await asyncio.to_thread(cleaned_sglang_json, content, added)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import fnmatch
-import json
 import logging
 import math
 import time
@@ -33,6 +32,7 @@ from monitor.ingest.stacks.report import StackReport
 from monitor.ingest.stacks.sglang import is_sglang_openai
 from monitor.proxy.asks import ask_sglang
 from monitor.proxy.encoding import accepted_upstream, decoded
+from monitor.proxy.forward.body import Body
 from monitor.proxy.forward.events import carries_text
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
@@ -100,8 +100,7 @@ class Exchange:
         state: ApiState,
         router: Router,
         request: Request,
-        body: bytes,
-        payload: dict[str, Any] | None,
+        body: Body,
         model: object,
     ) -> None:
         self.state = state
@@ -119,8 +118,9 @@ class Exchange:
         # The record's fsync to the spool, under recorder.spool_before_reply: the answer ends only after it.
         self._on_disk: Future[bool] | None = None
         # The body goes upstream as it came; ``payload`` is what the entry read of it (a compressed one decoded,
-        # a large one off the event loop), ``model`` what routes it (monitor/proxy/forward/routes.py).
-        self.payload = payload
+        # a large one off the event loop, for its small members: monitor/proxy/forward/body.py), ``model`` what
+        # routes it (monitor/proxy/forward/routes.py).
+        self.payload = body.payload
         self.workload = workload_of(request, self.payload, self.settings)
         self.route = router.choose(self.workload, model) if self.recording else router.passing(model)
         # Read as its deployment's kind says ([[proxy.routes]] kind).
@@ -135,9 +135,10 @@ class Exchange:
         self.sglang_added = frozenset[str]()
         if self.settings.kind == "sglang" and self.recording and self.payload is not None:
             self.sglang_added = ask_sglang(self.payload, self.path)
-        self._original = body
+        self._original = body.raw
+        added: dict[str, Any] = dict.fromkeys(self.sglang_added, True)
         # What goes upstream if the engine refuses the stream_options added below.
-        self._without_usage = json.dumps(self.payload).encode() if self.sglang_added else body
+        self._without_usage = body.rewritten(added) if added else body.raw
         self.strip_usage = False
         # Chat and completions streams carry usage only when asked; a Responses stream always ends with it.
         member = self.route.member
@@ -145,9 +146,9 @@ class Exchange:
             options = self.payload.get("stream_options")
             options = options if isinstance(options, dict) else {}
             if options.get("include_usage") is not True:
-                self.payload["stream_options"] = {**options, "include_usage": True}
+                added["stream_options"] = self.payload["stream_options"] = {**options, "include_usage": True}
                 self.strip_usage = True
-        self.body = json.dumps(self.payload).encode() if self.strip_usage else self._without_usage
+        self.body = body.rewritten(added) if self.strip_usage else self._without_usage
         self._client_headers = client_headers(request, self.settings)
         self.headers = self._headers_for(self.body)
 

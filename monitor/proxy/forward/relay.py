@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
@@ -20,7 +20,7 @@ from monitor.proxy.asks import gathered_sglang
 from monitor.proxy.encoding import Decoder
 from monitor.proxy.forward.events import (
     EventCutter,
-    cleaned_sglang_event,
+    cleaned_sglang_of,
     ends_answer,
     event_data,
     is_done,
@@ -128,7 +128,7 @@ class Relay:
             return None
         if not exchange.sglang_added or parsed_event is None:
             return event
-        cleaned = await cleaned_sglang_event(data, exchange.sglang_added)
+        cleaned = await cleaned_sglang_of(data, exchange.sglang_added)
         if cleaned == data:
             return event
         return None if cleaned is None else b"data: " + cleaned + b"\n\n"
@@ -159,3 +159,37 @@ class RelayResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._relay.end()
+
+
+class ThroughResponse(StreamingResponse):
+    """An answer passed on as it arrives, unread: a route not recorded, or a whole answer too large to hold.
+
+    Its end (the upstream's connection closed, the replica released, the request counted unrecorded
+    where it is one) runs however the answer ends, as a relayed stream's does.
+    """
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        response: UpstreamResponse,
+        chunks: AsyncIterator[bytes],
+        headers: list[tuple[bytes, bytes]],
+        unread: str | None = None,
+    ) -> None:
+        super().__init__(chunks, response.status)
+        self.raw_headers = headers
+        self._exchange = exchange
+        self._response = response
+        self._unread = unread  # why a recorded answer was not read
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect:
+            pass
+        finally:
+            self._response.close()
+            if self._unread is not None:
+                self._exchange.unreadable(self._unread)
+            else:
+                self._exchange.release()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 from weakref import WeakKeyDictionary
@@ -34,9 +34,9 @@ from monitor.api.auth import Guard
 from monitor.api.errors import ApiError
 from monitor.api.state import api_state, offer
 from monitor.ingest.capture.rows import proxied_row
-from monitor.proxy.asks import cleaned_sglang_json
-from monitor.proxy.encoding import TooLargeError, bounded, codings, decoded
-from monitor.proxy.forward.events import json_object
+from monitor.proxy.encoding import TooLargeError, codings, decoded
+from monitor.proxy.forward.body import read_body
+from monitor.proxy.forward.events import cleaned_sglang_of, json_object, object_in
 from monitor.proxy.forward.exchange import (
     HOP_HEADERS,
     NATIVE_PATHS,
@@ -47,7 +47,8 @@ from monitor.proxy.forward.exchange import (
     client_headers,
 )
 from monitor.proxy.forward.models import merged_models
-from monitor.proxy.forward.relay import Relay, RelayResponse
+from monitor.proxy.forward.relay import Relay, RelayResponse, ThroughResponse
+from monitor.proxy.forward.sparse import SMALL_BYTES
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
 from monitor.proxy.upstream import (
@@ -62,9 +63,8 @@ FORWARDED_PATHS: Final = (*OPENAI_PATHS, *NATIVE_PATHS, "/v1/models")
 MODEL_PREFIX: Final = "/v1/models/"
 # An origin-form request target (RFC 9112 section 3.2.1): a path, then visible ASCII only.
 _TARGET: Final = re.compile(rb"/[\x21-\x7e]*")
-# Bodies up to this size are read on the event loop (the fast path); larger ones, and every compressed
-# one (a small body may inflate a thousandfold), in a worker thread.
-INLINE_BODY_BYTES: Final = 1 << 20
+_UNREADABLE: Final = "a generation's body must be one JSON object in UTF-8"
+_UNDECODABLE: Final = "a generation's body must come in a content coding the proxy reads (gzip, deflate or none)"
 
 router = APIRouter()
 
@@ -99,21 +99,26 @@ async def forward(request: Request) -> Response:
     path = _route_path(scope["path"])
     if router.routes and request.method == "GET" and path == "/v1/models":
         return await _merged_models(request, state.settings.proxy, router)
-    body = await request.body()
     limit = state.settings.proxy.max_body_bytes
     try:
-        payload = await _payload(body, request.headers.get("content-encoding", ""), limit)
+        body = await read_body(await request.body(), request.headers.get("content-encoding", ""), limit)
     except TooLargeError:
         return openai_error(413, f"the decoded body exceeds {limit} bytes", "invalid_request_error", "body_too_large")
-    model = (payload or {}).get("model")
+    generation = request.method == "POST" and path in RECORDED_PATHS
+    if generation and body.payload is None:
+        # Neither routed by its model nor recorded, it would reach the default pool whatever model it names, and
+        # its failure there would count against that replica: the client's mistake, told before it reaches one.
+        return openai_error(400, _UNREADABLE if body.text is not None else _UNDECODABLE, "invalid_request_error",
+                            "invalid_body")  # fmt: skip
+    model = (body.payload or {}).get("model")
     if path.lower().startswith(MODEL_PREFIX):
         model = path[len(MODEL_PREFIX) :]  # /v1/models/{id} goes where a request for that model would
-    elif request.method == "POST" and path in RECORDED_PATHS and not isinstance(model, str | None):
+    elif generation and not isinstance(model, str | None):
         # As the OpenAI API, vLLM and SGLang answer it (their schemas take a string): a model that can be
         # neither routed by nor recorded under is the client's mistake, told before it reaches a replica.
         return openai_error(400, "model must be a string", "invalid_request_error", "invalid_model")
     routed = request if path == scope["path"] else Request({**scope, "path": path}, request.receive)
-    exchange = Exchange(state, router, routed, body, payload, model)
+    exchange = Exchange(state, router, routed, body, model)
     response: Response | None = None
     left = False
     task = asyncio.current_task()
@@ -176,20 +181,6 @@ def _route_path(path: str) -> str:
     return lowered if lowered in FORWARDED_PATHS else collapsed
 
 
-async def _payload(body: bytes, content_encoding: str, limit: int) -> dict[str, Any] | None:
-    """The body as one JSON object (None when it is not one); :class:`TooLargeError` when it decodes past ``limit``."""
-    if not content_encoding and len(body) <= INLINE_BODY_BYTES:
-        return json_object(body)
-    return await asyncio.to_thread(_read, body, content_encoding, limit)
-
-
-def _read(body: bytes, content_encoding: str, limit: int) -> dict[str, Any] | None:
-    # zlib lets go of the GIL while it inflates, so the event loop serves meanwhile. The JSON scanner does
-    # not: a large body's parse still holds the loop for its own length, though no longer with the inflating.
-    readable = bounded(body, content_encoding, limit) if content_encoding else body
-    return json_object(readable) if readable is not None else None
-
-
 async def _merged_models(request: Request, settings: ProxySettings, router: Router) -> Response:
     """Every deployment's models in one list (monitor/proxy/forward/models.py); 502 when none answered."""
     merged = await merged_models(router.deployments, client_headers(request, settings), settings.max_body_bytes)
@@ -217,28 +208,46 @@ async def _answer(request: Request, exchange: Exchange, target: bytes) -> Respon
     if exchange.recording and response.status < 400:  # a request the upstream refused is no traffic to evaluate on
         offer(request, lambda: proxied_row(exchange.path, exchange.payload, exchange.workload))
     coding = response.header("content-encoding")
-    if content is None:
+    if content is None and exchange.recording:
         relay = Relay(exchange, response, codings(coding))
         # Read event by event, a stream is decoded here and goes on as identity (an unknown coding passes as is).
         return RelayResponse(relay, response.status, _headers_out(response, decoded=relay.decoder is not None))
+    if not isinstance(content, bytes):  # passed on as it comes, unread: its framing (a length, or none) kept
+        headers = _headers_out(response, decoded=False, keep_length=True)
+        if content is None:
+            return ThroughResponse(exchange, response, response.chunks(), headers)
+        unread = f"the answer exceeds proxy.max_body_bytes ({exchange.settings.max_body_bytes} bytes): passed unread"
+        return ThroughResponse(exchange, response, content, headers, unread)
     head = request.method == "HEAD"
     headers = _headers_out(response, decoded=False, keep_length=head)
-    readable = decoded(content, coding, exchange.settings.max_body_bytes)
-    report = None if readable is None else json_object(readable)
+    limit = exchange.settings.max_body_bytes
+    if coding or len(content) > SMALL_BYTES:  # a large answer, or one that may inflate, read off the event loop
+        readable, report = await asyncio.to_thread(_read_answer, content, coding, limit)
+    else:
+        readable, report = content, json_object(content)
     if readable is None:
         exchange.unreadable(f"the response's content coding {coding!r} cannot be read")
     elif response.status >= 400 or report is None:
         exchange.record(None, error=f"upstream status {response.status}")
     else:
         exchange.record(report)
-        cleaned = cleaned_sglang_json(readable, exchange.sglang_added)
+        cleaned = await cleaned_sglang_of(readable, exchange.sglang_added) if exchange.sglang_added else readable
         if cleaned is not None and cleaned != readable:  # rewritten here: it goes as identity
             content, headers = cleaned, _headers_out(response, decoded=True)
     return _whole(b"" if head else content, response.status, headers, head=head)
 
 
-async def _send(request: Request, exchange: Exchange, target: bytes) -> tuple[UpstreamResponse, bytes | None]:
-    """The upstream's answer: an event stream still to relay (None), or a whole body, read and closed."""
+def _read_answer(content: bytes, coding: str, limit: int) -> tuple[bytes | None, dict[str, Any] | None]:
+    """A whole answer decoded (None: it cannot be) and read as one JSON object, in a worker thread."""
+    readable = decoded(content, coding, limit)
+    return readable, None if readable is None else object_in(readable)
+
+
+async def _send(
+    request: Request, exchange: Exchange, target: bytes
+) -> tuple[UpstreamResponse, bytes | AsyncIterator[bytes] | None]:
+    """The upstream's answer: a whole body, read and closed; one too large to hold (its chunks, the first ones
+    read again); or None: not read here (an event stream, or the answer of a route not recorded)."""
     while True:
         try:
             response = await exchange.route.member.send(request.method, target, exchange.headers, exchange.body)
@@ -246,19 +255,45 @@ async def _send(request: Request, exchange: Exchange, target: bytes) -> tuple[Up
             if exchange.moved():
                 continue
             raise
-        if response.header("content-type").startswith("text/event-stream"):
+        if not exchange.recording or response.header("content-type").startswith("text/event-stream"):
             return response, None
+        limit = exchange.settings.max_body_bytes
+        chunks = response.chunks()
+        pieces: list[bytes] = []
+        size = 0
         try:
-            content = await response.read()
+            while size <= limit and _length(response) <= limit and (chunk := await anext(chunks, None)) is not None:
+                pieces.append(chunk)
+                size += len(chunk)
         except UpstreamTimeoutError:
+            response.close()
             raise
         except UpstreamError as error:
-            raise _CutShortError(str(error)) from None
-        finally:
             response.close()
+            raise _CutShortError(str(error)) from None
+        except BaseException:
+            response.close()
+            raise
+        if size > limit or _length(response) > limit:
+            return response, _chained(pieces, chunks)
+        response.close()
+        content = b"".join(pieces)
         # A refused stream_options goes again once without it (a 400: nothing was generated).
         if not exchange.refused_stream_options(response.status, response.header("content-encoding"), content):
             return response, content
+
+
+def _length(response: UpstreamResponse) -> int:
+    """The answer's declared Content-Length; 0 when it declares none (or none that reads as one)."""
+    declared = response.header("content-length")
+    return int(declared) if declared.isdigit() else 0
+
+
+async def _chained(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in first:
+        yield chunk
+    async for chunk in rest:
+        yield chunk
 
 
 def _headers_out(response: UpstreamResponse, *, decoded: bool, keep_length: bool = False) -> list[tuple[bytes, bytes]]:

@@ -40,9 +40,11 @@ _WHITESPACE: Final = re.compile(rb"[ \t\n\r]*")
 # A string's inside up to its closing quote (or the window's end); one escape at a time, never backtracking.
 _STRING_INSIDE: Final = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
 _SCALAR: Final = re.compile(rb"[-+.0-9A-Za-z]+")
-# Brackets to +1 (opening) and -1 (closing, as a signed byte); every other byte is deleted.
-_STEPS: Final = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
-_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+# Brackets as parentheses, which as +1 (opening) and -1 (closing, as a signed byte).
+_PARENTHESES: Final = bytes.maketrans(b"[]{}", b"()()")
+_STEPS: Final = bytes.maketrans(b"()", b"\x01\xff")
+_REDUCTIONS: Final = 8
+_NOT_MARKS: Final = bytes(b for b in range(256) if b not in b'"[]{}')
 _BOM: Final = b"\xef\xbb\xbf"
 _BACKSLASH, _QUOTE = ord("\\"), ord('"')
 _OPENING, _CLOSING = frozenset(b"[{"), frozenset(b"]}")
@@ -74,7 +76,7 @@ def read_object(doc: bytes, small: int = SMALL_BYTES) -> Sparse | None:
 
 
 def spliced(doc: bytes, sparse: Sparse, changes: Mapping[str, Any]) -> bytes:
-    """``doc`` with each of ``changes`` set as a top-level member: its value replaced, or the member added at the end."""
+    """``doc`` with each of ``changes`` set as a top-level member: its value replaced, else the member added last."""
     edits: list[tuple[int, int, bytes]] = []
     added = []
     for key, value in changes.items():
@@ -248,11 +250,27 @@ def _unescaped(piece: bytes) -> bytes:
 def _balance(doc: bytes, start: int, end: int, in_string: bool) -> tuple[int, int, bool]:
     """Over ``doc[start:end]``: the lowest the bracket depth goes and where it ends (relative), and whether the
     window ends inside a string."""
-    parts = _unescaped(doc[start:end]).split(b'"')
-    outside = b"".join(parts[1::2] if in_string else parts[::2])
-    steps = array("b", outside.translate(_STEPS, _NOT_BRACKETS))
-    lowest = min(0, min(accumulate(steps))) if steps else 0
-    return lowest, sum(steps), in_string != (len(parts) % 2 == 0)
+    piece = doc[start:end]
+    if b"\\" in piece:
+        piece = _unescaped(piece)
+    # Quotes and brackets only, the window's open string (if any) opened again first.
+    marks = (b'"' if in_string else b"") + piece.translate(None, _NOT_MARKS)
+    after = marks.count(b'"') % 2 == 1
+    # Two quotes side by side enclose no bracket (most strings): dropping them leaves every bracket's side as it was.
+    marks = marks.replace(b'""', b"")
+    if b'"' in marks:  # strings that hold brackets, or one still open: only what lies between them counted
+        marks = b"".join(marks.split(b'"')[::2])
+    brackets = marks.translate(_PARENTHESES)
+    change = brackets.count(b"(") - brackets.count(b")")
+    # A pair opened and closed side by side changes neither the lowest depth nor the last: dropped, a few
+    # nesting levels at a time, the window's brackets come down to ")))(((" (closed first, then opened).
+    for _ in range(_REDUCTIONS):
+        reduced = brackets.replace(b"()", b"")
+        if len(reduced) == len(brackets):
+            return len(brackets.lstrip(b")")) - len(brackets), change, after
+        brackets = reduced
+    steps = array("b", brackets.translate(_STEPS))  # nested deeper than the reductions went: counted one by one
+    return min(0, min(accumulate(steps), default=0)), change, after
 
 
 def _end_within(doc: bytes, start: int, end: int, depth: int, in_string: bool) -> int:
