@@ -8,11 +8,13 @@ loop. Stand-in engines on real ports; times compared with what the same run meas
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -171,3 +173,52 @@ def test_the_cut_events_are_the_ones_sent_whatever_the_pieces(tmp_path: Path, db
         flushed(app)
     assert got == b"".join(events[:-2]) + events[-1]
     assert len(rows(db_url)) == 1 and app.state.api.proxy_unrecorded == 0
+
+
+class Held:
+    """An engine whose answer (JSON, no length) sends ``first`` bytes, then the rest only once the client has them."""
+
+    def __init__(self, first: bytes, rest: bytes) -> None:
+        self.first, self.rest = first, rest
+        self.seen = threading.Event()  # set by the test once its client has read the first part
+        self.waited_out = False  # the client never saw the first part before the answer's end could come
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": self.first, "more_body": True})
+        deadline = time.monotonic() + 10
+        while not self.seen.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self.waited_out = not self.seen.is_set()
+        await send({"type": "http.response.body", "body": self.rest})
+
+
+def read_holding(engine: Held, method: str, url: str, **options: Any) -> bytes:
+    """The whole answer, telling the engine once the first part is in."""
+    got = b""
+    with httpx.stream(method, url, timeout=60, **options) as answer:
+        for piece in answer.iter_raw():
+            got += piece
+            if len(got) >= len(engine.first):
+                engine.seen.set()
+    return got
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/files/f-1/content"), ("POST", "/v1/chat/completions")])
+def test_an_answer_not_recorded_or_past_the_body_bound_streams_through_as_it_comes(
+    tmp_path: Path, db_url: str, method: str, path: str
+) -> None:
+    # A pass-through route's answer is never held; a generation's whole answer past proxy.max_body_bytes passes unread.
+    first = b'{"id": "chatcmpl-huge", "choices": [{"text": "' + b"x" * (2 << 20)
+    engine = Held(first, b'"}]}')
+    env = {"DRAFTWATCH_PROXY_MAX_BODY_BYTES": str(1 << 20)}
+    with serving(engine, log_level="warning") as engine_url, sidecar(tmp_path, db_url, engine_url, **env) as (url, app):
+        got = read_holding(engine, method, f"{url}{path}", **({"json": ASK} if method == "POST" else {}))
+        flushed(app)
+    assert got == first + b'"}]}' and not engine.waited_out
+    assert rows(db_url) == []
+    assert app.state.api.proxy_unrecorded == (1 if method == "POST" else 0)

@@ -24,11 +24,13 @@ from monitor.proxy.forward.events import (
     ends_answer,
     event_data,
     is_done,
+    json_object,
     object_of,
     remember,
     usage_only,
 )
 from monitor.proxy.forward.exchange import Exchange
+from monitor.proxy.forward.sparse import SMALL_BYTES
 from monitor.proxy.upstream import UpstreamError, UpstreamResponse
 
 
@@ -116,7 +118,7 @@ class Relay:
                 await self._settled()  # before the client reads the end: what it has seen is recorded by then
             return event
         # A large event (logprobs, SGLang's meta_info) is read off the event loop, its large values left unparsed.
-        parsed_event = await object_of(data)
+        parsed_event = json_object(data) if len(data) <= SMALL_BYTES else await object_of(data)
         exchange.saw_event(parsed_event)
         before = self.report
         self.report, self.finish = remember(parsed_event, self.report, self.finish)
