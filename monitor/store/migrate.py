@@ -1,7 +1,8 @@
 """Schema migrations, run programmatically: ``upgrade`` at service start and ``draftwatch db ...``.
 
 The Alembic configuration is built in code; ``script_location`` is the repository's ``migrations/``
-directory, found next to the ``monitor`` package (the project runs installed in editable mode).
+directory, which a wheel carries as the package ``monitor.store.migrations`` (setup.py) and a checkout
+holds next to the ``monitor`` package (:func:`migrations_dir`).
 Several replicas may start at once: on PostgreSQL, :func:`upgrade` and :func:`downgrade` hold a
 session-level advisory lock while Alembic runs, on SQLite an exclusive lock on a file next to the
 database, so one replica migrates and the others then find the schema current. On PostgreSQL
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.resources
 import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -35,22 +37,32 @@ log = logging.getLogger(__name__)
 
 # Any fixed 64-bit number, unique to draftwatch within a PostgreSQL database ("DRFTWTCH" in ASCII).
 ADVISORY_LOCK_KEY: Final = 0x4452465457544348
-MIGRATIONS_DIR: Final = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_PACKAGE: Final = "monitor.store.migrations"  # the checkout's migrations/, as setup.py installs it
 
 
 class MigrationError(RuntimeError):
     """The migrations directory is missing or a migration failed."""
 
 
+def migrations_dir() -> Path:
+    """The Alembic scripts: the installed package's, else (a checkout, an older editable install) ``migrations/``
+    next to ``monitor/``."""
+    try:
+        return Path(str(importlib.resources.files(MIGRATIONS_PACKAGE)))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "migrations"
+
+
 def alembic_config(connection: Connection | None = None) -> Config:
-    """An Alembic config pointing at ``migrations/``; ``connection`` is handed to env.py."""
-    if not (MIGRATIONS_DIR / "env.py").is_file():
+    """An Alembic config pointing at the migrations; ``connection`` is handed to env.py."""
+    where = migrations_dir()
+    if not (where / "env.py").is_file():
         raise MigrationError(
-            f"migrations directory {MIGRATIONS_DIR} not found; install draftwatch from a checkout "
-            "(pip install -e .) so that migrations/ sits next to monitor/"
+            f"migrations directory {where} not found: this draftwatch was installed without its migrations; "
+            f"reinstall it from its wheel or sdist (it carries them as {MIGRATIONS_PACKAGE}) or from a checkout"
         )
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(where))
     if connection is not None:
         config.attributes["connection"] = connection
     return config
