@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
@@ -34,6 +35,33 @@ def parse_workload_floors(raw: Any) -> WorkloadFloors:
             except ValueError:
                 raise ValueError(f"expected a number after {key.strip()}=") from None
     return tuple(found)
+
+
+# The pools a ledger prices: the speculative replicas and the plain baseline beside them.
+PRICED_POOLS: Final = ("speculative", "baseline")
+
+
+def parse_price(text: str) -> tuple[str, float]:
+    """``POOL=USD_PER_HOUR`` -> (pool, price); ValueError names what is wrong.
+
+    >>> parse_price("baseline=2.5")
+    ('baseline', 2.5)
+    >>> parse_price("gpu=2")
+    Traceback (most recent call last):
+    ValueError: unknown pool 'gpu': expected POOL=USD_PER_HOUR with POOL one of speculative, baseline
+    """
+    pool, sep, value = text.partition("=")
+    pool = pool.strip()
+    if not sep or pool not in PRICED_POOLS:
+        what = f"unknown pool {pool!r}" if sep else f"{text!r}"
+        raise ValueError(f"{what}: expected POOL=USD_PER_HOUR with POOL one of {', '.join(PRICED_POOLS)}")
+    try:
+        price = float(value)
+    except ValueError:
+        raise ValueError(f"{text!r}: the price after = must be a number of USD per replica-hour") from None
+    if not math.isfinite(price) or price < 0:
+        raise ValueError(f"{text!r}: the price must be a finite number of USD per replica-hour, 0 or more")
+    return pool, price
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
