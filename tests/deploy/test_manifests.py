@@ -14,8 +14,10 @@ the canary's rollout can be started where its overlay says.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cache
@@ -37,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 GATEWAY = DEPLOY / "gateway"  # helper B's: its own kustomization and tests
 OVERLAYS = ("vllm", "sglang", "llamacpp", "fleet", "canary")
+EVERY_OVERLAY = (*OVERLAYS, "gateway")
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 BIN = Path(sys.executable).parent
 CRDS = ROOT / "tests/fixtures/prometheus-operator"
 CRD_SCHEMAS = {
@@ -355,7 +359,7 @@ def reached(kustomization_dir: Path) -> set[Path]:
     ]
     spec = yaml.safe_load(found.read_text())
     files = {found}
-    paths = list(spec.get("resources", [])) + list(spec.get("components", []))
+    paths = [*spec.get("resources", []), *spec.get("components", []), *spec.get("transformers", [])]
     paths += [p["path"] for p in spec.get("patches", []) if "path" in p]
     for generator in spec.get("configMapGenerator", []) + spec.get("secretGenerator", []):
         paths += [f.split("=", 1)[-1] for f in generator.get("files", [])] + list(generator.get("envs", []))
@@ -464,3 +468,81 @@ def test_a_pod_s_shutdown_fits_its_grace_period(overlay: str, tmp_path: Path) ->
                 assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] >= pre_stop, (
                     f"deploy/{overlay}: the engine {engine['name']} stops before the sidecar's preStop ends"
                 )
+
+
+def pod_templates(objects: tuple[Object, ...]) -> Iterator[tuple[str, Object]]:
+    """(``Kind name``, its pod spec) for every object that runs pods."""
+    for obj in objects:
+        spec = obj.get("spec", {})
+        if obj["kind"] == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
+        if "template" in spec:
+            yield f"{obj['kind']} {obj['metadata']['name']}", spec["template"]["spec"]
+
+
+def image_tag(image: str) -> str | None:
+    """The tag of ``registry/name:tag`` (None without one; a digest counts as a tag)."""
+    if "@" in image:
+        return image.split("@", 1)[1]
+    last = image.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else None
+
+
+def is_release(tag: str | None) -> bool:
+    """Whether a tag names one release (a version, a build number), not a moving one (``latest``, ``server``).
+
+    >>> [is_release(t) for t in ("v0.29.0", "server-b11434", "0.1.0", "sha256:ab12")]
+    [True, True, True, True]
+    >>> [is_release(t) for t in (None, "latest", "server", "server-cuda", "nightly", "cu12-latest")]
+    [False, False, False, False, False, False]
+    """
+    return tag is not None and re.search(r"\d", tag) is not None and re.search("latest|nightly", tag) is None
+
+
+@pytest.mark.parametrize("overlay", EVERY_OVERLAY)
+def test_every_image_is_pinned_and_draftwatch_s_at_the_project_s_version(overlay: str) -> None:
+    """No pull of a moving tag, and no bare ``draftwatch`` that a cluster reads as docker.io/library/...:latest."""
+    found = 0
+    for where, spec in pod_templates(render(overlay)):
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            found += 1
+            image, tag = container["image"], image_tag(container["image"])
+            assert is_release(tag), (
+                f"deploy/{overlay}: {where}/{container['name']} runs {image}, which names no release: "
+                "pin its tag in deploy/images/images.yaml"
+            )
+            if image_name(image) in IMAGES:
+                assert tag == VERSION, f"deploy/{overlay}: {where} runs {image}, not pyproject.toml's {VERSION}"
+    assert found, f"deploy/{overlay} runs no container"
+
+
+def test_images_are_named_in_one_place() -> None:
+    """deploy/images/ alone sets images: an ``images:`` entry in an overlay would reach only its own objects."""
+    for found in DEPLOY.rglob("kustomization.yaml"):
+        spec = yaml.safe_load(found.read_text())
+        assert "images" not in spec, f"{found.relative_to(ROOT)} sets images: move them to deploy/images/images.yaml"
+    for overlay in EVERY_OVERLAY:
+        spec = yaml.safe_load((DEPLOY / overlay / "kustomization.yaml").read_text())
+        assert "../images" in spec.get("transformers", []), f"deploy/{overlay} does not apply deploy/images/"
+
+
+@pytest.mark.parametrize("overlay", ["vllm", "fleet", "canary"])
+def test_every_vllm_replica_reports_its_per_request_figures(overlay: str) -> None:
+    """Without --enable-per-request-metrics a replica's answers have no timings (a plain baseline then has no
+    decode time, and a net loss is never measured); a speculative one also needs its draft counts."""
+    replicas = [
+        (where, container)
+        for where, spec in pod_templates(render(overlay))
+        for container in spec["containers"]
+        if image_name(container["image"]) == "vllm-openai"
+    ]
+    assert len(replicas) >= 2, f"deploy/{overlay}: expected a speculative and a plain vLLM, found {len(replicas)}"
+    for where, container in replicas:
+        args = [*container.get("command", []), *container.get("args", [])]
+        assert "--enable-per-request-metrics" in args, (
+            f"deploy/{overlay}: {where}/{container['name']} starts vLLM without --enable-per-request-metrics"
+        )
+        if any(a.startswith("--speculative-config") for a in args):
+            assert any(a.startswith("--per-request-spec-decode-metrics") for a in args), (
+                f"deploy/{overlay}: {where} speculates without --per-request-spec-decode-metrics"
+            )
