@@ -20,7 +20,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from tests.proxy.engine import CHAT, flushed, rows, sidecar
+from tests.proxy.engine import CHAT, Engine, flushed, rows, sidecar
 from tests.serving import serving
 
 ASK = {"model": "qwen-coder", "messages": [{"role": "user", "content": "hi"}]}
@@ -222,3 +222,19 @@ def test_an_answer_not_recorded_or_past_the_body_bound_streams_through_as_it_com
     assert got == first + b'"}]}' and not engine.waited_out
     assert rows(db_url) == []
     assert app.state.api.proxy_unrecorded == (1 if method == "POST" else 0)
+
+
+def test_a_stream_cut_by_the_server_stopping_is_recorded_as_such_not_as_a_client_leaving(
+    tmp_path: Path, db_url: str
+) -> None:
+    engine = Engine()
+    engine.event_pause_s = 30.0  # a stream that would outlast the shutdown's limit
+    with serving(engine.app(), log_level="warning") as engine_url, sidecar(tmp_path, db_url, engine_url) as (url, app):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**ASK, "stream": True}, timeout=30) as answer:
+            next(answer.iter_raw())
+            app.state.api.stopping = True  # what the server's shutdown sets past its drain, before it ends the rest
+        deadline = time.monotonic() + 30
+        while engine.cut_streams == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        flushed(app)
+    assert [(row["finish_reason"], row["error"]) for row in rows(db_url)] == [("error", "server shutting down")]

@@ -23,12 +23,20 @@ answer (the engine's request is cancelled); either way the replica's in-flight c
 Every header passes, repeated ones included; compressed bodies pass with their ``Content-Encoding``
 and are read from a decoded copy (:mod:`monitor.proxy.encoding`). Any path of the engine that is not
 one of draftwatch's own route families is forwarded with any method (``routes.ProxyMiddleware``);
-only the generations (``exchange.RECORDED_PATHS``, POSTed) are recorded.
+only the generations (``exchange.RECORDED_PATHS``, POSTed) are recorded. A generation whose body is
+not one JSON object in UTF-8 is answered 400 here, never sent to a pool its model was not read for.
+
+No request may hold the others: a large body, answer or event is read off the event loop, and only
+for its small members (``body.py``, ``sparse.py``); an answer not recorded is passed on as it
+arrives, never held; a generation's whole answer past ``proxy.max_body_bytes``, or a stream with an
+event past ``proxy.max_event_bytes``, passes on unread and is counted unrecorded.
 
 The request's path, one module a step: ``routes.py`` is the entry (which requests are the engine's,
 the forwarded routes, :func:`~monitor.proxy.forward.routes.forward` and the answer, and
-``GET /v1/models`` across deployments from ``models.py``); ``exchange.py`` is one request and its
-one record; ``relay.py`` passes a stream on event by event, reading each with ``events.py``. This
+``GET /v1/models`` across deployments from ``models.py``); ``body.py`` reads a request's body;
+``exchange.py`` is one request and its one record; ``relay.py`` passes a stream on event by event,
+reading each with ``events.py``, or an answer through unread; ``sparse.py`` reads a large JSON object
+for its small members. This
 sub-room stands on the room's top: the routing layer (``routing``, ``pool``), the upstream
 connections (``upstream``), content codings (``encoding``), what SGLang is asked for (``asks``) and
 the settings.

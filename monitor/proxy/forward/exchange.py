@@ -189,6 +189,11 @@ class Exchange:
     def settled(self) -> bool:
         return self._recorded
 
+    @property
+    def early_end(self) -> str:
+        """Why the request ended before its answer did: the server stopping (past its drain), or the client leaving."""
+        return "server shutting down" if self.state.stopping else "client disconnected"
+
     def unreadable(self, why: str) -> None:
         """A response forwarded whole but not readable here (a content coding not decoded): counted as unrecorded."""
         if self._recorded:

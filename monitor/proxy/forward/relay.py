@@ -66,7 +66,7 @@ class Relay:
     async def end(self) -> None:
         """Settle as a disconnect unless the stream ended first, then close the upstream request (shielded)."""
         if not self.exchange.settled:
-            self.error = self.error or _gone(self.exchange)
+            self.error = self.error or self.exchange.early_end
             self.settle()
         await self.events.aclose()
         self.response.close()
@@ -101,7 +101,7 @@ class Relay:
             message = {"error": {"message": "the upstream's stream was cut short", "type": "upstream_error"}}
             yield f"data: {json.dumps(message)}\n\n".encode()
         except BaseException:  # the client went away (cancellation, a closed generator) or the server stops
-            self.error = _gone(self.exchange)
+            self.error = self.exchange.early_end
             raise
         await self._settled()  # the body's end (a stream without [DONE]) goes out after this
 
@@ -134,11 +134,6 @@ class Relay:
         if cleaned == data:
             return event
         return None if cleaned is None else b"data: " + cleaned + b"\n\n"
-
-
-def _gone(exchange: Exchange) -> str:
-    """Why a stream ended before its end: the server stopping, or the client leaving."""
-    return "server shutting down" if getattr(exchange.state, "stopping", False) else "client disconnected"
 
 
 class RelayResponse(StreamingResponse):

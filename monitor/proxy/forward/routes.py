@@ -2,10 +2,12 @@
 
 :class:`ProxyMiddleware` sends every path but draftwatch's own to :func:`forward`, which checks the
 proxy's token, refuses what no engine could be sent (answered here, never counted against a
-replica), reads the body, makes the :class:`~monitor.proxy.forward.exchange.Exchange`, sends it
-upstream (once more to another replica when the first refused the connection) and answers with the
-whole body or the relay (:mod:`monitor.proxy.forward.relay`); a client that leaves cancels the
-upstream request.
+replica: a target that is no path, a generation whose body it cannot read or whose model is no
+string), reads the body (:mod:`monitor.proxy.forward.body`), makes the
+:class:`~monitor.proxy.forward.exchange.Exchange`, sends it upstream (once more to another replica
+when the first refused the connection) and answers with the whole body, the relay of a stream, or
+the answer passed through as it comes where it is not recorded or too large to hold
+(:mod:`monitor.proxy.forward.relay`); a client that leaves cancels the upstream request.
 
 The request target goes upstream as the client sent it (its ``raw_path`` and query), percent-escapes
 and all: decoded, ``%3F`` would become a query and ``%20`` a space that breaks the request line.
@@ -149,7 +151,7 @@ async def forward(request: Request) -> Response:
     finally:
         watcher.cancel()
         if response is None:  # the client left (or the server stops) before the answer came
-            exchange.record(None, error="client disconnected")
+            exchange.record(None, error=exchange.early_end)
     # The client left: nobody reads this (499, nginx's "client closed request").
     return Response(status_code=499) if response is None else response
 
@@ -260,11 +262,14 @@ async def _send(
         limit = exchange.settings.max_body_bytes
         chunks = response.chunks()
         pieces: list[bytes] = []
-        size = 0
+        # Held up to the bound, by the length declared, else by what came so far.
+        size = _length(response)
         try:
-            while size <= limit and _length(response) <= limit and (chunk := await anext(chunks, None)) is not None:
-                pieces.append(chunk)
-                size += len(chunk)
+            if size <= limit:
+                size = 0
+                while size <= limit and (chunk := await anext(chunks, None)) is not None:
+                    pieces.append(chunk)
+                    size += len(chunk)
         except UpstreamTimeoutError:
             response.close()
             raise
@@ -274,7 +279,7 @@ async def _send(
         except BaseException:
             response.close()
             raise
-        if size > limit or _length(response) > limit:
+        if size > limit:
             return response, _chained(pieces, chunks)
         response.close()
         content = b"".join(pieces)
