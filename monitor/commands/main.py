@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "monitor.commands.db",
     "monitor.commands.serve",
     "monitor.commands.drift",
+    "monitor.commands.ledger",
     "monitor.commands.routes",
     "monitor.commands.rollout",
     "monitor.commands.alerts",

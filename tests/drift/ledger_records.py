@@ -32,6 +32,7 @@ def stream(
     spec_ms: Callable[[int], float] = crossing_ms,
     holdout: bool = True,
     loads: tuple[int, ...] = LOADS,
+    target: str = "qwen-coder-1.5b",
 ) -> list[RequestRecord]:
     """``per_level`` speculative (and, with ``holdout``, as many holdout) requests per load, over one hour."""
     out: list[RequestRecord] = []
@@ -43,6 +44,6 @@ def stream(
         for mode, ms in sides:
             for _ in range(per_level):
                 r = record(index, start + step * index, workload=workload, alpha=0.6, ms_per_token=ms(load), mode=mode)
-                out.append(dataclasses.replace(r, upstream_inflight=load))
+                out.append(dataclasses.replace(r, upstream_inflight=load, target_model=target))
                 index += 1
     return out

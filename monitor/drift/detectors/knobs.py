@@ -86,7 +86,11 @@ def engine_settings(curve: Curve) -> list[EngineSetting]:
             ("arctic-inference", '"hard_disable_by_batch_size": 1'),
             ("sglang", "serve without --speculative-algorithm"),
         ]
-    return [EngineSetting(engine, setting, on, SOURCES[engine]) for engine, setting in rows]
+    soft = f"a soft cap: above batch {max(cut - 1, 1)} only that many requests draft; the hard one above turns it off"
+    return [
+        EngineSetting(engine, setting, soft if '"disable_by' in setting else on, SOURCES[engine])
+        for engine, setting in rows
+    ]
 
 
 def _vllm(cut: int) -> str:
