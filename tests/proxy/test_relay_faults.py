@@ -238,3 +238,29 @@ def test_a_stream_cut_by_the_server_stopping_is_recorded_as_such_not_as_a_client
             time.sleep(0.01)
         flushed(app)
     assert [(row["finish_reason"], row["error"]) for row in rows(db_url)] == [("error", "server shutting down")]
+
+
+class Models:
+    """An engine whose /v1/models lists ``name``, padded with ``padding`` bytes of description."""
+
+    def __init__(self, name: str, padding: int = 0) -> None:
+        self.answer = json.dumps({"object": "list", "data": [{"id": name, "object": "model", "about": "x" * padding}]})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": self.answer.encode()})
+
+
+def test_a_model_list_past_the_body_bound_is_skipped_not_held(tmp_path: Path, db_url: str) -> None:
+    env = {"DRAFTWATCH_PROXY_MAX_BODY_BYTES": str(1 << 20)}
+    with (
+        serving(Models("small"), log_level="warning") as small_url,
+        serving(Models("huge", 2 << 20), log_level="warning") as huge_url,
+    ):
+        table = json.dumps([{"model": "huge*", "upstream": huge_url}])
+        with sidecar(tmp_path, db_url, small_url, DRAFTWATCH_PROXY_ROUTES=table, **env) as (url, _):
+            listed = httpx.get(f"{url}/v1/models", timeout=30)
+    assert listed.status_code == 200
+    assert [model["id"] for model in listed.json()["data"]] == ["small"]

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from monitor.proxy.encoding import decoded
 from monitor.proxy.routing import Deployment
-from monitor.proxy.upstream import Headers, UpstreamError
+from monitor.proxy.upstream import Headers, UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ async def _models_of(deployment: Deployment, headers: Headers, limit: int) -> li
     try:
         response = await member.send("GET", MODELS_PATH, headers, b"")
         try:
-            content = await response.read()
+            content = await _held(response, limit)
         finally:
             response.close()
     except UpstreamError as error:
@@ -55,6 +55,10 @@ async def _models_of(deployment: Deployment, headers: Headers, limit: int) -> li
         return None
     finally:
         member.release()
+    if content is None:
+        log.warning("/v1/models: upstream %s skipped: its answer exceeds proxy.max_body_bytes (%d bytes)",
+                    member.upstream.netloc, limit)  # fmt: skip
+        return None
     readable = decoded(content, response.header("content-encoding"), limit) if response.status == 200 else None
     try:
         data = json.loads(readable)["data"] if readable is not None else None
@@ -65,3 +69,15 @@ async def _models_of(deployment: Deployment, headers: Headers, limit: int) -> li
                     response.status)  # fmt: skip
         return None
     return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+async def _held(response: UpstreamResponse, limit: int) -> bytes | None:
+    """The answer's body, or None once it passes ``limit`` bytes (read no further)."""
+    pieces = []
+    size = 0
+    async for chunk in response.chunks():
+        size += len(chunk)
+        if size > limit:
+            return None
+        pieces.append(chunk)
+    return b"".join(pieces)
