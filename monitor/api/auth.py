@@ -3,7 +3,8 @@
 Tokens are compared as SHA-256 digests with :func:`hmac.compare_digest`, against every configured
 token without stopping at the first match, so neither a token's length nor its position in the list
 shows in the response time. No token configured means no authentication; ``draftwatch serve`` then
-refuses to bind anything but loopback (:func:`check_bind`).
+refuses to bind anything but loopback (:func:`check_bind`). A token left at an example value (deploy/'s
+Secret ships them) is refused outright (:func:`check_tokens`): anyone who has read the repository holds it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from fastapi.security.utils import get_authorization_scheme_param
 from monitor.api.errors import ApiError, described
 from monitor.api.settings import API_SCOPES, ApiToken
 
+# What every example token in the repository begins with (deploy/base/secret.yaml): a value to replace.
+PLACEHOLDER_PREFIX: Final = "replace-me"
 _CHALLENGE: Final = {"WWW-Authenticate": 'Bearer realm="draftwatch"'}
 _CHECKED: Final = "draftwatch.checked_scopes"  # in the ASGI scope: the guards this request has passed
 
@@ -33,6 +36,8 @@ class TokenSet:
     """The configured tokens, kept as digests."""
 
     def __init__(self, tokens: Sequence[ApiToken]) -> None:
+        if (refusal := check_tokens(tokens)) is not None:
+            raise ValueError(refusal)
         self._entries = [(_digest(t.token), t.scope) for t in tokens]
 
     @property
@@ -134,6 +139,25 @@ def check_bind(host: str, tokens_configured: bool) -> str | None:
     return (
         f"refusing to bind {host} without API tokens: anyone who can reach it could write records and run "
         "the decoder. Set DRAFTWATCH_API_TOKENS (e.g. ingest:<token>,admin:<token>) or bind 127.0.0.1."
+    )
+
+
+def check_tokens(tokens: Sequence[ApiToken]) -> str | None:
+    """Why the configured tokens are refused (an example value left in place), or None; never quotes a token.
+
+    >>> check_tokens([ApiToken("admin", "replace-me-admin-token-0001"), ApiToken("read", "k3pP9xQ2mVw7rT4s")])[:47]
+    'refusing to start with the example admin token '
+    >>> check_tokens([ApiToken("admin", "k3pP9xQ2mVw7rT4sL8")]) is None
+    True
+    """
+    examples = sorted({t.scope for t in tokens if t.token.lower().startswith(PLACEHOLDER_PREFIX)})
+    if not examples:
+        return None
+    return (
+        f"refusing to start with the example {' and '.join(examples)} token{'s' if len(examples) > 1 else ''} "
+        f"of deploy/base/secret.yaml (beginning with {PLACEHOLDER_PREFIX!r}), which anyone who has read the repository "
+        "holds. Set DRAFTWATCH_API_TOKENS to tokens of your own, e.g. admin:$(openssl rand -hex 24); on Kubernetes, "
+        "create the Secret draftwatch-api as deploy/README.md shows."
     )
 
 

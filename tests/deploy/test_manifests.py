@@ -30,6 +30,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from monitor.api.auth import check_tokens
+from monitor.api.settings import parse_api_tokens
 from monitor.config import Settings
 from monitor.proxy.rollout import start_rollout
 from monitor.store.engine import create_engine
@@ -312,6 +314,18 @@ def test_the_service_monitor_sends_a_read_token_the_sidecars_accept(overlay: str
         assert f"read:{token}" in pairs or f"admin:{token}" in pairs, (
             f"deploy/{overlay}: the ServiceMonitor's token is not among the sidecar's read or admin tokens"
         )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_example_tokens_are_ones_the_sidecar_refuses(overlay: str) -> None:
+    """`kubectl apply -k` as written deploys base/secret.yaml's tokens: no sidecar may start with one of them."""
+    objects = render(overlay)
+    for _, container, _ in proxies(objects):
+        [ref] = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] == "DRAFTWATCH_API_TOKENS"]
+        tokens = parse_api_tokens(secret_value(objects, ref["name"], ref["key"]))
+        assert tokens, f"deploy/{overlay}: the example Secret holds no token"
+        for token in tokens:
+            assert check_tokens([token]) is not None, f"deploy/{overlay}: the sidecar would start with its {token!r}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
