@@ -71,10 +71,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 import anyio.to_thread
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.engine import Engine
@@ -86,8 +87,12 @@ from monitor.api.auth import GuardedRoute
 from monitor.api.reads import workloads
 from monitor.api.state import ApiState, api_state
 from monitor.config import Settings
+from monitor.drift.detectors.crossover import Level
+from monitor.drift.detectors.ledger import read_ledger
+from monitor.drift.detectors.net_loss import load_level
 from monitor.drift.queries import StoredResult, latest_results, latest_run
 from monitor.drift.result import DECISIONS
+from monitor.drift.settings import DriftSettings
 from monitor.drift.verdict import VERDICTS, verdict_of
 from monitor.log_safe import describe
 from monitor.scheduler.health import health_signals
@@ -189,6 +194,8 @@ class Metrics:
         # Figures rendered at scrape time: single values (recorder, decode queue) and whole families (store).
         self._collectors: list[Callable[[], Iterable[tuple[str, str, str, float]]]] = []
         self._family_collectors: list[Callable[[], Iterable[Family]]] = []
+        # Figures counted from records elsewhere (the ledger's), told of each durable batch as these counters are.
+        self._observers: list[Callable[[Sequence[RequestRecord]], None]] = []
 
     def add_collector(self, collect: Callable[[], Iterable[tuple[str, str, str, float]]]) -> None:
         """``collect()`` yields ``(name, help, type, value)`` of unlabelled figures at every scrape."""
@@ -198,6 +205,10 @@ class Metrics:
         """``collect()`` yields labelled :class:`Family` objects at every scrape."""
         self._family_collectors.append(collect)
 
+    def add_observer(self, observe: Callable[[Sequence[RequestRecord]], None]) -> None:
+        """``observe(records)`` is told of every batch these counters count, once."""
+        self._observers.append(observe)
+
     def observe(self, records: Sequence[RequestRecord], where: str) -> None:
         # A spooled batch is counted when spooled; its later replay is the same records again.
         if where not in ("written", "spooled"):
@@ -205,6 +216,8 @@ class Metrics:
         with self._lock:
             for rec in records:
                 self._observe_one(rec)
+        for observe in self._observers:
+            observe(records)
 
     def _key(self, rec: RequestRecord) -> Labels:
         """The record's label set; the first time it is seen, zero samples for it in every family."""
@@ -619,3 +632,133 @@ def watch(state: ApiState) -> None:
     if router is not None:
         state.metrics.add_families(lambda: upstreams_up(router))
     state.metrics.add_families(StoreFigures(state.engine, state.settings).collect)
+    ledger = LedgerCounters(state.engine, state.settings.drift)
+    state.metrics.add_observer(ledger.observe)
+    state.metrics.add_families(ledger.collect)
+
+
+LEDGER_WINDOW: Final = timedelta(days=1)
+LEDGER_MAX_AGE_S: Final = 300.0
+OUTCOMES: Final = ("saved", "lost", "inconclusive", "unmeasured")
+# A level's rate: its doubling levels (first, last), replica-seconds saved per token (negative: lost), its call.
+Rate = tuple[int, int, float | None, str]
+
+
+class LedgerCounters:
+    """The speculation ledger as counters: each speculative decode token this process records, valued at its load.
+
+    A token is valued at its workload's measured rate at its load level (``t_plain - t_spec`` of the
+    newest ledger, :func:`monitor.drift.detectors.ledger.read_ledger` over :data:`LEDGER_WINDOW`, read at
+    most every :data:`LEDGER_MAX_AGE_S` on a thread of its own) and counted as saved or lost where the
+    level's interval clears 1, else under ``outcome="inconclusive"`` or ``"unmeasured"`` with no
+    seconds. Counters per process, as the record counters are: Prometheus sums the replicas, and
+    ``increase(..._saved_total[24h]) - increase(..._lost_total[24h])`` is the day's net.
+    """
+
+    def __init__(self, engine: Engine, drift: DriftSettings) -> None:
+        self._engine, self._drift = engine, drift
+        self._lock = threading.Lock()
+        self._rates: dict[str, list[Rate]] = {}
+        self._crossover: dict[tuple[str, str], float] = {}
+        self._seconds: dict[tuple[str, str], float] = {}  # (workload, saved | lost)
+        self._tokens: dict[tuple[str, str], float] = {}  # (workload, outcome)
+        self._workloads: set[str] = set()  # those counted under their own name, at most MAX_LABEL_SETS
+        self._read_at = -math.inf
+        self._reading: threading.Thread | None = None
+
+    def observe(self, records: Sequence[RequestRecord]) -> None:
+        self._refresh()
+        with self._lock:
+            for rec in records:
+                if rec.mode == "speculative" and rec.finish_reason != "error" and rec.output_tokens > 1:
+                    self._count(rec)
+
+    def _count(self, rec: RequestRecord) -> None:
+        workload = rec.workload
+        if workload not in self._workloads and len(self._workloads) >= MAX_LABEL_SETS:
+            workload = OTHER
+        tokens = rec.output_tokens - 1
+        level = load_level(np.array([np.nan if rec.upstream_inflight is None else float(rec.upstream_inflight)]))[0]
+        rate = next((r for r in self._rates.get(rec.workload, ()) if r[0] <= level <= r[1]), None)
+        per_token, call = (rate[2], rate[3]) if rate is not None else (None, "not_measured")
+        outcome = {"gains": "saved", "loses": "lost", "inconclusive": "inconclusive"}.get(call, "unmeasured")
+        self._zero(workload)
+        self._tokens[(workload, outcome)] += tokens
+        if per_token is not None and outcome in ("saved", "lost"):
+            self._seconds[(workload, outcome)] += abs(per_token) * tokens
+
+    def _zero(self, workload: str) -> None:
+        self._workloads.add(workload)
+        for outcome in OUTCOMES:
+            self._tokens.setdefault((workload, outcome), 0.0)
+        for side in ("saved", "lost"):
+            self._seconds.setdefault((workload, side), 0.0)
+
+    def collect(self) -> list[Family]:
+        self._refresh()
+        with self._lock:
+            seconds, tokens, crossover = dict(self._seconds), dict(self._tokens), dict(self._crossover)
+        return [
+            Family(
+                "draftwatch_speculation_gpu_seconds_saved_total",
+                "Replica-seconds speculation saved against plain decoding at the same load, per workload: recorded "
+                "speculative decode tokens valued at their load level's measured rate (levels whose interval is "
+                "above 1).",
+                "counter",
+                [((("workload", w),), v) for (w, side), v in sorted(seconds.items()) if side == "saved"],
+            ),
+            Family(
+                "draftwatch_speculation_gpu_seconds_lost_total",
+                "Replica-seconds speculation cost against plain decoding at the same load, per workload (levels "
+                "whose interval is below 1).",
+                "counter",
+                [((("workload", w),), v) for (w, side), v in sorted(seconds.items()) if side == "lost"],
+            ),
+            Family(
+                "draftwatch_speculation_ledger_tokens_total",
+                "Recorded speculative decode tokens per workload by the ledger's outcome at their load (saved, lost, "
+                "inconclusive: the interval spans 1, unmeasured: no ratio at that load).",
+                "counter",
+                [((("workload", w), ("outcome", o)), v) for (w, o), v in sorted(tokens.items())],
+            ),
+            Family(
+                "draftwatch_speculation_crossover_inflight",
+                "The lowest in-flight count at which speculation loses, per workload and pair, from the newest ledger "
+                "(NaN: none seen).",
+                "gauge",
+                [((("workload", w), ("pair", p)), v) for (w, p), v in sorted(crossover.items())[:MAX_LABEL_SETS]],
+            ),
+        ]
+
+    def _refresh(self) -> None:
+        with self._lock:
+            if self._reading is not None or time.monotonic() - self._read_at < LEDGER_MAX_AGE_S:
+                return
+            self._reading = threading.Thread(target=self._read, name="metrics-ledger-read", daemon=True)
+            self._reading.start()
+
+    def _read(self) -> None:
+        try:
+            end = datetime.now(UTC)
+            ledger = read_ledger(self._engine, self._drift, end - LEDGER_WINDOW, end)
+            rates: dict[str, list[Rate]] = {}
+            crossover: dict[tuple[str, str], float] = {}
+            # A workload served by several pairs: its tokens are valued at the rates of the pair that served most.
+            for w in sorted(ledger.workloads, key=lambda w: -w.totals.tokens):
+                cross = w.curve.crossover
+                crossover[(w.workload, w.pair.label)] = math.nan if cross is None else float(cross.inflight)
+                if w.workload not in rates and len(rates) < MAX_LABEL_SETS:
+                    rates[w.workload] = [_rate(b.level) for b in w.bills]
+            with self._lock:
+                self._rates, self._crossover = rates, crossover
+        except Exception as error:  # the last rates stay; the next read after LEDGER_MAX_AGE_S tries again
+            log.warning("metrics: reading the speculation ledger failed (%s)", describe(error))
+        finally:
+            with self._lock:
+                self._read_at = time.monotonic()
+                self._reading = None
+
+
+def _rate(level: Level) -> Rate:
+    per_token = None if level.plain_ms is None or level.spec_ms is None else (level.plain_ms - level.spec_ms) / 1000
+    return level.first, level.last, per_token, level.call
