@@ -24,6 +24,7 @@ page = st.navigation(
         st.Page(PAGES / "alerts.py", title="Alerts", icon=":material/notifications:"),
         st.Page(PAGES / "pairs.py", title="Pairs", icon=":material/compare_arrows:"),
         st.Page(PAGES / "rollouts.py", title="Rollouts", icon=":material/rocket_launch:"),
+        st.Page(PAGES / "ledger.py", title="Ledger", icon=":material/payments:"),
     ]
 )
 components.sidebar()

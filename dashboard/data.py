@@ -21,6 +21,7 @@ from monitor.alerts import queries as alert_queries
 from monitor.alerts.silences import Silence, list_silences
 from monitor.config import Settings, default_config_file
 from monitor.drift import queries as drift_queries
+from monitor.drift.detectors.ledger import Ledger, read_ledger
 from monitor.settings.masking import mask_urls
 from monitor.store import evaluations as stored_evaluations
 from monitor.store import rollouts as stored_rollouts
@@ -190,6 +191,13 @@ def scrape_targets(url: str) -> list[scrape.TargetHealth]:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def evaluations(url: str) -> list[stored_evaluations.StoredEvaluation]:
     return stored_evaluations.latest_evaluations(engine(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def ledger(url: str, start: datetime, end: datetime, prices: tuple[tuple[str, float], ...] = ()) -> Ledger:
+    """The speculation ledger over ``[start, end)`` (the ratios read from bounded samples, the tokens summed)."""
+    drift = Settings.from_env(os.environ, default_config_file(os.environ, Path.cwd())).drift
+    return read_ledger(engine(url), drift, start, end, dict(prices))
 
 
 def clear() -> None:
