@@ -145,15 +145,16 @@ def test_a_generation_whose_model_is_not_a_string_is_a_400_and_reaches_no_replic
     assert unnamed.status_code == 200 and len(engine.seen) == 1 and len(rows(db_url)) == 1
 
 
-def test_a_body_nested_deeper_than_the_parser_goes_is_forwarded_not_a_500(tmp_path: Path, db_url: str) -> None:
+def test_a_body_nested_deeper_than_the_parser_goes_is_a_400_not_a_500(tmp_path: Path, db_url: str) -> None:
     engine = Targets()
     body = b'{"model": "qwen-coder", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     with serving(engine, log_level="warning") as engine_url, sidecar(tmp_path, db_url, engine_url) as (url, app):
         answer = httpx.post(f"{url}/v1/chat/completions", content=body, timeout=30)
         flushed(app)
-    # Read as no JSON: recorded as a body the proxy cannot read is, under the deployment's name.
-    assert answer.status_code == 200 and len(engine.seen) == 1
-    assert [row["target_model"] for row in rows(db_url)] == [f"auto@{engine_url.removeprefix('http://')}"]
+    # Unreadable, it can be routed by no model: the client's mistake, never sent to another model's engine.
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "invalid_body"
+    assert engine.seen == [] and rows(db_url) == []
 
 
 def test_a_gzip_bomb_is_a_413_without_being_inflated_past_the_limit(tmp_path: Path, db_url: str) -> None:
