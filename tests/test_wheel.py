@@ -16,11 +16,14 @@ import sys
 import sysconfig
 import tarfile
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.pg import PG_URL, create_pg_database, drop_pg_database
 from tests.serving import free_port
@@ -161,3 +164,18 @@ def test_serve_from_the_wheel_creates_its_database_and_becomes_ready(
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_the_image_s_lock_pins_every_dependency_at_a_version_pyproject_allows() -> None:
+    """The Containerfile installs pylock.toml's files, hash-checked and without resolving: a dependency added to
+    pyproject.toml, or a floor raised past the lock, must be locked again (the command is in the Containerfile)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lock = tomllib.loads((ROOT / "pylock.toml").read_text())
+    locked = {canonicalize_name(p["name"]): p for p in lock["packages"] if "wheels" in p}
+    for dependency in map(Requirement, project["dependencies"]):
+        name = canonicalize_name(dependency.name)
+        assert name in locked, f"pylock.toml lacks {name}: lock again (see the Containerfile)"
+        assert dependency.specifier.contains(locked[name]["version"]), f"pylock.toml's {name} is not {dependency}"
+        for extra in dependency.extras:  # psycopg[binary]: its extra's packages are locked as well
+            assert f"{name}-{extra}" in locked, f"pylock.toml lacks {name}[{extra}]'s {name}-{extra}"
+    assert all(w["hashes"]["sha256"] for p in locked.values() for w in p["wheels"])

@@ -114,6 +114,23 @@ def test_the_image_runs_unprivileged_without_a_compiler_labelled_with_the_projec
     assert tools.stdout.split() == [UID], f"a build tool in the final stage, or root: {tools.stdout}"
 
 
+def test_the_image_holds_the_wheel_and_the_locked_dependencies_not_the_sources(image: Image) -> None:
+    """As `pip install draftwatch` leaves it: monitor in site-packages with its migrations, pylock.toml's versions."""
+    lock = tomllib.loads((ROOT / "pylock.toml").read_text())
+    locked = {p["name"]: p["version"] for p in lock["packages"] if "wheels" in p}
+    probe = (
+        "import json, importlib.metadata as m, monitor, monitor.store.migrate as g; "
+        "found = {d.name.lower().replace('_', '-'): d.version for d in m.distributions()}; "
+        "print(json.dumps([monitor.__file__, str(g.migrations_dir()), found]))"
+    )
+    found = podman("run", "--rm", "--entrypoint", "python3", image.tag, "-c", probe).stdout.strip().splitlines()[-1]
+    module, migrations, installed = json.loads(found)
+    assert "/site-packages/monitor/" in module, module
+    assert migrations.endswith("/site-packages/monitor/store/migrations"), migrations
+    assert {name: installed.get(name) for name in locked} == locked
+    assert podman("run", "--rm", "--entrypoint", "ls", image.tag, "/opt/draftwatch").stdout.split() == ["venv"]
+
+
 def test_without_api_tokens_the_container_refuses_to_bind_and_says_what_to_set(image: Image) -> None:
     result = podman("run", "--rm", "--network", "host", image.tag, "--upstream", "http://127.0.0.1:9", check=False)
     assert result.returncode == 2, result.stderr
