@@ -66,7 +66,7 @@ def engine_settings(curve: Curve) -> list[EngineSetting]:
         return []
     if curve.crossover is not None:
         cut = curve.crossover.inflight
-    elif all(level.loses for level in measured):
+    elif all(level.family_loses for level in measured):
         cut = 1
     else:
         top = measured[-1].inflight_high
