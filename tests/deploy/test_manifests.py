@@ -560,3 +560,27 @@ def test_every_vllm_replica_reports_its_per_request_figures(overlay: str) -> Non
             assert any(a.startswith("--per-request-spec-decode-metrics") for a in args), (
                 f"deploy/{overlay}: {where} speculates without --per-request-spec-decode-metrics"
             )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_serving_deployment_has_a_disruption_budget_that_lets_a_drain_through(overlay: str) -> None:
+    """A drain evicts one pod of a Service's Deployment at a time, and is never blocked for good."""
+    objects = render(overlay)
+    budgets = named(objects, "PodDisruptionBudget")
+    serving = {
+        deployment["metadata"]["name"]: deployment
+        for service in named(objects, "Service").values()
+        for deployment in named(objects, "Deployment").values()
+        if service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    }
+    assert serving, f"deploy/{overlay}: no Service selects a Deployment's pods"
+    for name, deployment in serving.items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        covering = [b for b in budgets.values() if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert len(covering) == 1, f"deploy/{overlay}: {len(covering)} PodDisruptionBudgets select {name}'s pods"
+        [budget] = covering
+        replicas = deployment["spec"].get("replicas", 1)
+        if "maxUnavailable" in budget["spec"]:
+            assert budget["spec"]["maxUnavailable"] == 1, f"deploy/{overlay}: {name} may lose several pods at once"
+        else:
+            assert budget["spec"]["minAvailable"] < replicas, f"deploy/{overlay}: {name}'s budget forbids a drain"
