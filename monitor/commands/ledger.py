@@ -74,6 +74,10 @@ def _ledger(args: argparse.Namespace) -> int:
         end = args.now or datetime.now(UTC)
         prices = dict(args.price)
         found = read_ledger(engine, settings.drift, end - args.window, end, prices, workload=args.workload)
+        if args.workload is not None and not found.workloads and not args.json:
+            print(f"workload {args.workload!r}: no speculative request between {found.start:%Y-%m-%d %H:%M} and "
+                  f"{found.end:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+            return 0
         if args.engine_settings:
             print(json.dumps(settings_json(found), indent=1) if args.json else format_settings(found))
         else:

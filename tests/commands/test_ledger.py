@@ -92,3 +92,8 @@ def test_an_empty_window_says_so(url: str, capsys: pytest.CaptureFixture[str]) -
     assert status == 0 and "nothing to bill: no speculative request in the window" in out
     status, out, _ = run(url, capsys, "--engine-settings", "--now", (T0 + timedelta(days=5)).isoformat())
     assert "nothing measured" in out
+
+
+def test_an_unknown_workload_says_so(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(url, capsys, "--workload", "nope")
+    assert status == 0 and out.startswith("workload 'nope': no speculative request between")
