@@ -124,6 +124,7 @@ class LimitsMiddleware:
                 if not message.get("more_body", False):
                     break
             body = b"".join(chunks)
+            chunks.clear()  # the pieces would otherwise stay alive beside the body for the whole request
             delivered = False
 
             async def replay() -> Message:

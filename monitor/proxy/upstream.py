@@ -46,6 +46,8 @@ KEEPALIVE_EXPIRY_S: Final = 30.0
 # Sends of a request that never reached the upstream whole, after the first (see the module docstring).
 RETRIES: Final = 1
 READ_SIZE: Final = 65536
+# A large body goes to the socket in pieces of this size (see _Connection._pour).
+PIECE_BYTES: Final = 1 << 20
 # How long a failed write waits for the watch on its answer to end: the connection's end reaches the
 # reader right after what the upstream sent before it, so this bounds a wait that has nothing to wait for.
 EARLY_ANSWER_S: Final = 1.0
@@ -176,7 +178,7 @@ def basic_authorization(url: str) -> bytes | None:
 class _Connection:
     """One HTTP/1.1 connection to the upstream, between requests idle until ``idle_until``."""
 
-    __slots__ = ("_early", "idle_until", "reader", "writer")
+    __slots__ = ("_early", "_unsent", "idle_until", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -184,6 +186,9 @@ class _Connection:
         self.idle_until = 0.0
         # The read begun while a large request was written (see write): the next read's bytes.
         self._early: asyncio.Task[bytes] | None = None
+        # A large body is handed to the socket a piece at a time: whether pieces were still to go when the write
+        # ended (an early answer), which the transport's empty buffer does not tell.
+        self._unsent = False
 
     def reusable(self) -> bool:
         """Open, not expired, and its end not seen: an upstream that closed it idle has sent that end."""
@@ -215,9 +220,7 @@ class _Connection:
         the write fails, or leave it unread, and the write never ends: either way the request has its answer.
         """
         answer = self._early = _quiet(asyncio.ensure_future(self.reader.read(READ_SIZE)))
-        self.writer.write(head)
-        self.writer.write(body)
-        drain = _quiet(asyncio.ensure_future(self.writer.drain()))
+        drain = _quiet(asyncio.ensure_future(self._pour(head, body)))
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.wait((drain, answer), return_when=asyncio.FIRST_COMPLETED)
@@ -233,9 +236,23 @@ class _Connection:
         finally:
             drain.cancel()
 
+    async def _pour(self, head: bytes, body: bytes) -> None:
+        """``head`` and ``body`` onto the socket, the body in pieces of :data:`PIECE_BYTES`, each once the last drained.
+
+        Written whole, what the socket did not take at once would be copied into the transport's buffer:
+        a second copy of every large body in flight.
+        """
+        self._unsent = True
+        self.writer.write(head)
+        view = memoryview(body)
+        for start in range(0, len(body), PIECE_BYTES):
+            self.writer.write(view[start : start + PIECE_BYTES])
+            await self.writer.drain()
+        self._unsent = False
+
     def written(self) -> bool:
         """Whether the request went whole (an answer that came before its end leaves the rest unsent)."""
-        return not self.writer.transport.get_write_buffer_size()
+        return not self._unsent and not self.writer.transport.get_write_buffer_size()
 
     async def read(self, timeout_s: float) -> bytes:
         try:

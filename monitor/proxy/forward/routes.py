@@ -29,6 +29,7 @@ from weakref import WeakKeyDictionary
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -103,7 +104,7 @@ async def forward(request: Request) -> Response:
         return await _merged_models(request, state.settings.proxy, router)
     limit = state.settings.proxy.max_body_bytes
     try:
-        body = await read_body(await request.body(), request.headers.get("content-encoding", ""), limit)
+        body = await read_body(await _whole_body(request), request.headers.get("content-encoding", ""), limit)
     except TooLargeError:
         return openai_error(413, f"the decoded body exceeds {limit} bytes", "invalid_request_error", "body_too_large")
     generation = request.method == "POST" and path in RECORDED_PATHS
@@ -154,6 +155,22 @@ async def forward(request: Request) -> Response:
             exchange.record(None, error=exchange.early_end)
     # The client left: nobody reads this (499, nginx's "client closed request").
     return Response(status_code=499) if response is None else response
+
+
+async def _whole_body(request: Request) -> bytes:
+    """The request's body as monitor/api/limits.py hands it on: one message, taken as it is.
+
+    Starlette's ``Request.body()`` joins what it read with the stream's empty end, a copy of every body
+    for the whole request.
+    """
+    pieces = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        pieces.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _target(scope: Scope) -> bytes:
