@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
         description=(
             "Per workload and pair, the decode speed ratio plain / speculative (above 1: speculation is faster) per "
             "load level (requests in flight at the replica, doubling levels merged until each has drift.min_requests "
-            "a side), each with a 95 %% request-level bootstrap interval; the crossover (the lowest load where "
+            "a side), each with a 95 % request-level bootstrap interval; the crossover (the lowest load where "
             "speculation loses, with the bracket it lies in) or none seen; and the bill: replica-seconds saved "
             "(negative: lost) by the speculative decode tokens of the window against serving them plain at the same "
             "load, and money at a price per replica-hour per pool. A level whose interval spans 1 is inconclusive; "

@@ -54,6 +54,10 @@ FAMILIES = (
     "draftwatch_rollout_share",
     "draftwatch_rollout_score",
     "draftwatch_rollout_decode_speed_ratio",
+    "draftwatch_speculation_gpu_seconds_saved_total",
+    "draftwatch_speculation_gpu_seconds_lost_total",
+    "draftwatch_speculation_ledger_tokens_total",
+    "draftwatch_speculation_crossover_inflight",
 )
 API_DOC = Path(__file__).resolve().parents[2] / "docs/api.md"
 SPEC = 'workload="code",target="qwen-coder-1.5b",drafter="model:qwen-coder-0.5b"'
