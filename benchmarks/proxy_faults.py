@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.http_ingest import free_port
-from benchmarks.proxy_overhead import BODY, CHAT, pct, rss_mb, start_sidecar
+from benchmarks.proxy_overhead import BODY, pct, rss_mb, start_sidecar, start_stub
 from benchmarks.results import write_section
 
 BIG_EVENT_BYTES = 20 << 20
@@ -88,19 +88,6 @@ async def app(scope, receive, send):
 
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
 """
-
-
-def start_stub(port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, "-c", STUB, str(port), json.dumps(CHAT)])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            http.client.HTTPConnection("127.0.0.1", port, timeout=1).connect()
-            return process
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise SystemExit("the stub upstream did not start")
 
 
 def victim(port: int, seconds: float) -> None:
@@ -245,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        stub = start_stub(upstream_port)
+        stub = start_stub(upstream_port, STUB)
         sidecar = start_sidecar(proxy_port, upstream_port, Path(tmp))
         try:
             for name, fault in FAULTS.items():

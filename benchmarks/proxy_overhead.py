@@ -87,8 +87,9 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", a
 """
 
 
-def start_stub(port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, "-c", STUB, str(port), json.dumps(CHAT), str(EVENT_GAP_S)])
+def start_stub(port: int, script: str = STUB, *arguments: str) -> subprocess.Popen[bytes]:
+    """``script`` on uvicorn at ``port`` (its arguments: the port, the chat answer, ``arguments``), once it listens."""
+    process = subprocess.Popen([sys.executable, "-c", script, str(port), json.dumps(CHAT), *arguments])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
         script.write_text(WRK_SCRIPT % BODY.decode())
-        stub = start_stub(upstream_port)
+        stub = start_stub(upstream_port, STUB, str(EVENT_GAP_S))
         sidecar = start_sidecar(proxy_port, upstream_port, Path(tmp))
         try:
             request_latencies(upstream_port, 200), request_latencies(proxy_port, 200)  # warm both paths

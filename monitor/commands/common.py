@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -45,6 +46,19 @@ def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
 
     parsed.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in its message
     return parsed
+
+
+def iso_time(text: str) -> datetime:
+    """An argparse ``type`` for a window's end: an ISO time, UTC where it names no zone.
+
+    >>> iso_time("2026-03-01T12:00").isoformat()
+    '2026-03-01T12:00:00+00:00'
+    """
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an ISO time like 2026-03-01T12:00") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:

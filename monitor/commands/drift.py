@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from monitor.commands.common import add_settings_arguments, argument_type, run_with_engine
+from monitor.commands.common import add_settings_arguments, argument_type, iso_time, run_with_engine
 from monitor.config import Settings
 from monitor.settings.parsers import parse_duration
 
@@ -21,14 +20,6 @@ if TYPE_CHECKING:  # the statistics (scipy) load when a drift command runs, not 
 DURATION = argument_type(parse_duration)
 
 
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an ISO time like 2026-03-01T12:00") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
 def register(subparsers: Any) -> None:
     """Add the ``drift`` and ``baseline`` command groups."""
     drift = subparsers.add_parser("drift", help="drift and latency-regression tests")
@@ -39,7 +30,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     run.add_argument("--current", type=DURATION, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
     run.add_argument("--reference", type=DURATION, default=None, help="reference window before it (default: 1d)")
-    run.add_argument("--now", type=_time, default=None, help="end of the current window (default: now)")
+    run.add_argument("--now", type=iso_time, default=None, help="end of the current window (default: now)")
     run.add_argument("--all", action="store_true", help="table: also list no_drift and insufficient_data rows")
     run.add_argument("--no-alerts", action="store_true", help="do not raise alerts for this run")
     run.add_argument(
@@ -68,7 +59,7 @@ def register(subparsers: Any) -> None:
     )
     explain.add_argument("--current", type=DURATION, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
     explain.add_argument("--reference", type=DURATION, default=None, help="reference window before it (default: 1d)")
-    explain.add_argument("--now", type=_time, default=None, help="end of the current window (default: now)")
+    explain.add_argument("--now", type=iso_time, default=None, help="end of the current window (default: now)")
     explain.set_defaults(handler=_explain)
 
     baseline = subparsers.add_parser("baseline", help="pin or unpin a workload's drift reference window")
@@ -77,7 +68,7 @@ def register(subparsers: Any) -> None:
     pin = baseline_commands.add_parser("pin", help="use the reference window ending at TIME (default: now)")
     add_settings_arguments(pin)
     pin.add_argument("--workload", required=True, help="workload tag")
-    pin.add_argument("--at", type=_time, default=None, help="end of the pinned window, ISO time (default: now)")
+    pin.add_argument("--at", type=iso_time, default=None, help="end of the pinned window, ISO time (default: now)")
     pin.add_argument(
         "--reference",
         type=DURATION,

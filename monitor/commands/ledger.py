@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from monitor.commands.common import add_settings_arguments, argument_type, run_with_engine
+from monitor.commands.common import add_settings_arguments, argument_type, iso_time, run_with_engine
 from monitor.config import Settings
 from monitor.drift.settings import parse_price
 from monitor.settings.parsers import parse_duration
@@ -19,14 +19,6 @@ if TYPE_CHECKING:  # the statistics (scipy) load when the command runs, not when
 
 DURATION = argument_type(parse_duration)
 PRICE = argument_type(parse_price)
-
-
-def _time(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an ISO time like 2026-03-01T12:00") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 def register(subparsers: Any) -> None:
@@ -48,7 +40,7 @@ def register(subparsers: Any) -> None:
     ledger.add_argument(
         "--window", type=DURATION, default=timedelta(days=1), help="how far back, e.g. 6h, 7d (default: 24h)"
     )
-    ledger.add_argument("--now", type=_time, default=None, help="end of the window, ISO time (default: now)")
+    ledger.add_argument("--now", type=iso_time, default=None, help="end of the window, ISO time (default: now)")
     ledger.add_argument(
         "--price",
         type=PRICE,

@@ -212,7 +212,7 @@ def _net_loss(
         start, end = windows.cur_start, windows.cur_end
         size = config.sample_size
         holdout = sample_requests(conn, workload, pair, start, end, size, mode="holdout", any_drafter=True)
-    speculative, held = _decode_speed(spec), _decode_speed(holdout)
+    speculative, held = Population.timed(spec), Population.timed(holdout)
     measured = test.measured(speculative, held)
     if measured.decision != "insufficient_data":
         return measured
@@ -231,7 +231,7 @@ def _net_loss(
             mode=("holdout", "plain"),
             any_drafter=True,
         )
-    compared = _decode_speed(plain)
+    compared = Population.timed(plain)
     estimated = test.estimated(speculative, compared)
     # Where the workload's own baseline is there at another load, that is what the verdict says.
     chosen = measured if estimated.decision == "insufficient_data" and "inconclusive" in measured.detail else estimated
@@ -244,13 +244,6 @@ def _net_loss(
     }  # fmt: skip
     # What each side held, so that the verdict names the side that is missing and what would fill it.
     return chosen.replace(detail={**chosen.detail, "sides": sides})
-
-
-def _decode_speed(sample: Sample) -> Population:
-    """Decode ms per token, context length and upstream load of the requests that have a decode speed."""
-    speed = sample.decode_ms_per_token
-    known = np.isfinite(speed)
-    return Population(speed[known], sample.context_tokens[known], sample.upstream_inflight[known])
 
 
 def run_drift(

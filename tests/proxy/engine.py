@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import statistics
+import threading
+import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import FastAPI
 from sqlalchemy import select
 from starlette.applications import Starlette
@@ -158,6 +162,21 @@ def sidecar(tmp_path: Path, db_url: str, upstream_url: str, **env: str) -> Itera
     app = create_app(settings)
     with serving(app, **uvicorn_options(settings.api), log_level="warning") as url:
         yield url, app
+
+
+def latencies(client: httpx.Client, until: threading.Event | None = None, count: int = 60) -> list[float]:
+    """Small whole chats one after another (a client beside a fault): ``count``, or as many as run until ``until``."""
+    ask = {"model": "qwen-coder", "messages": [{"role": "user", "content": "hi"}]}
+    taken = []
+    while (until is None and len(taken) < count) or (until is not None and not until.is_set()):
+        started = time.perf_counter()
+        assert client.post("/v1/chat/completions", json=ask).status_code == 200
+        taken.append(time.perf_counter() - started)
+    return taken
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
 def rows(db_url: str) -> list[dict[str, Any]]:

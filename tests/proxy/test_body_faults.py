@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from tests.proxy.engine import CHAT, flushed, rows, sidecar
+from tests.proxy.engine import CHAT, flushed, latencies, p99, rows, sidecar
 from tests.proxy.test_health import metric
 from tests.serving import free_port, serve_process, serving
 
@@ -78,19 +77,6 @@ class Bodies:
         content = json.dumps(CHAT).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": content})
-
-
-def latencies(client: httpx.Client, until: threading.Event | None = None, count: int = 60) -> list[float]:
-    taken = []
-    while (until is None and len(taken) < count) or (until is not None and not until.is_set()):
-        started = time.perf_counter()
-        assert client.post("/v1/chat/completions", json=ASK).status_code == 200
-        taken.append(time.perf_counter() - started)
-    return taken
-
-
-def p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
 def test_concurrent_30_mib_bodies_do_not_hold_another_clients_small_requests(tmp_path: Path, db_url: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from tests.proxy.engine import CHAT, Engine, flushed, rows, sidecar
+from tests.proxy.engine import CHAT, Engine, flushed, latencies, p99, rows, sidecar
 from tests.serving import serving
 
 ASK = {"model": "qwen-coder", "messages": [{"role": "user", "content": "hi"}]}
@@ -82,20 +81,6 @@ def relayed(url: str, events: list[bytes]) -> tuple[bytes, float]:
     with httpx.stream("POST", f"{url}/v1/chat/completions", json={**ASK, "stream": True}, timeout=120) as answer:
         got = b"".join(answer.iter_raw())
     return got, time.perf_counter() - started
-
-
-def latencies(client: httpx.Client, until: threading.Event | None = None, count: int = 60) -> list[float]:
-    """Small whole chats one after another: ``count`` of them, or as many as run until ``until`` is set."""
-    taken = []
-    while (until is None and len(taken) < count) or (until is not None and not until.is_set()):
-        started = time.perf_counter()
-        assert client.post("/v1/chat/completions", json=ASK).status_code == 200
-        taken.append(time.perf_counter() - started)
-    return taken
-
-
-def p99(values: list[float]) -> float:
-    return statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
 
 
 def test_a_20_mib_event_is_relayed_as_fast_as_its_bytes_in_small_events_and_others_are_not_held(

@@ -35,7 +35,7 @@ from sqlalchemy.engine import Engine
 
 from monitor.drift.detectors.crossover import Curve, Level, levels_of, load_curve
 from monitor.drift.detectors.net_loss import Population
-from monitor.drift.sampling import Sample, sample_requests, window_counts
+from monitor.drift.sampling import sample_requests, window_counts
 from monitor.drift.settings import PRICED_POOLS, DriftSettings
 from monitor.drift.stats import FloatArray, percentile_interval
 from monitor.store.reads.ledger import speculative_tokens
@@ -213,13 +213,6 @@ class Ledger:
         }
 
 
-def timed(sample: Sample) -> Population:
-    """The sample's requests that have a decode speed: ms per token, context length, load."""
-    speed = sample.decode_ms_per_token
-    known = np.isfinite(speed)
-    return Population(speed[known], sample.context_tokens[known], sample.upstream_inflight[known])
-
-
 def read_ledger(
     engine: Engine,
     config: DriftSettings,
@@ -244,15 +237,16 @@ def read_ledger(
         for name, pair in pairs:
             if workload is not None and name != workload:
                 continue
-            spec = timed(sample_requests(conn, name, pair, start, end, size, mode="speculative"))
-            plain = timed(sample_requests(conn, name, pair, start, end, size, mode="holdout", any_drafter=True))
+            spec = Population.timed(sample_requests(conn, name, pair, start, end, size, mode="speculative"))
+            held_out = sample_requests(conn, name, pair, start, end, size, mode="holdout", any_drafter=True)
+            plain = Population.timed(held_out)
             baseline: str | None = "holdout"
             if len(plain.ms) < least:
                 if pair.target_model not in targets:
                     read = sample_requests(
                         conn, None, pair, start, end, size, mode=("holdout", "plain"), any_drafter=True
                     )
-                    targets[pair.target_model] = timed(read)
+                    targets[pair.target_model] = Population.timed(read)
                 plain, baseline = targets[pair.target_model], "target_plain"
             curve = load_curve(spec, plain, min_side=least, n_boot=config.n_boot, ci_level=config.ci_level)
             if len(plain.ms) == 0:

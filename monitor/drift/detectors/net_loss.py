@@ -48,13 +48,16 @@ top; the estimate has no p-value, its false-alarm rate is what the interval rule
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from scipy import stats as st
 
 from monitor.drift.result import Decision, DriftResult, insufficient
 from monitor.drift.stats import FloatArray, bootstrap_means, percentile_interval
+
+if TYPE_CHECKING:
+    from monitor.drift.sampling import Sample
 
 # At most this many context strata per load level, and at least this many comparison requests per stratum.
 MAX_STRATA = 4
@@ -99,6 +102,13 @@ class Population(NamedTuple):
     def as_floats(self) -> Population:
         """The same requests as float arrays."""
         return Population(np.asarray(self.ms, float), np.asarray(self.ctx, float), self.load)
+
+    @classmethod
+    def timed(cls, sample: Sample) -> Population:
+        """The sample's requests that have a decode speed: ms per token, context length, load."""
+        speed = sample.decode_ms_per_token
+        known = np.isfinite(speed)
+        return cls(speed[known], sample.context_tokens[known], sample.upstream_inflight[known])
 
 
 @dataclass(frozen=True, slots=True)
