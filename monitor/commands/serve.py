@@ -180,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from monitor.api.app import create_app
-    from monitor.api.auth import check_bind
+    from monitor.api.auth import check_bind, check_tokens
     from monitor.api.server import GracefulServer, uvicorn_options
 
     try:
@@ -225,7 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
         print("draftwatch serve: --upstream (proxy mode) and --target (the embedded decoder) exclude each other",
               file=sys.stderr)  # fmt: skip
         return 2
-    refusal = check_bind(settings.api.host, bool(settings.api.tokens))
+    refusal = check_tokens(settings.api.tokens) or check_bind(settings.api.host, bool(settings.api.tokens))
     if refusal is not None:
         print(f"draftwatch serve: {refusal}", file=sys.stderr)
         return 2
