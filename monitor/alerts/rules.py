@@ -103,7 +103,8 @@ DEFAULT_RULES: Final[tuple[Rule, ...]] = (
     ),
     Rule(
         "routing_changed", "health", ("routing",), "warning", for_runs=1, clear_runs=1,
-        summary="a workload was routed to the plain baseline: speculation lost there (it resolves on the way back)",
+        summary="a workload was routed to the plain baseline, whole or from the load its note names (route above N in "
+        "flight): speculation lost there (it resolves on the way back)",
     ),
     # A drafter rollout's transitions (monitor/proxy/rollout.py), one episode per rollout_events row:
     # each step a rollout advances to, each rollback (a workload kept on the current drafter included), each promotion.

@@ -12,47 +12,94 @@ verdict changes nothing. ``proxy.route_min_dwell_s`` is the least time between t
 workload, so that a verdict that swings between runs cannot flap the route. Every switch is a row of
 ``routing_events`` (the proxy reads it, the dashboard marks it, the health check raises
 ``routing_changed``) and a line in the log.
+
+With the workload's load curve measured against its own holdout (:func:`measured_curves`), a
+crossover routes it by load instead (``route above N in flight``, :func:`load_reason`): from N in
+flight its requests go plain, below it speculative (the proxy compares per request). A workload
+that speculation loses at every load measured, or with no curve, is decided as above. A workload
+routed by load moves to the new level when the crossover moves; with no crossover any more it is
+routed whole on a measured net loss with every level losing, returns to speculation when no
+measured level loses, and otherwise stays (a thin or tied curve changes nothing).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Engine
 
+from monitor.drift.detectors.crossover import Curve
+from monitor.drift.detectors.ledger import read_ledger
+from monitor.drift.settings import DriftSettings
 from monitor.drift.verdict import Verdict, busiest
 from monitor.proxy.settings import ProxySettings
-from monitor.store.routing import RoutingEvent, latest_routing, record_switch
+from monitor.store.routing import RoutingEvent, latest_routing, load_reason, record_switch
 
 log = logging.getLogger(__name__)
 
 
+def measured_curves(engine: Engine, config: DriftSettings, start: datetime, end: datetime) -> dict[str, Curve]:
+    """Each workload's load curve over ``[start, end)`` against its own holdout: its busiest pair's."""
+    curves: dict[str, tuple[int, Curve]] = {}
+    for w in read_ledger(engine, config, start, end).workloads:
+        n = sum(lv.n_spec for lv in w.curve.levels)
+        if w.baseline == "holdout" and n > curves.get(w.workload, (-1, w.curve))[0]:
+            curves[w.workload] = (n, w.curve)
+    return {workload: curve for workload, (_, curve) in curves.items()}
+
+
 def decide_routes(
-    engine: Engine, settings: ProxySettings, verdicts: Sequence[Verdict], now: datetime
+    engine: Engine,
+    settings: ProxySettings,
+    verdicts: Sequence[Verdict],
+    now: datetime,
+    curves: Mapping[str, Curve] | None = None,
 ) -> list[RoutingEvent]:
-    """Write and return the switches this run's verdicts call for (none unless ``on_net_loss`` is ``route``)."""
+    """Write and return the switches this run's verdicts and load curves call for (none unless ``on_net_loss`` is
+    ``route``)."""
     if settings.on_net_loss != "route" or not settings.has_baseline:
         return []
     current = latest_routing(engine)
     switches = []
     for workload, v in sorted(busiest(v for v in verdicts if v.workload).items()):
         last = current.get(workload)
-        routed = bool(last and last.routed)
         if last is not None and now - last.ts < timedelta(seconds=settings.route_min_dwell_s):
             continue
-        if not routed and v.verdict == "net_loss" and v.measured:
-            switches.append(_switch(v, True, f"net loss established: {v.reason}", now))
-        elif routed and v.verdict == "pays":
-            switches.append(_switch(v, False, f"speculation pays again: {v.reason}", now))
+        event = _decide(v, last, (curves or {}).get(workload), now)
+        if event is not None:
+            switches.append(event)
     with engine.begin() as conn:
         for event in switches:
             record_switch(conn, event)
     for event in switches:
         where = "the plain baseline" if event.routed else "the speculative pool"
+        where += f" from {event.above} in flight" if event.above is not None else ""
         log.warning("routing: workload %s now goes to %s (%s)", event.workload, where, event.reason)
     return switches
+
+
+def _decide(v: Verdict, last: RoutingEvent | None, curve: Curve | None, now: datetime) -> RoutingEvent | None:
+    """The switch one workload's verdict and curve call for, if any (module docstring)."""
+    routed, above = bool(last and last.routed), last.above if last is not None else None
+    crossover = curve.crossover if curve is not None else None
+    if crossover is not None and (not routed or above != crossover.inflight):
+        return _switch(v, True, load_reason(crossover.inflight, curve.note if curve else ""), now)
+    if above is not None and curve is not None and crossover is None:
+        measured = curve.measured
+        if measured and all(lv.family_loses for lv in measured) and v.verdict == "net_loss" and v.measured:
+            return _switch(v, True, f"net loss established at every load: {curve.note}", now)
+        if measured and not any(lv.family_loses for lv in measured):
+            return _switch(v, False, f"speculation loses at no load measured now: {curve.note}", now)
+        return None
+    if above is not None:
+        return None  # no curve this run: the load route holds
+    if not routed and v.verdict == "net_loss" and v.measured:
+        return _switch(v, True, f"net loss established: {v.reason}", now)
+    if routed and v.verdict == "pays":
+        return _switch(v, False, f"speculation pays again: {v.reason}", now)
+    return None
 
 
 def _switch(v: Verdict, routed: bool, reason: str, now: datetime) -> RoutingEvent:

@@ -155,8 +155,7 @@ class Pool:
         With every member out, the one due back first: never nothing.
         """
         members = self.members if among is None else among
-        now = time.monotonic()
-        serving = [m for m in members if m.out_until <= now] or [min(members, key=lambda m: m.out_until)]
+        serving = _serving(members)
         least = min(m.inflight for m in serving)
         candidates = [m for m in serving if m.inflight == least]
         if len(candidates) == 1:
@@ -166,6 +165,16 @@ class Pool:
         self._turns[offered] = turn + 1
         return candidates[turn % len(candidates)]
 
+    def next_load(self) -> int:
+        """The load a request sent now would run at (:meth:`pick`'s member's in-flight count, itself included)."""
+        return min(m.inflight for m in _serving(self.members)) + 1
+
     async def aclose(self) -> None:
         for member in self.members:
             await member.upstream.aclose()
+
+
+def _serving(members: Sequence[Member]) -> list[Member]:
+    """The members not out of the pool; with every one out, the one due back first."""
+    now = time.monotonic()
+    return [m for m in members if m.out_until <= now] or [min(members, key=lambda m: m.out_until)]

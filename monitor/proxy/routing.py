@@ -16,6 +16,13 @@ recorded as ``holdout`` with reason ``route``, except a probe share that the sam
 draws: those keep reaching the speculative pool, so the speedup is still measured and the workload
 can return. Either way both populations are random splits of the workload's own traffic.
 
+A workload whose load crossover is measured (speculation gains or ties at low load and loses from N
+in flight, :mod:`monitor.drift.detectors.crossover`) is routed by load instead: while the request
+would run at N or more in flight on the speculative pool (:meth:`Pool.next_load`, the load the
+records measure) it is routed as above, probes included; below N minus ``proxy.route_load_margin``
+it is served as an unrouted workload, the holdout share included, so that both curves stay
+measured. Between the two it keeps the side it was on (hysteresis, per deployment).
+
 A rollout (``draftwatch rollout``, :mod:`monitor.proxy.rollout`) gives a deployment's candidate
 pool (``proxy.candidate_upstream``: the same target with a new drafter) a share of the requests
 that would have gone to the speculative pool, per workload as the rollout's state in the store
@@ -131,9 +138,13 @@ class Router:
         self.baseline_policy = baseline_policy
         self._draw = BaselineDraw(policy, seed=seed)
         self._candidate_draw = random.Random(seed + 2)
-        # Workloads the scheduler routed to plain, and the active rollout by deployment; replaced whole by the refresh.
+        # Workloads the scheduler routed to plain, those it routed by load (the crossover's in-flight count), and the
+        # active rollout by deployment; replaced whole by the refresh.
         self.routed: frozenset[str] = frozenset()
+        self.above: dict[str, int] = {}
         self.rollouts: dict[str, Rollout] = {}
+        # (deployment, workload) routed by load and now on the baseline's side of its hysteresis.
+        self._loaded: set[tuple[str, str]] = set()
 
     @property
     def deployments(self) -> tuple[Deployment, ...]:
@@ -161,12 +172,24 @@ class Router:
             return Route(spec.pick(), d, drafter=rollout.drafter if rollout is not None and rollout.of_proxy else None)
         if not base:
             return self._speculative(d, workload)
-        routed = workload in self.routed
+        routed = workload in self.routed or self._over_crossover(d, workload)
         if self.baseline_policy == "member" and not routed:
             member = spec.pick([*spec.members, *base.members])
             return Route(member, d, "member") if member.pool == "baseline" else self._speculative(d, workload, member)
         reason = self._draw.draw(workload, routed)
         return Route(base.pick(), d, reason) if reason is not None else self._speculative(d, workload)
+
+    def _over_crossover(self, d: Deployment, workload: str) -> bool:
+        """Whether a workload routed by load is on the baseline's side of its crossover now, with hysteresis."""
+        above = self.above.get(workload)
+        if above is None:
+            return False
+        load, key = d.speculative.next_load(), (d.model, workload)
+        if load >= above or (load >= above - d.settings.route_load_margin and key in self._loaded):
+            self._loaded.add(key)
+            return True
+        self._loaded.discard(key)
+        return False
 
     def _speculative(self, d: Deployment, workload: str, member: Member | None = None) -> Route:
         """A speculative request: the candidate pool for the active rollout's share of it, else ``member`` or a pick."""
@@ -275,10 +298,14 @@ def _decisions(conn: Connection) -> tuple[dict[str, RoutingEvent], dict[str, Rol
 
 def _take_decisions(router: Router, decisions: tuple[dict[str, RoutingEvent], dict[str, Rollout]]) -> None:
     latest, rollouts = decisions
-    routed = frozenset(w for w, event in latest.items() if event.routed)
+    routed = frozenset(w for w, event in latest.items() if event.routed and event.above is None)
+    above = {w: event.above for w, event in latest.items() if event.above is not None}
     if routed != router.routed:
         log.info("routing: workloads served by the plain baseline now: %s", ", ".join(sorted(routed)) or "none")
-    router.routed = routed
+    if above != router.above:
+        log.info("routing: workloads served by the plain baseline from a load on: %s",
+                 ", ".join(f"{w} from {n} in flight" for w, n in sorted(above.items())) or "none")  # fmt: skip
+    router.routed, router.above = routed, above
     _take_rollouts(router, rollouts)
 
 

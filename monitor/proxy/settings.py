@@ -272,6 +272,14 @@ class ProxySettings:
         1800.0,
         "shortest time a workload stays routed (or back) before the next switch, so that routing cannot flap",
     )
+    route_load_margin: int = setting(
+        "proxy.route_load_margin",
+        parse_int(0),
+        1,
+        "with on_net_loss = route and a measured load crossover C: a workload's requests go to the baseline from C "
+        "in flight on the speculative replica, and back to speculation only below C minus this margin, so that the "
+        "route does not flip with every request at the crossover",
+    )
     route_refresh_s: float = setting(
         "proxy.route_refresh_s",
         parse_seconds,

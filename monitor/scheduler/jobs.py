@@ -27,7 +27,7 @@ from monitor.drift.run import run_drift
 from monitor.drift.verdict import verdict_of
 from monitor.ingest.scrape.run import scrape_due
 from monitor.notify.delivery import deliver_pending
-from monitor.proxy.decide import decide_routes
+from monitor.proxy.decide import decide_routes, measured_curves
 from monitor.proxy.rollout import advance_rollouts
 from monitor.scheduler.health import evaluate_health
 from monitor.scheduler.lease import Lease, LeaseLostError
@@ -62,7 +62,11 @@ def drift_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) 
     run = run_drift(engine, settings.drift, fence=fence)
     evaluation = evaluate_alerts(engine, settings.alert_config, run.results, fence=fence)
     verdicts = [verdict_of(r) for r in run.results if r.test == "net_loss"]
-    switches = decide_routes(engine, settings.proxy, verdicts, datetime.now(UTC))
+    now = datetime.now(UTC)
+    routing = settings.proxy.on_net_loss == "route" and settings.proxy.has_baseline
+    # The load curves over the longest window a drift run widens to: a curve needs several levels' worth a side.
+    curves = measured_curves(engine, settings.drift, now - settings.drift.max_current_window, now) if routing else {}
+    switches = decide_routes(engine, settings.proxy, verdicts, now, curves)
     return {"run_id": run.run_id, "results": len(run.results), "drift": len(run.drifts), "routing_switches":
             len(switches), **_eval(evaluation)}  # fmt: skip
 

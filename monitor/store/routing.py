@@ -3,12 +3,19 @@
 The scheduler decides (``monitor.proxy.decide``) from the drift run's net-loss verdicts and writes a
 row per switch; the proxy reads the latest row per workload to know which workloads are routed; the
 dashboard marks the switches on its timeline and the alert ``routing_changed`` reports them.
+
+A workload routed by load (its crossover measured: speculation loses from N requests in flight,
+:mod:`monitor.drift.detectors.crossover`) is a routed row whose reason starts ``route above N in
+flight:`` (:func:`load_reason`); the level is read back from there (:attr:`RoutingEvent.above`), as
+the table has no column of its own for it, and so the alert's note names it as it is.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 from sqlalchemy import Boolean, Float, Index, String, func, insert, select
 from sqlalchemy.engine import Connection, Engine
@@ -43,6 +50,21 @@ class RoutingEvent:
     speedup: float | None
     ci_low: float | None
     ci_high: float | None
+
+    @property
+    def above(self) -> int | None:
+        """Routed by load: to the baseline from this many requests in flight on the speculative replica (the request
+        included), to speculation below. None: not routed, or routed whole (every request but the probes plain)."""
+        found = _ABOVE.match(self.reason) if self.routed else None
+        return int(found.group(1)) if found else None
+
+
+_ABOVE: Final = re.compile(r"route above (\d+) in flight: ")
+
+
+def load_reason(above: int, why: str) -> str:
+    """The reason of a route by load from ``above`` in flight, as :attr:`RoutingEvent.above` reads it back."""
+    return f"route above {above} in flight: {why}"
 
 
 _COLUMNS = tuple(getattr(RoutingEventRow, name) for name in RoutingEvent.__dataclass_fields__)
