@@ -14,8 +14,10 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from monitor.api.app import create_app
 from monitor.drift.detectors.crossover import Crossover, Curve
 from monitor.drift.settings import DriftSettings
 from monitor.proxy.decide import decide_routes, measured_curves
@@ -23,7 +25,7 @@ from monitor.proxy.routing import Router, _take_decisions
 from monitor.proxy.settings import ProxySettings
 from monitor.scheduler.health import health_signals
 from monitor.store.routing import RoutingEvent, latest_routing, load_reason, record_switch
-from tests.api.conftest import make_settings
+from tests.api.conftest import READ, auth, make_settings
 from tests.drift.conftest import store
 from tests.drift.ledger_records import never_crossing_ms, stream
 from tests.proxy.test_routing import POLICY, deployment, settings, verdict
@@ -94,6 +96,10 @@ def test_the_scheduler_routes_a_crossing_workload_by_load_and_the_alert_names_th
     assert stored.above == 4
     (signal,) = [s for s in health_signals(engine, make_settings(tmp_path, db_url), LATER) if s.test == "routing"]
     assert signal.decision == "drift" and signal.note is not None and "route above 4 in flight" in signal.note
+    window = {"since": START.isoformat(), "until": END.isoformat()}
+    with TestClient(create_app(make_settings(tmp_path, db_url))) as client:
+        (listed,) = client.get("/v1/workloads", params=window, headers=auth(READ)).json()["workloads"]
+    assert (listed["workload"], listed["routed_to_baseline"], listed["routed_above_inflight"]) == ("chat", True, 4)
     # The same crossover next run: no switch; a new one: a switch to its level.
     assert decide_routes(engine, settings(), [pays], LATER + timedelta(days=1), curves) == []
     moved = {"chat": _with_crossover(curves["chat"], 2)}

@@ -136,6 +136,8 @@ def _verdict_fields(workload: str, verdicts: list[Verdict], routes: dict[str, Ro
         "verdict": main.to_json(),
         "verdicts": [v.to_json() for v in mine],
         "routed_to_baseline": bool(route and route.routed),
+        # Routed by load: plain from this many in flight on the speculative replica, speculative below (else null).
+        "routed_above_inflight": route.above if route is not None else None,
     }
 
 
