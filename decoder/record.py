@@ -46,7 +46,7 @@ COUNT_FIELDS: Final = (
     "num_accepted_tokens",
 )  # fmt: skip
 MEASURE_FIELDS: Final = (
-    "ttft_ms", "latency_ms", "decode_ms", "draft_ms", "verify_ms", "temperature", "top_p",
+    "ttft_ms", "latency_ms", "decode_ms", "draft_ms", "verify_ms", "temperature", "top_p", "prompt_copy_share",
 )  # fmt: skip  # None or >= 0
 FINISH_REASONS: Final = ("stop", "length", "error")
 WORKLOAD_MAX_LENGTH: Final = 64
@@ -63,6 +63,8 @@ MAX_COUNT: Final = 2**53
 # Timings above ~116 days are not request timings; bounding them also keeps rollup sums finite.
 MAX_MS: Final = 1e10
 MAX_TEMPERATURE: Final = 100.0
+# decoder/causes.py's style fingerprint: the first 12 hex characters of a SHA-256.
+STYLE_HASH_PATTERN: Final = re.compile(r"^[0-9a-f]{12}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +112,15 @@ LIMITS: Final[Mapping[str, Limit]] = MappingProxyType({
     "top_p": Limit(ge=0, le=1, allow_inf_nan=False),
     # Itself included: a request in flight at its replica makes at least one.
     "upstream_inflight": Limit(ge=1, le=MAX_COUNT),
+    "replica": _TEXT,
+    "cached_prompt_tokens": COUNT,
+    "style_hash": Limit(min_length=12, max_length=12, pattern=STYLE_HASH_PATTERN.pattern),
+    "prompt_copy_share": Limit(ge=0, le=1, allow_inf_nan=False),
 })  # fmt: skip
 # Texts the record may carry: the store is PostgreSQL, which refuses NUL, and UTF-8, which cannot hold a lone surrogate.
 TEXT_FIELDS: Final = (
     "request_id", "workload", "target_model", "drafter", "draft_model", "target_version", "draft_version", "error",
-    "source", "prompt_hash",
+    "source", "prompt_hash", "replica", "style_hash",
 )  # fmt: skip
 _REQUIRED_TEXTS: Final = ("request_id", "workload", "target_model", "drafter", "source")
 
@@ -299,6 +305,14 @@ class RequestRecord:
     # proposed nothing (an n-gram drafter without a match). Such requests are not a baseline: the
     # speedup's plain populations leave them out.
     mode_inferred: bool = False
+    # What a cause of a drop needs (decoder/causes.py; None where the path does not know it, never invented):
+    # the replica that answered (proxy mode: its host:port), the prompt tokens the engine served from its
+    # prefix cache (as the engine reports them), the style fingerprint (the request minus the user's text)
+    # and the share of the answer's word 4-grams found in the prompt.
+    replica: str | None = None
+    cached_prompt_tokens: int | None = None
+    style_hash: str | None = None
+    prompt_copy_share: float | None = None
 
     # Derived figures: computed, never stored twice.
 
@@ -360,6 +374,8 @@ class RequestRecord:
                 f"{self.holdout_reason!r} needs mode holdout (got {self.mode!r}) "
                 f"and one of {', '.join(HOLDOUT_REASONS)}",
             )
+        if self.style_hash is not None and not STYLE_HASH_PATTERN.fullmatch(self.style_hash):
+            raise RecordError("style_hash", f"{self.style_hash!r} is not 12 lower-case hex characters")
         if self.mode_inferred and self.mode != "plain":
             raise RecordError("mode_inferred", f"is only set on a plain request (got mode {self.mode!r})")
         if self.finish_reason not in FINISH_REASONS:
@@ -435,9 +451,10 @@ class RequestRecord:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise RecordError(name, f"must be a number, got {value!r}")
-        inflight = self.upstream_inflight
-        if inflight is not None and (isinstance(inflight, bool) or not isinstance(inflight, int)):
-            raise RecordError("upstream_inflight", f"must be an integer, got {inflight!r}")
+        for name in ("upstream_inflight", "cached_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise RecordError(name, f"must be an integer, got {value!r}")
         for name in ("accepted_per_position", "acceptance_histogram"):
             if not isinstance(getattr(self, name), list):
                 raise RecordError(name, f"must be a list, got {getattr(self, name)!r}")
@@ -499,6 +516,7 @@ _VALID_TAGS: set[str] = set()  # workload tags that matched WORKLOAD_PATTERN (a 
 _match_workload: Final = WORKLOAD_PATTERN.match
 # LIMITS as plain names for quick_pass: a dict lookup per field would cost as much as the test itself.
 _ID, _SOURCE, _ERROR, _HASH = (LIMITS[name] for name in ("request_id", "source", "error", "prompt_hash"))
+_match_style: Final = STYLE_HASH_PATTERN.fullmatch
 
 
 def _most(name: str) -> float:
@@ -566,6 +584,8 @@ def quick_pass(r: RequestRecord) -> bool:
         and (r.draft_version is None or _text_fits(r.draft_version, _TEXT))
         and (r.error is None or _text_fits(r.error, _ERROR))
         and (r.prompt_hash is None or _text_fits(r.prompt_hash, _HASH))
+        and (r.replica is None or _text_fits(r.replica, _TEXT))
+        and (r.style_hash is None or (type(r.style_hash) is str and _match_style(r.style_hash) is not None))
     ):
         return False
     mode = r.mode
@@ -603,6 +623,12 @@ def quick_pass(r: RequestRecord) -> bool:
         return False
     inflight = r.upstream_inflight
     if inflight is not None and (type(inflight) is not int or not 1 <= inflight <= _INFLIGHT_MAX):
+        return False
+    cached = r.cached_prompt_tokens
+    if cached is not None and (type(cached) is not int or not 0 <= cached <= _COUNT_MAX):
+        return False
+    value = r.prompt_copy_share
+    if value is not None and (type(value) is not float or not 0.0 <= value <= 1.0):
         return False
     value = r.temperature
     if type(value) is not float or not 0.0 <= value <= _TEMPERATURE_MAX:

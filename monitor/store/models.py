@@ -149,6 +149,12 @@ class RequestRow(Base):
     upstream_inflight: Mapped[int | None] = mapped_column(Integer)
     # False before migration 0012, when no record said so.
     mode_inferred: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What a cause of a drop needs (decoder/causes.py): NULL where the path or the engine does not give it,
+    # and before migration 0017.
+    replica: Mapped[str | None]
+    cached_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    style_hash: Mapped[str | None] = mapped_column(String(12))
+    prompt_copy_share: Mapped[float | None] = mapped_column(Float)
     ingested_at: Mapped[datetime]
 
     __table_args__ = (

@@ -27,8 +27,11 @@ from monitor.ingest.stacks.report import (
     Lenient,
     Millis,
     ModelName,
+    PromptDetails,
     Reason,
     StackReport,
+    agreed,
+    cached_of,
     declared_plain,
     finish,
     required,
@@ -60,6 +63,7 @@ class LlamacppTimings(Lenient):
 class LlamacppUsage(Lenient):
     prompt_tokens: Count | None = None
     completion_tokens: Count | None = None
+    prompt_tokens_details: PromptDetails | None = None
 
 
 class LlamacppSettings(Lenient):
@@ -123,6 +127,14 @@ def parse_llamacpp(
         # The prompt's processing time, after which the first token is sampled: TTFT as the server sees it.
         ttft_ms=t.prompt_ms,
         latency_ms=None if t.prompt_ms is None or t.predicted_ms is None else t.prompt_ms + t.predicted_ms,
+        # timings.cache_n is the server's own count; the OpenAI-shaped usage repeats it in newer builds.
+        cached_prompt_tokens=agreed(
+            "llamacpp",
+            [
+                (("timings", "cache_n"), t.cache_n),
+                (("usage", "prompt_tokens_details", "cached_tokens"), cached_of(usage.prompt_tokens_details)),
+            ],
+        ),
     )
 
 

@@ -76,7 +76,8 @@ class StackReport:
     ``None`` when the response does not say (a stream's final usage chunk has no choices).
     ``ttft_ms`` and ``latency_ms`` share one origin, so that ``latency - ttft`` is the decode time;
     ``queue_ms`` is the wait before that origin, where the stack measures from scheduling.
-    ``ts_start``/``ts_end`` are the stack's own clock, where it reports one.
+    ``ts_start``/``ts_end`` are the stack's own clock, where it reports one. ``cached_prompt_tokens``
+    counts the prompt tokens served from the prefix cache, where the stack reports it (0 is a figure).
     """
 
     stack: Stack
@@ -97,6 +98,18 @@ class StackReport:
     queue_ms: float | None = None
     ts_start: datetime | None = None
     ts_end: datetime | None = None
+    cached_prompt_tokens: int | None = None
+
+
+class PromptDetails(Lenient):
+    """OpenAI's ``usage.prompt_tokens_details``, as vLLM, llama.cpp and SGLang write it."""
+
+    cached_tokens: Count | None = None
+
+
+def cached_of(details: PromptDetails | None) -> int | None:
+    """``prompt_tokens_details.cached_tokens``, None where the details or the figure are absent."""
+    return None if details is None else details.cached_tokens
 
 
 def reported(report: StackReport) -> dict[str, Any]:
@@ -113,6 +126,7 @@ def reported(report: StackReport) -> dict[str, Any]:
         "accepted_per_position": list(report.per_position),
         "ttft_ms": report.ttft_ms,
         "latency_ms": report.latency_ms,
+        "cached_prompt_tokens": report.cached_prompt_tokens,
     }
 
 

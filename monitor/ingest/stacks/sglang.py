@@ -43,11 +43,13 @@ from monitor.ingest.stacks.report import (
     Lenient,
     Loc,
     ModelName,
+    PromptDetails,
     Reason,
     Seconds,
     StackReport,
     UnixSeconds,
     agreed,
+    cached_of,
     declared_plain,
     finish,
     missing,
@@ -80,6 +82,7 @@ class SglangMetaInfo(Lenient):
     completion_tokens: Count | None = None
     finish_reason: SglangFinish | None = None
     e2e_latency: Seconds | None = None
+    cached_tokens: Count | None = None
     spec_verify_ct: Count | None = None
     spec_num_correct_drafts: Count | None = None
     spec_accepted_drafts: Count | None = None
@@ -118,6 +121,8 @@ class SglangExt(Lenient):
 class SglangUsage(Lenient):
     prompt_tokens: Count | None = None
     completion_tokens: Count | None = None
+    # Written by SGLang started with --enable-cache-report.
+    prompt_tokens_details: PromptDetails | None = None
 
 
 class SglangChoice(Lenient):
@@ -179,6 +184,7 @@ def _native(m: SglangMetaInfo, meta: Loc, speculative: bool | None, given: int |
         latency_ms=None if m.e2e_latency is None else m.e2e_latency * 1000,
         ts_start=_utc(received),
         ts_end=_utc(finished),
+        cached_prompt_tokens=m.cached_tokens,
     )
     return _settled(report, [(meta, _meta_counts(m, meta))], speculative, given)
 
@@ -209,6 +215,7 @@ def _openai(response: Mapping[str, Any], speculative: bool | None, given: int | 
         output_tokens=output,
         num_speculative_tokens=given,
         finish_reason=finish("sglang", ("choices", 0, "finish_reason"), reason, OPENAI_FINISH),
+        cached_prompt_tokens=cached_of(usage.prompt_tokens_details),
     )
     figures: list[tuple[Loc, Counts]] = [(loc, _meta_counts(m, loc)) for loc, m in metas]
     details = body.sglext.spec_tokens_details if body.sglext is not None else None

@@ -39,10 +39,12 @@ from monitor.ingest.stacks.report import (
     ModelName,
     PerStep,
     Problem,
+    PromptDetails,
     Reason,
     StackError,
     StackReport,
     agreed,
+    cached_of,
     declared_plain,
     finish,
     missing,
@@ -80,6 +82,8 @@ class VllmUsage(Lenient):
     completion_tokens: Count | None = None
     input_tokens: Count | None = None
     output_tokens: Count | None = None
+    prompt_tokens_details: PromptDetails | None = None
+    input_tokens_details: PromptDetails | None = None
 
 
 class VllmSpecDecoding(Lenient):
@@ -147,6 +151,13 @@ def parse_vllm(
         # Both count from scheduling (queue_time_ms is the wait before it), so their difference is the decoding.
         latency_ms=None if ttft is None or generation is None else ttft + generation,
         queue_ms=metrics.queue_time_ms,
+        cached_prompt_tokens=agreed(
+            "vllm",
+            [
+                (("usage", "prompt_tokens_details", "cached_tokens"), cached_of(usage.prompt_tokens_details)),
+                (("usage", "input_tokens_details", "cached_tokens"), cached_of(usage.input_tokens_details)),
+            ],
+        ),
     )
     spec = metrics.speculative_decoding
     if spec is None:

@@ -43,21 +43,44 @@ def remember(
 
 def carries_text(event: Mapping[str, Any]) -> bool:
     """Does a streamed event carry generated text? A role-only first chunk or ``response.created`` does not."""
-    if event.get("type") == "response.output_text.delta":  # Responses
-        return bool(event.get("delta"))
-    choices = event.get("choices")
-    if isinstance(choices, list):  # chat (delta.content, delta.reasoning_content) and completions (text)
+    return bool(answer_text(event))
+
+
+def answer_text(answer: Mapping[str, Any]) -> str:
+    """The generated text a streamed event or a whole answer carries ("" for none), reasoning included.
+
+    Chat (``delta`` or ``message``: ``content``, ``reasoning_content``) and completions (``text``) of
+    every choice, the Responses API (a delta event, or a whole response's output items), llama.cpp's
+    ``/completion`` and SGLang's ``/generate`` (``content``, ``text``). A few lookups: it runs per event.
+    """
+    kind = answer.get("type")
+    if isinstance(kind, str) and kind.startswith("response."):  # Responses: only its deltas add text
+        delta = answer.get("delta") if kind == "response.output_text.delta" else None
+        return delta if isinstance(delta, str) else ""
+    choices = answer.get("choices")
+    if isinstance(choices, list):
+        pieces: list[str] = []
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
-            delta = choice.get("delta")
-            if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")):
-                return True
-            if choice.get("text"):
-                return True
-        return False
-    # llama.cpp's /completion and SGLang's /generate stream the text itself.
-    return bool(event.get("content") or event.get("text"))
+            said = choice.get("delta") or choice.get("message")
+            if isinstance(said, dict):
+                pieces.extend(v for v in (said.get("reasoning_content"), said.get("content")) if isinstance(v, str))
+            if isinstance(text := choice.get("text"), str):
+                pieces.append(text)
+        return "".join(pieces)
+    output = answer.get("output")
+    if isinstance(output, list):  # a whole Responses answer
+        return "".join(
+            part["text"]
+            for item in output
+            if isinstance(item, dict) and isinstance(item.get("content"), list)
+            for part in item["content"]
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    # llama.cpp's /completion and SGLang's /generate carry the text itself.
+    text = answer.get("content") or answer.get("text")
+    return text if isinstance(text, str) else ""
 
 
 def ends_answer(event: Mapping[str, Any] | None) -> bool:

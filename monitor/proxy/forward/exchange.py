@@ -14,15 +14,17 @@ import dataclasses
 import fnmatch
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from fastapi import Request
 
+from decoder.causes import INLINE_TEXT_CHARS, MAX_TEXT_CHARS, copy_share, prompt_text, style_fingerprint
 from decoder.record import LIMITS, WORKLOAD_PATTERN, RequestRecord
 from monitor.api.errors import ApiError
 from monitor.api.events import record_from
@@ -33,7 +35,7 @@ from monitor.ingest.stacks.sglang import is_sglang_openai
 from monitor.proxy.asks import ask_sglang
 from monitor.proxy.encoding import accepted_upstream, decoded
 from monitor.proxy.forward.body import Body
-from monitor.proxy.forward.events import carries_text
+from monitor.proxy.forward.events import answer_text
 from monitor.proxy.routing import Router
 from monitor.proxy.settings import ProxySettings
 from monitor.store.rollouts import CURRENT_DRAFTER
@@ -54,6 +56,11 @@ HOP_HEADERS: Final = frozenset(
 )  # fmt: skip
 
 PROXY_TOKEN_HEADER: Final = "x-draftwatch-token"
+# Records whose style fingerprint and copy share wait for the worker (large texts); past this, a record goes
+# without them (NULL, not computed) rather than queue text without bound behind a burst of large requests.
+MAX_PENDING_CAUSES: Final = 64
+_causes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwatch-causes")
+_causes_room = threading.BoundedSemaphore(MAX_PENDING_CAUSES)
 
 
 def workload_of(request: Request, payload: Mapping[str, Any] | None, settings: ProxySettings) -> str:
@@ -121,6 +128,13 @@ class Exchange:
         # a large one off the event loop, for its small members: monitor/proxy/forward/body.py), ``model`` what
         # routes it (monitor/proxy/forward/routes.py).
         self.payload = body.payload
+        # The style and the prompt's text are read only off a body parsed whole: a large one's messages were
+        # left unparsed (monitor/proxy/forward/sparse.py), and a fingerprint without them would be a wrong value.
+        self._whole_body = body.sparse is None
+        self._body_size = len(body.text if body.text is not None else body.raw)
+        # The streamed answer's text, up to MAX_TEXT_CHARS characters: what its copy share is computed from.
+        self._said: list[str] = []
+        self._said_chars = 0
         self.workload = workload_of(request, self.payload, self.settings)
         self.route = router.choose(self.workload, model) if self.recording else router.passing(model)
         # Read as its deployment's kind says ([[proxy.routes]] kind).
@@ -234,10 +248,23 @@ class Exchange:
         now = time.perf_counter() - self.t0
         if self.ttft_s is None:
             self.ttft_s = now
-        if event is not None and carries_text(event):
+        text = answer_text(event) if event is not None else ""
+        if text:
             if self.first_text_s is None:
                 self.first_text_s = now
             self.last_text_s = now
+            self._gather(text)
+
+    def _gather(self, text: str) -> None:
+        """Keep a streamed piece of the answer, up to :data:`MAX_TEXT_CHARS` in all: a list append per event."""
+        said = self._said
+        if self.path == "/generate" and len(said) == 1 and text.startswith(said[0]):
+            # SGLang's /generate streams the text so far in each event (unless started with incremental output).
+            said[0] = text[:MAX_TEXT_CHARS]
+            self._said_chars = len(said[0])
+        elif self._said_chars < MAX_TEXT_CHARS:
+            said.append(text[: MAX_TEXT_CHARS - self._said_chars])
+            self._said_chars += len(said[-1])
 
     def record(self, report: Mapping[str, Any] | None, *, finish: str | None = None, error: str | None = None) -> None:
         """Hand the record of this request to the recorder, once; a report the parser refuses is counted, not stored."""
@@ -263,14 +290,74 @@ class Exchange:
                 rec = self._failure(fields, error or "the upstream's response carried no report")
             else:
                 rec = self._success(fields, report, finish)
-            if self.state.settings.recorder.spool_before_reply:
-                self._on_disk = self.state.recorder.record_durable(rec)
-            else:
-                self.state.recorder.record_nowait(rec)
         except (StackError, ApiError, ValueError) as refused:
-            self.state.proxy_unrecorded += 1
-            # The reason names fields and counts only: no body, no header, no token.
-            log.warning("proxied %s not recorded: %s", self.path, _reason(refused))
+            self._refused(refused)
+            return
+        answer = "" if rec.finish_reason == "error" or report is None else self._answer(report)
+        self._with_causes(rec, answer)
+
+    def _answer(self, report: Mapping[str, Any]) -> str:
+        """The answer's text: the stream's pieces as gathered, or a whole answer's own (bounded)."""
+        if self.streamed:
+            return "".join(self._said)
+        return answer_text(report)[:MAX_TEXT_CHARS]
+
+    def _with_causes(self, rec: RequestRecord, answer: str) -> None:
+        """Add the style fingerprint and the copy share, then hand the record over; large texts in the worker.
+
+        Small ones (most requests) cost well under a millisecond here. Larger ones would hold the event loop
+        for milliseconds: the record goes to the worker, which hands it over when done (and :meth:`on_disk`
+        waits for that where the spool must have it first).
+        """
+        if self._body_size + len(answer) <= INLINE_TEXT_CHARS:
+            self._add_causes(rec, answer)
+            self._hand_over(rec)
+            return
+        if not _causes_room.acquire(blocking=False):
+            self._hand_over(rec)  # without the figures: NULL, as where they cannot be known
+            return
+        done: Future[bool] = Future()
+
+        def work() -> None:
+            try:
+                self._add_causes(rec, answer)
+            finally:
+                _causes_room.release()
+            kept = self._hand_over(rec)
+            if kept is None:
+                done.set_result(True)
+            else:
+                kept.add_done_callback(lambda on_disk: done.set_result(on_disk.result()))
+
+        _causes.submit(work)
+        if self.state.settings.recorder.spool_before_reply:
+            self._on_disk = done
+
+    def _add_causes(self, rec: RequestRecord, answer: str) -> None:
+        """The record's style fingerprint and copy share, where the body was read whole; never raises."""
+        if not self._whole_body:
+            return
+        try:
+            rec.style_hash = style_fingerprint(self.payload)
+            if answer:
+                rec.prompt_copy_share = copy_share(prompt_text(self.payload), answer)
+        except Exception as error:  # a body of an odd shape: the record goes without them, not lost
+            log.warning("proxied %s: no style or copy share (%s)", self.path, type(error).__name__)
+
+    def _hand_over(self, rec: RequestRecord) -> Future[bool] | None:
+        """Give the record to the recorder: durable first where the spool must have it before the reply."""
+        try:
+            if self.state.settings.recorder.spool_before_reply:
+                return self.state.recorder.record_durable(rec)
+            self.state.recorder.record_nowait(rec)
+        except ValueError as refused:
+            self._refused(refused)
+        return None
+
+    def _refused(self, refused: Exception) -> None:
+        self.state.proxy_unrecorded += 1
+        # The reason names fields and counts only: no body, no header, no token.
+        log.warning("proxied %s not recorded: %s", self.path, _reason(refused))
 
     async def on_disk(self) -> None:
         """Wait, off the event loop, until the record is fsync'd to the spool (recorder.spool_before_reply).
@@ -330,6 +417,8 @@ class Exchange:
                 "latency_ms": latency_ms,
                 "decode_ms": self._decode_ms(parsed) if parsed else None,
                 "upstream_inflight": self.inflight,
+                # As the upstream's URL names it (host and port), credentials left out.
+                "replica": self.route.member.upstream.netloc,
                 "finish_reason": finish,
                 "error": error,
                 "source": f"proxy:{self._stack_named()}",

@@ -133,6 +133,10 @@ def copy_line(rec: RequestRecord, ingested: str) -> str:
                 _number(rec.decode_ms),
                 _text(None if rec.upstream_inflight is None else str(rec.upstream_inflight)),
                 "t" if rec.mode_inferred else "f",
+                _text(rec.replica),
+                _text(None if rec.cached_prompt_tokens is None else str(rec.cached_prompt_tokens)),
+                _text(rec.style_hash),
+                _number(rec.prompt_copy_share),
                 ingested,
             )
         )
@@ -203,6 +207,10 @@ def sqlite_row(rec: RequestRecord, ingested: str) -> tuple[Any, ...]:
         rec.decode_ms,
         rec.upstream_inflight,
         int(rec.mode_inferred),
+        rec.replica,
+        rec.cached_prompt_tokens,
+        rec.style_hash,
+        rec.prompt_copy_share,
         ingested,
     )
 
