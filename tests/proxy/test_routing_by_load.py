@@ -9,13 +9,19 @@ forwarding path's acquire and release do.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
+from starlette.requests import Request
+from starlette.responses import Response
 
 from monitor.api.app import create_app
 from monitor.drift.detectors.crossover import Crossover, Curve
@@ -28,7 +34,10 @@ from monitor.store.routing import RoutingEvent, latest_routing, load_reason, rec
 from tests.api.conftest import READ, auth, make_settings
 from tests.drift.conftest import store
 from tests.drift.ledger_records import never_crossing_ms, stream
+from tests.proxy.engine import Engine as StandIn
+from tests.proxy.engine import flushed, rows, sidecar
 from tests.proxy.test_routing import POLICY, deployment, settings, verdict
+from tests.serving import serving
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 START, END = T0, T0 + timedelta(hours=2)
@@ -139,3 +148,65 @@ def test_no_crossover_routes_nothing_by_load_and_returns_a_load_route(engine: En
     (back,) = decide_routes(engine, settings(), [unsure], LATER + timedelta(days=1), curves)
     assert (back.routed, back.above) == (False, None)
     assert latest_routing(engine)["chat"].above is None
+
+
+class LoadedEngine(StandIn):
+    """A stand-in whose answer takes longer the more requests it holds, as a speculative replica slows with batch;
+    while ``hold`` is set it holds every request (so that a test knows what is in flight)."""
+
+    def __init__(self, per_request_s: float) -> None:
+        super().__init__()
+        self.per_request_s = per_request_s
+        self.active = 0
+        self.hold = False
+
+    async def _chat(self, request: Request) -> Response:
+        self.active += 1
+        self.header_pause_s = self.per_request_s * self.active
+        try:
+            while self.hold:
+                await asyncio.sleep(0.01)
+            return await super()._chat(request)
+        finally:
+            self.active -= 1
+
+
+def test_the_proxy_sends_plain_what_would_run_at_the_crossover_on_real_http(
+    engine: Engine, tmp_path: Path, db_url: str
+) -> None:
+    with engine.begin() as conn:  # the scheduler's decision: plain from 4 in flight
+        record_switch(conn, RoutingEvent(LATER, "qa", "m", True, load_reason(4, "measured"), 0.9, 0.8, 1.0))
+    # The speculative stand-in slows with its load (50 ms per request it holds); the plain one answers at once.
+    spec, plain = LoadedEngine(0.05), StandIn()
+    spec.number_answers = plain.number_answers = True
+    env = {"DRAFTWATCH_PROXY_ON_NET_LOSS": "route", "DRAFTWATCH_PROXY_ROUTE_REFRESH_S": "0.1",
+           "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "0"}  # fmt: skip  # no holdout, no probe: every choice is the load's
+    with (
+        serving(spec.app()) as spec_url,
+        serving(plain.app()) as plain_url,
+        sidecar(tmp_path, db_url, spec_url, DRAFTWATCH_PROXY_BASELINE_UPSTREAM=plain_url, **env) as (url, app),
+    ):
+        time.sleep(0.3)  # the router's first read of the decisions
+        spec.hold = True
+        with ThreadPoolExecutor(3) as pool:
+            held = [pool.submit(chat, url) for _ in range(3)]  # three in flight on the speculative replica
+            deadline = time.monotonic() + 10
+            while spec.active < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert spec.active == 3
+            assert chat(url) == 200  # it would run at 4 in flight: plain
+            assert len(plain.seen) == 1
+            spec.hold = False
+            assert [f.result() for f in held] == [200] * 3
+        chat(url)  # alone again: speculative
+        flushed(app)
+    assert (len(spec.seen), len(plain.seen)) == (4, 1)
+    # The stand-ins answer alike (speculative figures), so only the speculative pool's answers are stored.
+    assert [
+        (r["mode"], r["upstream_inflight"]) for r in sorted(rows(db_url), key=lambda r: r["upstream_inflight"])
+    ] == [("speculative", 1), ("speculative", 1), ("speculative", 2), ("speculative", 3)]
+
+
+def chat(url: str) -> int:
+    body = {"model": "qwen-coder", "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers={"X-Workload": "qa"}, timeout=30).status_code
