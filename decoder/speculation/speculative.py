@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from decoder.candidate import CANDIDATE_LABEL, CandidateDraw, Staging
+from decoder.causes import MAX_TEXT_CHARS, copy_share, prompt_text, style_fingerprint
 from decoder.cpu.row_stable import row_stable_passes
 from decoder.drafters.base import Drafter, drafter_label
 from decoder.holdout import HoldoutReason
@@ -367,10 +368,14 @@ class SpeculativeDecoder:
         try:
             finish = yield from self._stream(request, token_ids)
         except Exception as error:
-            record = stats.to_record(finish_reason="error", error=f"{type(error).__name__}: {error}", **identity)
+            record = stats.to_record(
+                finish_reason="error", error=f"{type(error).__name__}: {error}", **identity,
+                style_hash=_causes(prompt, chat, "")["style_hash"],
+            )  # fmt: skip
             self._hand_over(record)
             raise
-        record = stats.to_record(finish_reason=finish, **identity)
+        answer = request.stopper.visible_text(token_ids, final=True)
+        record = stats.to_record(finish_reason=finish, **identity, **_causes(prompt, chat, answer))
         if self.controller is not None and plan.label is not None:
             self.controller.observe(workload, stats.observation(), plan.mode, drafter=plan.label)
         self._hand_over(record)
@@ -560,3 +565,19 @@ class SpeculativeDecoder:
             self.sink(record)
         except Exception:
             logger.exception("the record sink failed for request %s", record.request_id)
+
+
+def _causes(prompt: Prompt, chat: bool, answer: str) -> dict[str, object]:
+    """The record's style fingerprint and copy share (decoder/causes.py), as the proxy computes them.
+
+    Messages are a chat's template and turns; a string under ``chat`` is one user turn; a plain string
+    prompt has no template to name (no fingerprint).
+    """
+    if isinstance(prompt, str):
+        payload = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    else:
+        payload = {"messages": list(prompt)}
+    return {
+        "style_hash": style_fingerprint(payload),
+        "prompt_copy_share": copy_share(prompt_text(payload), answer[:MAX_TEXT_CHARS]) if answer else None,
+    }
