@@ -19,7 +19,8 @@ flight its requests go plain, below it speculative (the proxy compares per reque
 that speculation loses at every load measured, or with no curve, is decided as above. A workload
 routed by load moves to the new level when the crossover moves; with no crossover any more it is
 routed whole on a measured net loss with every level losing, returns to speculation when no
-measured level loses, and otherwise stays (a thin or tied curve changes nothing).
+measured level loses up to its level at least, and otherwise stays (a thin or tied curve changes
+nothing: once routed, few speculative requests run at the loads above the crossover).
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def _decide(v: Verdict, last: RoutingEvent | None, curve: Curve | None, now: dat
         measured = curve.measured
         if measured and all(lv.family_loses for lv in measured) and v.verdict == "net_loss" and v.measured:
             return _switch(v, True, f"net loss established at every load: {curve.note}", now)
-        if measured and not any(lv.family_loses for lv in measured):
+        # Routed from ``above`` on, the speculative side is thin there (its probes only): only a curve that still
+        # reaches that load and loses nowhere returns it, not one whose top levels went unmeasured.
+        reaches = any(lv.inflight_high >= above for lv in measured)
+        if reaches and not any(lv.family_loses for lv in measured):
             return _switch(v, False, f"speculation loses at no load measured now: {curve.note}", now)
         return None
     if above is not None:

@@ -20,7 +20,7 @@ A workload whose load crossover is measured (speculation gains or ties at low lo
 in flight, :mod:`monitor.drift.detectors.crossover`) is routed by load instead: while the request
 would run at N or more in flight on the speculative pool (:meth:`Pool.next_load`, the load the
 records measure) it is routed as above, probes included; below N minus ``proxy.route_load_margin``
-it is served as an unrouted workload, the holdout share included, so that both curves stay
+(and always at 1) it is served as an unrouted workload, the holdout share included, so that both curves stay
 measured. Between the two it keeps the side it was on (hysteresis, per deployment).
 
 A rollout (``draftwatch rollout``, :mod:`monitor.proxy.rollout`) gives a deployment's candidate
@@ -185,7 +185,9 @@ class Router:
         if above is None:
             return False
         load, key = d.speculative.next_load(), (d.model, workload)
-        if load >= above or (load >= above - d.settings.route_load_margin and key in self._loaded):
+        # Back below the margin, but at 1 in flight always: a crossover at 2 must not hold its workload plain for good.
+        stay = max(above - d.settings.route_load_margin, 2)
+        if load >= above or (load >= stay and key in self._loaded):
             self._loaded.add(key)
             return True
         self._loaded.discard(key)

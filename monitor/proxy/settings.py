@@ -277,8 +277,8 @@ class ProxySettings:
         parse_int(0),
         1,
         "with on_net_loss = route and a measured load crossover C: a workload's requests go to the baseline from C "
-        "in flight on the speculative replica, and back to speculation only below C minus this margin, so that the "
-        "route does not flip with every request at the crossover",
+        "in flight on the speculative replica, and back to speculation only below C minus this margin (at 1 always), "
+        "so that the route does not flip with every request at the crossover",
     )
     route_refresh_s: float = setting(
         "proxy.route_refresh_s",

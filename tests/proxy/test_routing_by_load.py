@@ -81,6 +81,8 @@ def test_hysteresis_holds_the_side_until_below_the_crossover_less_the_margin() -
     assert "route" not in at_load(r, 3)  # and 3 keeps it there
     wide = load_router(6, margin=3)
     assert "route" in at_load(wide, 7) and "route" in at_load(wide, 3) and "route" not in at_load(wide, 2)
+    low = load_router(2, margin=1)  # the margin would reach 1 in flight: an idle replica serves speculatively still
+    assert "route" in at_load(low, 2) and "route" not in at_load(low, 1)
 
 
 def test_a_workload_routed_whole_is_routed_whatever_the_load() -> None:
@@ -148,6 +150,17 @@ def test_no_crossover_routes_nothing_by_load_and_returns_a_load_route(engine: En
     (back,) = decide_routes(engine, settings(), [unsure], LATER + timedelta(days=1), curves)
     assert (back.routed, back.above) == (False, None)
     assert latest_routing(engine)["chat"].above is None
+
+
+def test_a_load_route_holds_while_its_loads_go_unmeasured(engine: Engine) -> None:
+    # Routed from 8 in flight on, the speculative side has no requests up there: the gains below do not return it.
+    store(engine, stream(T0, 40, spec_ms=never_crossing_ms, loads=(1, 2, 4)))
+    curves = measured_curves(engine, DriftSettings(), START, END)
+    assert curves["chat"].crossover is None and curves["chat"].measured[-1].inflight_high == 7
+    with engine.begin() as conn:
+        record_switch(conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(8, "x"), 0.9, 0.8, 1.0))
+    pays = verdict("pays", 1.5, (1.3, 1.7), workload="chat")
+    assert decide_routes(engine, settings(), [pays], LATER + timedelta(days=1), curves) == []
 
 
 class LoadedEngine(StandIn):
