@@ -171,7 +171,10 @@ class Gate:
     async def _routed(client: httpx.AsyncClient) -> frozenset[str]:
         response = await client.get("/v1/routes")
         response.raise_for_status()
-        return frozenset(r["workload"] for r in response.json()["routes"] if r["routed"])
+        # Routed by load (above_inflight): plain only while the speculative replica is busy, which the gate cannot
+        # see; it stays on the speculative deployment, whose sidecar routes it by load.
+        routes = response.json()["routes"]
+        return frozenset(r["workload"] for r in routes if r["routed"] and r.get("above_inflight") is None)
 
     @staticmethod
     async def _rollout(client: httpx.AsyncClient) -> Staged | None:

@@ -47,7 +47,7 @@ from monitor.proxy.settings import ProxySettings, RolloutSettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.rollouts import CURRENT_DRAFTER, Rollout, active_rollouts, save_rollout
-from monitor.store.routing import RoutingEvent, latest_routing
+from monitor.store.routing import RoutingEvent, latest_routing, load_reason
 from monitor.store.writes.writer import write_batch
 from tests.deploy.test_manifests import proxies, render, resolved_env
 from tests.records import api_record
@@ -204,6 +204,15 @@ def test_the_share_becomes_weights_the_crd_accepts(
     check_against_crd(route)
     rules = by_name(route)
     assert weights(rules["default"]) == default and weights(rules["plain"]) == plain
+
+
+def test_a_workload_routed_by_load_stays_on_the_default_split_which_no_weight_could_follow() -> None:
+    by_load = RoutingEvent(T0, "chat", "qwen-1.5b", True, load_reason(4, "loses from 4 in flight"), 0.6, 0.5, 0.7)
+    route = render_httproute(SPEC, {**switched("qa"), "chat": by_load})
+    check_against_crd(route)
+    rules = by_name(route)
+    assert [m["headers"][0]["value"] for m in rules["plain"]["matches"]] == ["qa"]
+    assert weights(rules["default"]) == {"engine": 19, "engine-plain": 1}
 
 
 def test_without_a_baseline_every_request_goes_to_the_speculative_service() -> None:

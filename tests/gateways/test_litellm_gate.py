@@ -36,6 +36,7 @@ from monitor.store import rollouts
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.rollouts import CURRENT_DRAFTER, STATUSES, Rollout, Status, save_rollout
+from monitor.store.routing import RoutingEvent, load_reason, record_switch
 from tests.api.conftest import ADMIN, make_settings
 from tests.proxy.engine import rows
 from tests.proxy.upstream import fixture
@@ -217,3 +218,15 @@ def test_a_candidate_name_outside_the_pairs_or_taken_is_refused_naming_the_varia
             load_settings({**base, "DRAFTWATCH_LITELLM_CANDIDATES": candidates})
     settings = load_settings({**base, "DRAFTWATCH_LITELLM_CANDIDATES": "a=a-next, b=b-next"})
     assert settings.candidates == (("a", "a-next"), ("b", "b-next"))
+
+
+def test_a_workload_routed_by_load_stays_on_the_speculative_deployment_whose_sidecar_routes_it(
+    draftwatch: Draftwatch,
+) -> None:
+    t = datetime.now(UTC)
+    with draftwatch.engine.begin() as conn:
+        record_switch(conn, RoutingEvent(t, "qa", "smol", True, "net loss", 0.6, 0.5, 0.7))
+        record_switch(conn, RoutingEvent(t, "chat", "smol", True, load_reason(4, "loses from 4"), 0.9, 0.8, 1.0))
+    gate = Gate(draftwatch.settings())
+    refreshed(gate, lambda g: bool(g.routed))
+    assert gate.routed == {"qa"}

@@ -144,6 +144,8 @@ def _verdict_fields(workload: str, verdicts: list[Verdict], routes: dict[str, Ro
 class RouteOut(BaseModel):
     workload: str
     routed: bool  # True: to the plain baseline; False: back to speculation
+    # Routed by load: to the plain baseline only from this many requests in flight on the speculative replica.
+    above_inflight: int | None = None
     ts: datetime  # when the drift run made the switch
     target_model: str
     reason: str
@@ -165,7 +167,11 @@ async def routes(request: Request) -> RoutesOut:
     """
     engine = api_state(request).engine
     latest = await anyio.to_thread.run_sync(lambda: latest_routing(engine))
-    return RoutesOut(routes=[RouteOut(**dataclasses.asdict(event)) for _, event in sorted(latest.items())])
+    return RoutesOut(
+        routes=[
+            RouteOut(**dataclasses.asdict(event), above_inflight=event.above) for _, event in sorted(latest.items())
+        ]
+    )
 
 
 @router.get("/v1/workloads/{tag}/series", dependencies=read, response_model=SeriesOut, responses=READ_ERRORS)
