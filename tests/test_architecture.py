@@ -53,7 +53,7 @@ WIRING: Final = {
 # (evaluate's candidates, the commands, the lazy public names in decoder/__init__.py) import it.
 DECODER_LAYERS: Final = {
     **dict.fromkeys(("decoder.record", "decoder.holdout", "decoder.sampling", "decoder.verify"), 0),
-    **dict.fromkeys(("decoder.workloads", "decoder.extras", "decoder.candidate"), 0),
+    **dict.fromkeys(("decoder.workloads", "decoder.extras", "decoder.candidate", "decoder.causes"), 0),
     **dict.fromkeys(("decoder.cpu", "decoder.models", "decoder.drafters"), 1),
     "decoder.speculation": 2,
     **dict.fromkeys(("decoder.evaluation", "decoder.cli", "decoder"), 3),
