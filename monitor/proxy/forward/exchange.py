@@ -311,10 +311,10 @@ class Exchange:
         """
         if self._body_size + len(answer) <= INLINE_TEXT_CHARS:
             self._add_causes(rec, answer)
-            self._hand_over(rec)
+            self._on_disk = self._hand_over(rec)
             return
         if not _causes_room.acquire(blocking=False):
-            self._hand_over(rec)  # without the figures: NULL, as where they cannot be known
+            self._on_disk = self._hand_over(rec)  # without the figures: NULL, as where they cannot be known
             return
         done: Future[bool] = Future()
 
