@@ -752,7 +752,8 @@ class LedgerCounters:
             with self._lock:
                 self._rates, self._crossover = rates, crossover
         except Exception as error:  # the last rates stay; the next read after LEDGER_MAX_AGE_S tries again
-            log.warning("metrics: reading the speculation ledger failed (%s)", describe(error))
+            # Debug: a database outage is the recorder's two log lines (its start and its end), not one per reader.
+            log.debug("metrics: reading the speculation ledger failed (%s)", describe(error))
         finally:
             with self._lock:
                 self._read_at = time.monotonic()
