@@ -17,7 +17,6 @@ import sysconfig
 import tarfile
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,7 +24,6 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.pg import PG_URL, create_pg_database, drop_pg_database
 from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,18 +99,6 @@ def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(draftwatch(*args), env=env, cwd=env["HOME"], capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, installed: dict[str, str]) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{Path(installed['HOME']) / 'draftwatch.db'}"
-        return
-    name = create_pg_database()
-    try:
-        yield PG_URL.format(name=name)
-    finally:
-        drop_pg_database(name)
-
-
 def test_draftwatch_imports_from_the_wheel_alone(installed: dict[str, str]) -> None:
     probe = (
         "import json, monitor, monitor.store.migrate as m; "
@@ -128,8 +114,8 @@ def test_draftwatch_imports_from_the_wheel_alone(installed: dict[str, str]) -> N
     assert migrations == target / "monitor/store/migrations", migrations
 
 
-def test_db_upgrade_and_drift_run_work_from_the_wheel(installed: dict[str, str], database_url: str) -> None:
-    env = {**installed, "DRAFTWATCH_DATABASE_URL": database_url}
+def test_db_upgrade_and_drift_run_work_from_the_wheel(installed: dict[str, str], db_url: str) -> None:
+    env = {**installed, "DRAFTWATCH_DATABASE_URL": db_url}
     upgraded = run(env, "db", "upgrade")
     assert upgraded.returncode == 0, upgraded.stderr
     current = run(env, "db", "current")
@@ -139,11 +125,9 @@ def test_db_upgrade_and_drift_run_work_from_the_wheel(installed: dict[str, str],
     json.loads(drift.stdout)
 
 
-def test_serve_from_the_wheel_creates_its_database_and_becomes_ready(
-    installed: dict[str, str], database_url: str
-) -> None:
+def test_serve_from_the_wheel_creates_its_database_and_becomes_ready(installed: dict[str, str], db_url: str) -> None:
     port = free_port()
-    env = {**installed, "DRAFTWATCH_DATABASE_URL": database_url}
+    env = {**installed, "DRAFTWATCH_DATABASE_URL": db_url}
     process = subprocess.Popen(
         draftwatch("serve", "--port", str(port), "--no-scheduler"),
         env=env,

@@ -23,6 +23,7 @@ from monitor.store.engine import create_engine
 from monitor.store.partitions import is_partitioned, list_partitions
 from monitor.store.repartition import conversion_in_progress, convert
 from monitor.store.writes.writer import write_batch
+from tests.store.legacy import write_at_old_revision
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 STALL_S = 0.2  # the longest a writer's batch may take (the recorder flushes every 0.2 s by default)
@@ -37,7 +38,7 @@ def legacy(pg_url: str) -> Iterator[Engine]:
     old = [synthetic_record(i, start=NOW - timedelta(days=2), spacing=timedelta(minutes=5), prefix="old")
            for i in range(300)]  # fmt: skip
     with engine.begin() as conn:
-        write_batch(conn, old, "old", "sync")
+        write_at_old_revision(conn, old, "old")
     migrate.upgrade(engine)
     try:
         yield engine
