@@ -147,7 +147,6 @@ class Curve:
     levels: list[Level]
     crossover: Crossover | None
     note: str
-    unknown_load: int = 0  # speculative requests with no recorded load (outside proxy mode)
 
     @property
     def measured(self) -> list[Level]:
@@ -175,7 +174,7 @@ def load_curve(
         dataclasses.replace(lv, family=percentile_interval(lv.draws, family_level)) if lv.draws is not None else lv
         for lv in levels
     ]
-    return Curve(levels, find_crossover(levels), _describe(levels, min_side, unknown), unknown)
+    return Curve(levels, find_crossover(levels), _describe(levels, min_side, unknown))
 
 
 def _buckets(

@@ -41,11 +41,6 @@ def remember(
     return report, finish
 
 
-def carries_text(event: Mapping[str, Any]) -> bool:
-    """Does a streamed event carry generated text? A role-only first chunk or ``response.created`` does not."""
-    return bool(answer_text(event))
-
-
 def answer_text(answer: Mapping[str, Any]) -> str:
     """The generated text a streamed event or a whole answer carries ("" for none), reasoning included.
 
