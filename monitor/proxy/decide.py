@@ -86,7 +86,8 @@ def _decide(v: Verdict, last: RoutingEvent | None, curve: Curve | None, now: dat
     routed, above = bool(last and last.routed), last.above if last is not None else None
     crossover = curve.crossover if curve is not None else None
     if crossover is not None and (not routed or above != crossover.inflight):
-        return _switch(v, True, load_reason(crossover.inflight, curve.note if curve else ""), now)
+        why = load_reason(crossover.inflight, curve.note if curve else "")
+        return _switch(v, True, why, now, above=crossover.inflight)
     if above is not None and curve is not None and crossover is None:
         measured = curve.measured
         if measured and all(lv.family_loses for lv in measured) and v.verdict == "net_loss" and v.measured:
@@ -106,7 +107,7 @@ def _decide(v: Verdict, last: RoutingEvent | None, curve: Curve | None, now: dat
     return None
 
 
-def _switch(v: Verdict, routed: bool, reason: str, now: datetime) -> RoutingEvent:
+def _switch(v: Verdict, routed: bool, reason: str, now: datetime, above: int | None = None) -> RoutingEvent:
     low, high = v.ci if v.ci else (None, None)
     target = (v.pair or "").rpartition("/")[0]
-    return RoutingEvent(now, v.workload, target, routed, reason[:512], v.speedup, low, high)
+    return RoutingEvent(now, v.workload, target, routed, reason[:512], v.speedup, low, high, above)

@@ -5,19 +5,16 @@ row per switch; the proxy reads the latest row per workload to know which worklo
 dashboard marks the switches on its timeline and the alert ``routing_changed`` reports them.
 
 A workload routed by load (its crossover measured: speculation loses from N requests in flight,
-:mod:`monitor.drift.detectors.crossover`) is a routed row whose reason starts ``route above N in
-flight:`` (:func:`load_reason`); the level is read back from there (:attr:`RoutingEvent.above`), as
-the table has no column of its own for it, and so the alert's note names it as it is.
+:mod:`monitor.drift.detectors.crossover`) is a routed row with N in ``above_inflight`` (migration
+0018) and a reason that says so (:func:`load_reason`), which the alert's note carries.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
 
-from sqlalchemy import Boolean, Float, Index, String, func, insert, select
+from sqlalchemy import Boolean, Float, Index, Integer, String, func, insert, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -36,6 +33,7 @@ class RoutingEventRow(Base):
     speedup: Mapped[float | None] = mapped_column(Float)
     ci_low: Mapped[float | None] = mapped_column(Float)
     ci_high: Mapped[float | None] = mapped_column(Float)
+    above: Mapped[int | None] = mapped_column("above_inflight", Integer)
 
     __table_args__ = (Index("ix_routing_events_workload_ts", "workload", "ts"),)
 
@@ -50,20 +48,13 @@ class RoutingEvent:
     speedup: float | None
     ci_low: float | None
     ci_high: float | None
-
-    @property
-    def above(self) -> int | None:
-        """Routed by load: to the baseline from this many requests in flight on the speculative replica (the request
-        included), to speculation below. None: not routed, or routed whole (every request but the probes plain)."""
-        found = _ABOVE.match(self.reason) if self.routed else None
-        return int(found.group(1)) if found else None
-
-
-_ABOVE: Final = re.compile(r"route above (\d+) in flight: ")
+    # Routed by load: to the baseline from this many requests in flight on the speculative replica (the request
+    # included), to speculation below. None: not routed, or routed whole (every request but the probes plain).
+    above: int | None = None
 
 
 def load_reason(above: int, why: str) -> str:
-    """The reason of a route by load from ``above`` in flight, as :attr:`RoutingEvent.above` reads it back."""
+    """The reason of a route by load from ``above`` in flight, in the words the alert's note gives."""
     return f"route above {above} in flight: {why}"
 
 

@@ -47,7 +47,7 @@ LATER = END + timedelta(days=1)  # past any dwell
 def load_router(above: int, margin: int = 1) -> Router:
     d = deployment(spec=("http://127.0.0.1:9",))
     r = Router(dataclasses.replace(d, settings=ProxySettings(route_load_margin=margin)), POLICY)
-    event = RoutingEvent(T0, "qa", "m", True, load_reason(above, "measured"), 0.9, 0.8, 1.0)
+    event = RoutingEvent(T0, "qa", "m", True, load_reason(above, "measured"), 0.9, 0.8, 1.0, above=above)
     _take_decisions(r, ({"qa": event}, {}))
     return r
 
@@ -131,7 +131,9 @@ def test_a_workload_losing_at_every_load_is_routed_whole_as_before(engine: Engin
     assert (event.routed, event.above) == (True, None) and event.reason.startswith("net loss established")
     # Routed by load earlier, and now speculation loses at every load: routed whole.
     with engine.begin() as conn:
-        record_switch(conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0))
+        record_switch(
+            conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0, above=4)
+        )
     (whole,) = decide_routes(engine, settings(), [loss], LATER + timedelta(days=1), curves)
     assert (whole.routed, whole.above) == (True, None) and "every load" in whole.reason
 
@@ -145,7 +147,9 @@ def test_no_crossover_routes_nothing_by_load_and_returns_a_load_route(engine: En
     # Routed by load earlier, and speculation now loses at no load: back to speculation, though the verdict over
     # all loads is inconclusive (which alone would hold a whole route).
     with engine.begin() as conn:
-        record_switch(conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0))
+        record_switch(
+            conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0, above=4)
+        )
     unsure = verdict("inconclusive", 1.05, (0.9, 1.2), workload="chat")
     (back,) = decide_routes(engine, settings(), [unsure], LATER + timedelta(days=1), curves)
     assert (back.routed, back.above) == (False, None)
@@ -158,7 +162,9 @@ def test_a_load_route_holds_while_its_loads_go_unmeasured(engine: Engine) -> Non
     curves = measured_curves(engine, DriftSettings(), START, END)
     assert curves["chat"].crossover is None and curves["chat"].measured[-1].inflight_high == 7
     with engine.begin() as conn:
-        record_switch(conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(8, "x"), 0.9, 0.8, 1.0))
+        record_switch(
+            conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(8, "x"), 0.9, 0.8, 1.0, above=8)
+        )
     pays = verdict("pays", 1.5, (1.3, 1.7), workload="chat")
     assert decide_routes(engine, settings(), [pays], LATER + timedelta(days=1), curves) == []
 
@@ -188,7 +194,7 @@ def test_the_proxy_sends_plain_what_would_run_at_the_crossover_on_real_http(
     engine: Engine, tmp_path: Path, db_url: str
 ) -> None:
     with engine.begin() as conn:  # the scheduler's decision: plain from 4 in flight
-        record_switch(conn, RoutingEvent(LATER, "qa", "m", True, load_reason(4, "measured"), 0.9, 0.8, 1.0))
+        record_switch(conn, RoutingEvent(LATER, "qa", "m", True, load_reason(4, "measured"), 0.9, 0.8, 1.0, above=4))
     # The speculative stand-in slows with its load (50 ms per request it holds); the plain one answers at once.
     spec, plain = LoadedEngine(0.05), StandIn()
     spec.number_answers = plain.number_answers = True

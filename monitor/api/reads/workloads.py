@@ -169,7 +169,8 @@ async def routes(request: Request) -> RoutesOut:
     latest = await anyio.to_thread.run_sync(lambda: latest_routing(engine))
     return RoutesOut(
         routes=[
-            RouteOut(**dataclasses.asdict(event), above_inflight=event.above) for _, event in sorted(latest.items())
+            RouteOut(**{**dataclasses.asdict(event), "above_inflight": event.above})
+            for _, event in sorted(latest.items())
         ]
     )
 
