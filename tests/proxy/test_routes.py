@@ -88,9 +88,9 @@ def test_the_engines_unrecorded_routes_follow_the_model_too(tmp_path: Path, db_u
     assert [(m, p) for m, p, _, _ in default.seen] == [("POST", "/tokenize")]
 
 
-def test_the_readmes_routes_example_is_a_valid_configuration(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (example,) = [block for block in re.findall(r"```toml\n(.*?)```", readme, re.S) if "[[proxy.routes]]" in block]
+def test_the_docs_routes_example_is_a_valid_configuration(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs/proxy.md").read_text()
+    (example,) = [block for block in re.findall(r"```toml\n(.*?)```", page, re.S) if "[[proxy.routes]]" in block]
     (tmp_path / "draftwatch.toml").write_text(example)
     proxy = Settings.from_env({"HOME": str(tmp_path)}, tmp_path / "draftwatch.toml").proxy
     assert [(r.model, len(r.upstream), r.kind, len(r.baseline_upstream)) for r in proxy.routes] == [
