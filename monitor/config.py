@@ -3,8 +3,8 @@
 Precedence is environment variable, then the config file, then the default. Each setting is
 declared once, as a field of its room's section (``monitor/<room>/settings.py``, made with
 :func:`monitor.settings.fields.setting`); this module only composes them, so it is the shell's:
-the rooms below read their own section and never this whole. The README's table is generated from
-the same fields (``python -m monitor.commands.settings_doc``) and a test keeps it current.
+the rooms below read their own section and never this whole. The table of docs/configuration.md is
+generated from the same fields (``python -m monitor.commands.settings_doc``) and a test keeps it current.
 
 The dotted name is also the location in the TOML file: ``recorder.queue_size`` is the key
 ``queue_size`` of the ``[recorder]`` table; names without a dot are top-level keys.
@@ -59,7 +59,7 @@ DATA_DIR: Final = Spec(
     "directory for the default SQLite database, the recorder's spool and the opt-in prompt sample "
     "(default: $XDG_DATA_HOME/draftwatch or ~/.local/share/draftwatch)",
 )
-# Section attribute of Settings -> the room's section class, in the README table's order.
+# Section attribute of Settings -> the room's section class, in the settings table's order.
 SECTIONS: Final[Mapping[str, type[Any]]] = {
     "database": DatabaseSettings,
     "recorder": RecorderSettings,

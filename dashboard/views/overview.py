@@ -15,7 +15,7 @@ COLUMNS = {
     "Acceptance": st.column_config.NumberColumn(
         format="percent",
         help=f"accepted / drafted tokens; {MISSING} where the requests report no draft counts (an engine behind the "
-        "proxy that returns none: its own counters can be scraped, README 'Scrape mode')",
+        "proxy that returns none: its own counters can be scraped, docs/scrape.md)",
     ),
     "Δ acceptance (pts)": st.column_config.NumberColumn(
         format="%+.1f",
@@ -39,7 +39,7 @@ COLUMNS = {
     ),
     "Pays?": st.column_config.TextColumn(
         help="is speculation paying here: the newest drift run's verdict on decode speed against plain decoding, "
-        "like for like (context length and load); 'not measured' needs a plain baseline (README)"
+        "like for like (context length and load); 'not measured' needs a plain baseline (docs/verdict.md)"
     ),
 }
 

@@ -1,6 +1,6 @@
 """The configuration reference: every setting, its environment variable and default, as a Markdown table.
 
-The README embeds this table between ``<!-- settings:start -->`` and ``<!-- settings:end -->``;
+docs/configuration.md embeds this table between ``<!-- settings:start -->`` and ``<!-- settings:end -->``;
 a test regenerates it and fails when the two differ, so the documentation never goes stale.
 Regenerate with ``python -m monitor.commands.settings_doc``.
 """
@@ -19,7 +19,7 @@ _NEUTRAL_ENVIRONMENT = {"HOME": "~"}
 
 
 def format_default(value: Any) -> str:
-    """A setting's default as the README shows it.
+    """A setting's default as the table shows it.
 
     >>> format_default(timedelta(minutes=5)), format_default(()), format_default(True)
     ('5m', '(none)', 'true')

@@ -5,8 +5,8 @@ hand, so a reader who knows either knows the other.
 
 A section is a frozen, keyword-only dataclass; each field made with :func:`setting` carries its
 :class:`Spec` in the field's metadata, so the section is at once the typed value the room reads
-and the row the README table and the resolver walk. Fields without a spec are the room's own
-constants, not settings.
+and the row the settings table (docs/configuration.md) and the resolver walk. Fields without a
+spec are the room's own constants, not settings.
 
 >>> from dataclasses import dataclass
 >>> from monitor.settings.parsers import parse_int
