@@ -94,7 +94,8 @@ class CandidateDraw:
     True
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int | None = None) -> None:
+        # None: seeded by the process (os.urandom), so that a restarted or second server draws its own requests.
         self._rng = random.Random(seed)
 
     def draw(self, staging: Staging | None, workload: str) -> str | None:

@@ -42,6 +42,7 @@ ValueError: holdout max_share must be in [0, 1], got 1.2
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,6 +149,17 @@ class BaselineDraw:
         if routed:
             return None if self._probe.draw(workload) is not None else "route"
         return self._holdout.draw(workload)
+
+
+def process_seed(seed: int | None = None) -> int:
+    """``seed``, or where None one of this process's own.
+
+    The shares a sidecar draws (holdout, probe, rollout candidate) must not be every replica's: from
+    one fixed seed every sidecar of a fleet drew the same positions of its traffic, so that their
+    errors added up instead of averaging out, and a restarted sidecar replayed its draws. A test
+    passes a seed to draw the same again.
+    """
+    return secrets.randbits(63) if seed is None else seed
 
 
 def _encode_rng(state: tuple[Any, ...]) -> list[Any]:

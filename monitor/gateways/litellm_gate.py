@@ -53,7 +53,7 @@ from typing import Any, Final
 
 import httpx
 
-from decoder.holdout import BaselineDraw, HoldoutReason
+from decoder.holdout import BaselineDraw, HoldoutReason, process_seed
 from decoder.record import WORKLOAD_PATTERN, Mode
 from monitor.gateways.litellm_link import Outage
 from monitor.gateways.litellm_settings import LitellmSettings
@@ -100,12 +100,13 @@ class Gate:
     """The route choice (:meth:`choose`), the record's declaration (:meth:`declared`), the workloads routed to plain
     and the active rollout."""
 
-    def __init__(self, settings: LitellmSettings, seed: int = 0) -> None:
+    def __init__(self, settings: LitellmSettings, seed: int | None = None) -> None:
         self.settings = settings
         self.plain_of = dict(settings.deployments)
         self.plain = frozenset(self.plain_of.values())
         self.candidate_of = dict(settings.candidates)
         self.candidates = frozenset(self.candidate_of.values())
+        seed = process_seed(seed)
         self._draw = BaselineDraw(settings.policy, seed=seed)
         self._candidate_draw = random.Random(seed + 2)
         # Replaced whole by the refresh task; the last known decisions stay while draftwatch is away.

@@ -50,7 +50,7 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 
-from decoder.holdout import BaselineDraw, HoldoutPolicy, HoldoutReason
+from decoder.holdout import BaselineDraw, HoldoutPolicy, HoldoutReason, process_seed
 from monitor.config import Settings
 from monitor.log_safe import traceback_text
 from monitor.proxy.pool import Ejection, Member, Pool
@@ -125,7 +125,7 @@ class Router:
         policy: HoldoutPolicy,
         *,
         baseline_policy: str = "share",
-        seed: int = 0,
+        seed: int | None = None,
         routes: Sequence[Deployment] = (),
     ) -> None:
         for deployment in (*routes, default):
@@ -136,6 +136,7 @@ class Router:
         self.default = default
         self.routes = tuple(routes)
         self.baseline_policy = baseline_policy
+        seed = process_seed(seed)
         self._draw = BaselineDraw(policy, seed=seed)
         self._candidate_draw = random.Random(seed + 2)
         # Workloads the scheduler routed to plain, those it routed by load (the crossover's in-flight count), and the
@@ -223,7 +224,7 @@ class Router:
             await d.candidate.aclose()
 
 
-def build_router(settings: Settings, seed: int = 0) -> Router:
+def build_router(settings: Settings, seed: int | None = None) -> Router:
     """The deployments of ``proxy.routes`` and the default one (``proxy.upstream``), routed as the settings say."""
     proxy = settings.proxy
     ejection = Ejection(proxy.eject_after, proxy.eject_cooldown_s)

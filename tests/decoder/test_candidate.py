@@ -60,6 +60,15 @@ def test_the_draw_follows_the_rollouts_share_per_workload() -> None:
     assert {draw.draw(replace(ROLLOUT, status="rolled_back"), "copy") for _ in range(200)} == {None}
 
 
+def test_two_decoders_draw_the_candidates_share_each_of_their_own() -> None:
+    """Unseeded, each draw (each server, each restart) has its own generator: none replays another's requests."""
+    n = 2000
+    first, second = ([d.draw(ROLLOUT, "copy") == STAGED for _ in range(n)] for d in (CandidateDraw(), CandidateDraw()))
+    assert first != second  # equal everywhere with probability 2**-2000
+    for drawn in (first, second):  # the share within 5 standard deviations: a false failure in a million runs
+        assert abs(sum(drawn) / n - 0.5) < 5 * (0.25 / n) ** 0.5
+
+
 def test_the_controller_plans_the_candidate_on_its_own_arm_after_the_same_holdout_draw() -> None:
     """The holdout schedule is the portfolio's with or without a rollout; a held-out request stays the portfolio's."""
     alone, staged = SpeculationController(holdout=HOLDOUT, seed=3), SpeculationController(holdout=HOLDOUT, seed=3)

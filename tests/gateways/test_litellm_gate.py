@@ -78,6 +78,22 @@ def test_each_workload_s_share_read_from_the_api_is_the_one_the_sidecar_applies(
         assert staged.share(workload) == stored.share(workload), workload
 
 
+def test_each_litellm_replica_draws_the_candidates_share_of_its_own() -> None:
+    """Replicas of the LiteLLM proxy (and a restarted one) must not send the same positions of their traffic."""
+    settings = load_settings({
+        "DRAFTWATCH_LITELLM_URL": "http://d", "DRAFTWATCH_LITELLM_DEPLOYMENTS": "smol=smol-plain",
+        "DRAFTWATCH_LITELLM_CANDIDATES": "smol=smol-next",
+        "DRAFTWATCH_LITELLM_HOLDOUT_SHARE": "0", "DRAFTWATCH_LITELLM_HOLDOUT_MAX_SHARE": "0",
+    })  # fmt: skip
+    drawn = []
+    for gate in (Gate(settings), Gate(settings)):
+        gate.rollout = Staged(3, CANDIDATE, "running", 0.5, False, {})
+        drawn.append([gate.choose("smol", "chat")[0] == "smol-next" for _ in range(2000)])
+    assert drawn[0] != drawn[1]  # equal everywhere with probability 2**-2000
+    for sequence in drawn:  # within 5 standard deviations of the share: a false failure in a million runs
+        assert abs(sum(sequence) / 2000 - 0.5) < 5 * (0.25 / 2000) ** 0.5
+
+
 @dataclass
 class Draftwatch:
     url: str

@@ -160,8 +160,9 @@ def test_a_failed_request_of_the_speculative_pool_keeps_its_declared_role(tmp_pa
     spec, plain = Upstream(), Upstream()
     spec.fail_with = 503
     with serving(spec) as spec_url, serving(plain) as plain_url:
+        # No holdout: its schedule starts at a place of the process's own, and this one request must be speculative.
         env = {"DRAFTWATCH_PROXY_BASELINE_UPSTREAM": plain_url, "DRAFTWATCH_DECODER_HOLDOUT_TARGET": "0",
-               "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0.01"}  # fmt: skip
+               "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0"}  # fmt: skip
         with sidecar(tmp_path, db_url, spec_url, **env) as (url, app):
             body = {"messages": [{"role": "user", "content": "hi"}]}
             assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code == 503
