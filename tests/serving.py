@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,11 @@ def serving(app: ASGIApp, port: int | None = None, **options: Any) -> Iterator[s
         thread.join(10)
 
 
-def serve_process(tmp_path: Path, db_url: str, port: int, *options: str, **env: str) -> subprocess.Popen[bytes]:
-    """``draftwatch [options] serve`` on ``port`` with ``env`` on top, once it answers ready; output in one pipe."""
+def serve_process(
+    tmp_path: Path, db_url: str, port: int, *options: str, flags: Sequence[str] = (), **env: str
+) -> subprocess.Popen[bytes]:
+    """``draftwatch [options] serve [flags]`` on ``port`` with ``env`` on top, once it answers ready; output in one
+    pipe."""
     env = {
         **os.environ,
         "HOME": str(tmp_path),
@@ -59,7 +62,7 @@ def serve_process(tmp_path: Path, db_url: str, port: int, *options: str, **env: 
         **env,
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "monitor.commands", *options, "serve", "--port", str(port), "--no-scheduler"],
+        [sys.executable, "-m", "monitor.commands", *options, "serve", "--port", str(port), "--no-scheduler", *flags],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

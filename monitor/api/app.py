@@ -45,6 +45,7 @@ from monitor.config import Settings
 from monitor.ingest.capture.sidecar import PromptCapture
 from monitor.ingest.recorder import Recorder
 from monitor.proxy.forward import routes as forward
+from monitor.proxy.rollout import announce_candidates, served_here
 from monitor.proxy.routing import build_router, refresh_routes
 from monitor.store import migrate
 from monitor.store.engine import create_engine
@@ -117,6 +118,10 @@ def create_app(
         if settings.proxy.upstream:
             state.router = build_router(settings)
             routes = asyncio.create_task(refresh_routes(state.router, eng, settings.proxy.route_refresh_s))
+        # Where draftwatch rollout start, with settings of its own, finds the candidates this sidecar serves.
+        embedded = settings.decoder.candidate if decoder is not None and decoder.candidate is not None else None
+        candidates = served_here(settings.proxy, embedded)
+        announcing = asyncio.create_task(announce_candidates(eng, candidates)) if candidates else None
         prometheus.watch(state)
         app.state.api = state
         try:
@@ -126,6 +131,8 @@ def create_app(
                 schema_task.cancel()
             if staging is not None:
                 staging.cancel()
+            if announcing is not None:
+                announcing.cancel()
             if state.worker is not None:
                 await anyio.to_thread.run_sync(state.worker.stop)
             if state.router is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from monitor.commands.common import add_settings_arguments, argument_type, run_with_engine
 from monitor.config import Settings
-from monitor.proxy.settings import parse_steps
+from monitor.proxy.settings import RolloutSettings, parse_steps
 from monitor.settings.parsers import format_duration, parse_duration, parse_int, parse_str
 
 if TYPE_CHECKING:  # the database layer and the judge's statistics load when a command runs, not when --help is read
@@ -128,32 +129,98 @@ def register(subparsers: Any) -> None:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from monitor.proxy.rollout import RolloutError, deployment_of, start_rollout
+    from monitor.proxy.rollout import RolloutError, staged_for, start_rollout
+    from monitor.settings.masking import mask_urls
 
     def action(engine: Engine, settings: Settings) -> int:
         flags = {"steps": args.steps, "interval": args.interval, "per_workload": args.per_workload,
                  "drafter": args.drafter}  # fmt: skip
         chosen = dataclasses.replace(settings.rollout, **{k: v for k, v in flags.items() if v is not None})
+        now, embedded = datetime.now(UTC), settings.decoder.candidate
         try:
-            embedded = settings.decoder.candidate
-            pool = deployment_of(settings.proxy, args.route, embedded).pool
-            r = start_rollout(engine, settings.proxy, chosen, datetime.now(UTC), route=args.route,
-                              candidate=args.candidate, embedded=embedded)  # fmt: skip
+            staged = staged_for(engine, settings.proxy, now, args.route, embedded)
+            r = start_rollout(engine, settings.proxy, chosen, now, route=args.route, candidate=args.candidate,
+                              embedded=embedded)  # fmt: skip
         except RolloutError as error:
             print(f"draftwatch rollout start: {error}", file=sys.stderr)
             return 2
         print(f"rollout {r.id} started: drafter {r.drafter} on deployment {r.deployment!r} (candidate pool "
-              f"{' '.join(pool)}), steps {_percents(r.steps)}, {_duration(r.interval_s)} a step"
-              f"{', per workload' if r.per_workload else ''}")  # fmt: skip
+              f"{mask_urls(' '.join(staged.pool))}, {staged.where}), steps {_percents(r.steps)}, "
+              f"{_duration(r.interval_s)} a step{', per workload' if r.per_workload else ''}")  # fmt: skip
         print(f"step 1 sends {_percent(r.step_share)} of the speculative requests to the candidate; the scheduler "
               f"judges it every {format_duration(settings.scheduler.rollout_interval)} "
               "(scheduler.rollout_interval) and advances, holds, promotes or rolls it back by itself")  # fmt: skip
         print(f"  draftwatch rollout status {r.id}     its steps and the judge's newest word per workload")
         print(f"  draftwatch rollout promote {r.id}    promote the candidate now")
         print(f"  draftwatch rollout abort {r.id}      every request back to the current drafter")
+        print("\n".join(paced(engine, r, chosen, now)))
         return 0
 
     return run_with_engine(args, "rollout start", action)
+
+
+def paced(engine: Engine, r: Rollout, settings: RolloutSettings, now: datetime) -> list[str]:
+    """How long each step lasts at the deployment's traffic of the last day, what ``rollout.min_requests`` needs,
+    and a warning for each workload a step cannot judge in time (:mod:`monitor.proxy.pace`)."""
+    from monitor.proxy.pace import longest_s, needed, pace
+
+    least, per = settings.min_requests, _duration(r.interval_s)
+    needs = [f"{needed(share, least):.0f} at {_percent(share)}" for share in r.steps[:-1]]
+    needs[0] = needs[0].replace(" at ", f" requests per {per} at ", 1)
+    minimum = f"to be judged within one step a workload needs {', '.join(needs)} ({least} a side)"
+    per_step, span = _traffic(engine, r, now)
+    if not per_step:
+        return [f"no requests with a decode time on deployment {r.deployment!r} in the last day: its steps cannot be "
+                f"timed; {minimum}"]  # fmt: skip
+    rates = {w: n / r.interval_s for w, n in per_step.items()}
+    steps = pace(rates, r.steps, r.interval_s, least, settings.max_holds, r.per_workload)
+    longest = longest_s(r.interval_s, settings.max_holds)
+    within = f"{least} requests a side within {_eta(longest)} (a step and rollout.max_holds {settings.max_holds} more)"
+    lines = [f"at the traffic of the last {_eta(span)} (requests with a decode time), each step takes:",
+             f"  {'workload':<16} {'per ' + per:>10}" + "".join(f" {_percent(s.share):>9}" for s in steps)]  # fmt: skip
+    warnings = []
+    for w, n in per_step.items():
+        cells = [_eta(s.reach_s[w]) if s.judged(w) else "unjudged" if s.reach_s[w] < longest else "never"
+                 for s in steps]  # fmt: skip
+        lines.append(f"  {w:<16.16} {n:>10.0f}" + "".join(f" {cell:>9}" for cell in cells))
+        late = [s.share for s in steps if s.reach_s[w] >= longest]
+        if late:
+            short = ", ".join(f"{needed(share, least) * r.interval_s / longest:.0f}" for share in late)
+            warnings.append(f"warning: {w} ({n:.0f} per {per}) reaches no decision at {', '.join(map(_percent, late))}"
+                            f": {within} needs {short} per {per}")  # fmt: skip
+        if not any(s.judged(w) for s in steps):
+            fate = "stays on the current drafter" if r.per_workload else "would be promoted with the rest, unjudged"
+            warnings.append(f"warning: {w} is judged at no step at this traffic: it {fate}")
+    lines.append(f"  {'the step lasts':<27}" + "".join(f" {_eta(s.lasts_s) if s.lasts_s else 'rollback':>9}"
+                                                       for s in steps))  # fmt: skip
+    lines.append(f"  {minimum}")
+    warnings += [f"warning: at {_percent(s.share)} no workload reaches {within}: the rollout would roll back there"
+                 for s in steps if s.lasts_s is None]  # fmt: skip
+    if warnings:
+        warnings.append("  to judge them: fewer steps at larger shares (--steps), a longer --interval, or a lower "
+                        "rollout.min_requests")  # fmt: skip
+    return lines + warnings
+
+
+def _traffic(engine: Engine, r: Rollout, now: datetime) -> tuple[dict[str, float], float]:
+    """Per workload of ``r``'s deployment, busiest first, the requests with a decode time its current side served
+    per step interval over the last day (or since the first), and the seconds they were counted over."""
+    from fnmatch import fnmatchcase
+
+    from monitor.proxy.pace import WINDOW
+    from monitor.store.rollouts import timed_traffic
+
+    with engine.connect() as conn:
+        seen = timed_traffic(conn, r.current_drafters, now - WINDOW, now)
+    counts: dict[str, int] = {}
+    first = now
+    for (workload, target), (n, since) in seen.items():
+        if fnmatchcase(target, r.deployment):  # the default deployment, *, matches every target
+            counts[workload] = counts.get(workload, 0) + n
+            first = min(first, since)
+    span = max((now - first).total_seconds(), 60.0)  # a minute's rollup at least, however recent its first request
+    busiest = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return {w: n * r.interval_s / span for w, n in busiest}, span
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -279,6 +346,13 @@ def timeline(r: Rollout, events: list[RolloutEvent]) -> list[str]:
         lines.append(f"  {_time(e.ts):<19}  {e.kind:<11} {f'{e.step + 1}/{len(r.steps)}':>5} "
                      f"{_percent(e.share):>6}  {(e.workload or '-'):<16.16} {e.reason}")  # fmt: skip
     return lines
+
+
+def _eta(seconds: float) -> str:
+    """A time to wait, rounded up: minutes under two hours, then hours, then days."""
+    if seconds < 7200:
+        return f"{math.ceil(seconds / 60)}m"
+    return f"{seconds / 3600:.3g}h" if seconds < 172800 else f"{seconds / 86400:.3g}d"
 
 
 def _time(value: datetime | None) -> str:

@@ -34,14 +34,22 @@ drafter's requests of the same step (:class:`monitor.drift.detectors.judge.Judge
 Every transition is a row of ``rollout_events`` and a line in the log; the alerts
 ``rollout_advanced``, ``rollout_rolled_back`` and ``rollout_promoted`` are raised from those rows.
 A restart or a failover of the elected scheduler resumes from the stored state.
+
+The candidate pool is the sidecars' setting (``serve --candidate-upstream``), and the command that
+starts a rollout runs with settings of its own: every sidecar announces the candidates it serves in
+the store (:func:`announce_candidates`, :mod:`monitor.store.candidates`), and a start whose own
+settings name none takes the pool the sidecars announced (:func:`staged_for`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final, Literal, NamedTuple
 
 import numpy as np
@@ -52,7 +60,11 @@ from decoder.candidate import DRAFTER_KINDS, Candidate
 from monitor.drift.detectors.judge import Judge, Side, WorkloadJudgement
 from monitor.drift.detectors.net_loss import Population
 from monitor.drift.sampling import Sample, sample_requests
+from monitor.log_safe import traceback_text
 from monitor.proxy.settings import ProxySettings, RolloutSettings
+from monitor.settings.masking import mask_urls
+from monitor.settings.parsers import format_duration
+from monitor.store.candidates import Announced, announce, announced
 from monitor.store.reads.results import Pair
 from monitor.store.rollouts import (
     CURRENT_DRAFTER,
@@ -74,6 +86,10 @@ log = logging.getLogger(__name__)
 
 # The judgement's key for the interval end of the current step its last hold was counted at (1 for the first).
 HELD_AT: Final = "held_at"
+# A sidecar announces its candidates this often; a start counts what was announced within FRESH (three turns).
+ANNOUNCE_S: Final = 60.0
+FRESH: Final = timedelta(seconds=3 * ANNOUNCE_S)
+RETRY_S: Final = 5.0  # after a failed announcement: a start right after the sidecar's must find it
 
 
 class RolloutError(ValueError):
@@ -119,6 +135,73 @@ def deployment_of(proxy: ProxySettings, route: int | None, embedded: Candidate |
     return Staged(chosen.model, chosen.candidate_upstream, f"candidate_upstream of route {route}", (CURRENT_DRAFTER,))
 
 
+def staged_for(
+    engine: Engine, proxy: ProxySettings, now: datetime, route: int | None = None, embedded: Candidate | None = None
+) -> Staged:
+    """The deployment a rollout is for and its candidates: this process's settings' (:func:`deployment_of`), else
+    those its sidecars announced within :data:`FRESH` of ``now``; refused where neither names any.
+
+    Announced by several, a proxy's pool is the union of theirs, and it comes before an embedded
+    decoder's drafter on the same deployment, as :func:`deployment_of` prefers ``proxy.candidate_upstream``.
+    """
+    staged = deployment_of(proxy, route, embedded)
+    if staged.pool:
+        return staged
+    found = announced(engine, staged.deployment, now - FRESH)
+    chosen = [a for a in found if a.current_drafters == (CURRENT_DRAFTER,)] or found
+    if not chosen:
+        raise RolloutError(_no_pool(staged, route), code="no_candidate_pool")
+    sidecars = len({a.instance for a in chosen})
+    where = f"{', '.join(sorted({a.setting for a in chosen}))} of {sidecars} sidecar{'s' if sidecars > 1 else ''}"
+    pool = tuple(sorted({c for a in chosen for c in a.candidates}))
+    return Staged(staged.deployment, pool, where, chosen[0].current_drafters)
+
+
+def _no_pool(staged: Staged, route: int | None) -> str:
+    """Why ``staged`` has no candidate pool, and exactly what to set where."""
+    unseen = (f"deployment {staged.deployment!r} has no candidate pool: no sidecar announced one in the last "
+              f"{format_duration(FRESH)} and {staged.where} is not set here; ")  # fmt: skip
+    if route is not None:
+        return (f"{unseen}set candidate_upstream in the sidecars' [[proxy.routes]] table for {staged.deployment!r} "
+                "to the same target served with the new drafter, then start the rollout")  # fmt: skip
+    return (f"{unseen}start the sidecars with serve --candidate-upstream URL (proxy.candidate_upstream, "
+            "DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM: the same target served with the new drafter; the embedded decoder: "
+            "serve --candidate-drafter, decoder.candidate), then start the rollout")  # fmt: skip
+
+
+def served_here(proxy: ProxySettings, embedded: Candidate | None) -> list[Staged]:
+    """The candidates a sidecar serves a rollout with, per deployment: its proxy's pools, else its embedded
+    decoder's candidate drafter (what :func:`announce_candidates` announces)."""
+    routes = range(1, len(proxy.routes) + 1) if proxy.upstream else range(0)
+    # Not a proxy: a candidate_upstream set for it serves nothing, and the embedded decoder's drafter is the one.
+    settings = proxy if proxy.upstream else ProxySettings()
+    staged = [deployment_of(settings, None, embedded), *(deployment_of(settings, n) for n in routes)]
+    return [s for s in staged if s.pool]
+
+
+async def announce_candidates(engine: Engine, staged: Sequence[Staged], every_s: float = ANNOUNCE_S) -> None:
+    """Announce ``staged`` in the store as this process's candidates now and every ``every_s``, until cancelled.
+
+    A database that is away is tried again at the next turn: the sidecar serves meanwhile. The
+    candidates' URLs are stored masked, as they are shown everywhere else.
+    """
+    instance = f"{socket.gethostname()}:{os.getpid()}"
+    pools = [Announced(s.deployment, tuple(mask_urls(c) for c in s.pool), s.where, s.current) for s in staged]
+    while True:
+        try:
+            await asyncio.to_thread(_announce, engine, instance, pools)
+        except Exception as error:  # the database is away, or its schema not upgraded yet: try again soon
+            log.debug("candidate pools not announced: %s", traceback_text(error).splitlines()[-1])
+            await asyncio.sleep(min(every_s, RETRY_S))
+        else:
+            await asyncio.sleep(every_s)
+
+
+def _announce(engine: Engine, instance: str, pools: Sequence[Announced]) -> None:
+    with engine.begin() as conn:
+        announce(conn, instance, pools, datetime.now(UTC))
+
+
 def start_rollout(
     engine: Engine, proxy: ProxySettings, settings: RolloutSettings, now: datetime, *, route: int | None = None,
     candidate: str | None = None, embedded: Candidate | None = None,
@@ -130,13 +213,8 @@ def start_rollout(
     configuration already allows. ``embedded``: the embedded decoder's candidate drafter, which
     makes the default deployment the embedded decoder's when no proxy candidate pool is set.
     """
-    deployment, pool, where, current = deployment_of(proxy, route, embedded)
-    if not pool:
-        other = " (or, for the embedded decoder, decoder.candidate: serve --candidate-drafter)" if route is None else ""
-        raise RolloutError(f"deployment {deployment!r} has no candidate pool: set {where} to the same target served "
-                           f"with the new drafter{other}, on every sidecar, then start the rollout",
-                           code="no_candidate_pool")  # fmt: skip
-    if candidate is not None and candidate.rstrip("/") not in pool:
+    deployment, pool, where, current = staged_for(engine, proxy, now, route, embedded)
+    if candidate is not None and mask_urls(candidate.rstrip("/")) not in map(mask_urls, pool):
         raise RolloutError(f"candidate={candidate!r} is not in {where} ({len(pool)} configured): a rollout only sends "
                            "traffic to a configured candidate; add it there first", field="candidate")  # fmt: skip
     name = settings.drafter.strip()

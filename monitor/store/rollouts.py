@@ -40,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Mapped, mapped_column
 
-from monitor.store.models import Base, BigId, RequestRow
+from monitor.store.models import Base, BigId, RequestRow, RollupMinuteRow
 
 Status = Literal["running", "promoted", "rolled_back", "aborted"]
 STATUSES: Final = ("running", "promoted", "rolled_back", "aborted")
@@ -268,6 +268,20 @@ def rollout_events(
     if end is not None:
         query = query.where(e.ts < end)
     return [RolloutEvent(*row) for row in _read(engine, query.order_by(e.ts, e.id))]
+
+
+def timed_traffic(
+    conn: Connection, drafters: Sequence[str], start: datetime, end: datetime
+) -> dict[tuple[str, str], tuple[int, datetime]]:
+    """Per (workload, target), the requests with a decode time the side ``drafters`` names served in ``[start,
+    end)`` (what ``rollout.min_requests`` counts), and the first minute one was seen; from the minute rollups."""
+    m = RollupMinuteRow
+    query = (
+        select(m.workload, m.target_model, func.sum(m.n_timed), func.min(m.bucket))
+        .where(m.bucket >= start, m.bucket < end, m.drafter.in_(drafters), m.mode.in_(SERVED_MODES), m.n_timed > 0)
+        .group_by(m.workload, m.target_model)
+    )
+    return {(w, target): (int(n), first) for w, target, n, first in conn.execute(query)}
 
 
 def outcomes(

@@ -6,8 +6,9 @@ draftwatch's own, not forwarded); a judged rollout is made as tests/proxy/test_r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,19 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from decoder import NgramDrafter, SpeculativeDecoder
+from decoder.candidate import DRAFTER_KINDS
 from monitor.api.app import create_app
-from monitor.proxy.rollout import advance_rollouts, start_rollout
+from monitor.proxy.rollout import FRESH, advance_rollouts, start_rollout
+from monitor.proxy.settings import ProxySettings
+from monitor.store.candidates import announced
 from monitor.store.engine import create_engine
 from monitor.store.rollouts import get_rollout, rollout_events, rollouts
 from tests.api.conftest import ADMIN, INGEST, READ, auth, make_settings
+from tests.decoder.tiny import tiny_model
 from tests.proxy.test_rollout import INTERVAL, PROXY, interval_of, rollout_settings
 from tests.records import T0
+from tests.serving import serving
 
 CANDIDATE_URL = "http://127.0.0.1:9"
 PROXIED = {"DRAFTWATCH_PROXY_UPSTREAM": "http://127.0.0.1:8", "DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM": CANDIDATE_URL}
@@ -198,7 +205,32 @@ def test_a_deployment_without_a_candidate_pool_is_a_conflict(tmp_path: Path, db_
     with TestClient(create_app(settings)) as client:
         answer = post(client, "/v1/rollouts", {"drafter": "eagle3-v2"})
         assert answer.status_code == 409 and answer.json() == {
-            "error": "no_candidate_pool", "message": "deployment '*' has no candidate pool: set "
-            "proxy.candidate_upstream to the same target served with the new drafter (or, for the embedded decoder, "
-            "decoder.candidate: serve --candidate-drafter), on every sidecar, then start the rollout"}  # fmt: skip
+            "error": "no_candidate_pool", "message": "deployment '*' has no candidate pool: no sidecar announced one "
+            "in the last 3m and proxy.candidate_upstream is not set here; start the sidecars with serve "
+            "--candidate-upstream URL (proxy.candidate_upstream, DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM: the same target "
+            "served with the new drafter; the embedded decoder: serve --candidate-drafter, decoder.candidate), then "
+            "start the rollout"}  # fmt: skip
         assert client.get("/v1/rollouts", headers=auth(READ)).json() == {"rollouts": []}
+
+
+def test_an_embedded_decoder_announces_its_candidate_drafter_where_rollout_start_finds_it(
+    tmp_path: Path, db_url: str
+) -> None:
+    """``serve --target T --candidate-drafter ngram:1-1``: a start elsewhere, without decoder.candidate of its own,
+    takes that drafter and the portfolio's names for the current side."""
+    decoder = SpeculativeDecoder(tiny_model(seed=1, name="tiny-target"), NgramDrafter(min_n=1, max_n=3),
+                                 candidate=NgramDrafter(min_n=1, max_n=1))  # fmt: skip
+    settings = make_settings(tmp_path, db_url, DRAFTWATCH_DECODER_CANDIDATE="ngram:1-1")
+    engine = create_engine(db_url)
+    try:
+        with serving(create_app(settings, decoder=decoder)):
+            deadline = time.monotonic() + 30
+            while not (found := announced(engine, "*", datetime.now(UTC) - FRESH)):
+                assert time.monotonic() < deadline, "the sidecar announced no candidate"
+                time.sleep(0.05)
+        assert [(a.candidates, a.setting, a.current_drafters) for a in found] == [
+            (("ngram:1-1",), "decoder.candidate", DRAFTER_KINDS)]  # fmt: skip
+        r = start_rollout(engine, ProxySettings(), rollout_settings(), datetime.now(UTC))
+        assert r.current_drafters == DRAFTER_KINDS and not r.of_proxy
+    finally:
+        engine.dispose()

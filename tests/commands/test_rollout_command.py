@@ -7,19 +7,25 @@ the judge run at the test's clock; the commands then read them as a user would.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import delete
 from sqlalchemy.engine import Engine
 
 from monitor.commands import rollout as command
 from monitor.commands.main import build_parser, main
-from monitor.proxy.rollout import abort, advance_rollouts, start_rollout
-from monitor.store.rollouts import STATUSES, get_rollout, rollout_events, rollouts
-from tests.proxy.test_rollout import CANDIDATE, INTERVAL, PROXY, interval_of, rollout_settings
+from monitor.proxy.rollout import FRESH, abort, advance_rollouts, start_rollout
+from monitor.store.candidates import announced
+from monitor.store.models import RollupMinuteRow
+from monitor.store.rollouts import CURRENT_DRAFTER, STATUSES, get_rollout, rollout_events, rollouts
+from tests.proxy.test_rollout import CANDIDATE, INTERVAL, PROXY, interval_of, requests, rollout_settings, store
+from tests.proxy.upstream import Upstream, serving
 from tests.records import T0
+from tests.serving import free_port, serve_process
 
 Run = Callable[..., tuple[int, str, str]]
 CANDIDATE_URL = "http://cand:8082"
@@ -61,8 +67,8 @@ def test_start_takes_the_settings_and_its_flags_override_them(
     (first,) = rollouts(engine)
     assert (first.drafter, first.steps, first.interval_s, first.per_workload, first.deployment, first.status) == (
         "eagle3-v2", (0.05, 0.25, 0.5, 1.0), 2700.0, False, "*", "running")  # fmt: skip
-    assert (f"rollout {first.id} started: drafter eagle3-v2 on deployment '*' (candidate pool {CANDIDATE_URL}), "
-            "steps 5,25,50,100 %, 45m a step\n") in out  # fmt: skip
+    assert (f"rollout {first.id} started: drafter eagle3-v2 on deployment '*' (candidate pool {CANDIDATE_URL}, "
+            "proxy.candidate_upstream), steps 5,25,50,100 %, 45m a step\n") in out  # fmt: skip
     assert "step 1 sends 5% of the speculative requests to the candidate" in out
     assert "judges it every 1m (scheduler.rollout_interval)" in out
     for action in ("status", "promote", "abort"):
@@ -99,9 +105,10 @@ def test_start_refusals_are_one_line_with_what_to_do_and_status_2(
     code, _, err = run("start")
     assert code == 2
     assert err == (
-        "draftwatch rollout start: deployment '*' has no candidate pool: set proxy.candidate_upstream to the same "
-        "target served with the new drafter (or, for the embedded decoder, decoder.candidate: serve "
-        "--candidate-drafter), on every sidecar, then start the rollout\n"
+        "draftwatch rollout start: deployment '*' has no candidate pool: no sidecar announced one in the last 3m and "
+        "proxy.candidate_upstream is not set here; start the sidecars with serve --candidate-upstream URL "
+        "(proxy.candidate_upstream, DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM: the same target served with the new drafter; "
+        "the embedded decoder: serve --candidate-drafter, decoder.candidate), then start the rollout\n"
     )
     # A value the setting's own parser refuses is argparse's usage error, naming the flag.
     for flag, value, said in (("--steps", "50,25,100", "25 follows 50"), ("--steps", "5,50", "the last step to be 100"),
@@ -111,6 +118,92 @@ def test_start_refusals_are_one_line_with_what_to_do_and_status_2(
         assert exited.value.code == 2
         assert f"argument {flag}: " in (err := capsys.readouterr().err) and said in err, err
     assert [r.id for r in rollouts(engine)] == [running.id]  # nothing refused was stored
+
+
+def test_the_readme_example_starts_on_the_candidate_pool_the_sidecar_serves(
+    run: Run, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve --upstream ... --candidate-upstream ... --baseline-upstream ...`` then ``rollout start --steps
+    5,25,50,100 --interval 30m --drafter eagle3-v2``, as the README writes them (stand-in engines on real ports): the
+    command's own settings name no candidate pool, the sidecar's flag does, and the sidecar announced it."""
+    monkeypatch.delenv("DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM")
+    assert run("start")[0] == 2  # no sidecar yet
+    db_url = engine.url.render_as_string(hide_password=False)
+    with serving(Upstream()) as spec, serving(Upstream()) as candidate, serving(Upstream()) as plain:
+        flags = ("--upstream", spec, "--candidate-upstream", candidate, "--baseline-upstream", plain)
+        sidecar = serve_process(tmp_path / "sidecar", db_url, free_port(), flags=flags)
+        try:
+            deadline = time.monotonic() + 30
+            while not announced(engine, "*", datetime.now(UTC) - FRESH):
+                assert time.monotonic() < deadline, "the sidecar announced no candidate pool"
+                time.sleep(0.1)
+            code, out, err = run("start", "--steps", "5,25,50,100", "--interval", "30m", "--drafter", "eagle3-v2")
+        finally:
+            sidecar.terminate()
+            sidecar.wait(30)
+    assert (code, err) == (0, "")
+    (r,) = rollouts(engine)
+    assert (r.deployment, r.drafter, r.steps, r.current_drafters) == ("*", "eagle3-v2", (0.05, 0.25, 0.5, 1.0),
+                                                                      ("upstream",))  # fmt: skip
+    assert (f"rollout {r.id} started: drafter eagle3-v2 on deployment '*' (candidate pool {candidate}, "
+            "proxy.candidate_upstream of 1 sidecar), steps 5,25,50,100 %, 30m a step\n") in out  # fmt: skip
+    assert ("no requests with a decode time on deployment '*' in the last day: its steps cannot be timed; to be "
+            "judged within one step a workload needs 600 requests per 30m at 5%, 120 at 25%, 60 at 50% (30 a side)"
+            ) in out  # fmt: skip
+
+
+def traffic(engine: Engine, workload: str, per_5_minutes: int, start: datetime, hours: int) -> None:
+    """The current drafter's requests of ``workload``, ``per_5_minutes`` every 5 minutes, ``hours`` from ``start``."""
+    for k in range(12 * hours):
+        store(
+            engine, requests(workload, CURRENT_DRAFTER, 10.0, per_5_minutes, start + timedelta(minutes=5 * k), seed=k)
+        )
+
+
+def test_start_says_how_long_each_step_takes_at_the_traffic_seen_and_warns_where_none_decides(
+    run: Run, engine: Engine
+) -> None:
+    """The issue's deployment: a workload served every 50 s never reaches 30 requests a side at a 5 % step."""
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
+    traffic(engine, "prose", 80, start, 2)  # 480 a 30-minute step
+    traffic(engine, "extract", 6, start, 2)  # 36
+    code, out, err = run("start", "--steps", "5,25,50,100", "--interval", "30m", "--drafter", "eagle3-v2")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("at the traffic of the last 2")))
+    assert lines[at].endswith(" (requests with a decode time), each step takes:")
+    assert lines[at + 1].split() == ["workload", "per", "30m", "5%", "25%", "50%"]
+    # prose: 30 a side at 5 % takes 600 of its requests, 37.5 minutes; extract reaches them at no step in time.
+    # Their counts a step are the 2 hours' over the time since their first (a minute's seconds more, and the test's).
+    prose, extract = lines[at + 2].split(), lines[at + 3].split()
+    few = extract.pop(1)
+    assert 475 <= int(prose.pop(1)) <= 480 and few in ("35", "36")
+    assert prose == ["prose", "38m", "8m", "4m"]
+    assert extract == ["extract", "never", "unjudged", "unjudged"]
+    assert lines[at + 4].split() == ["the", "step", "lasts", "38m", "30m", "30m"]
+    assert lines[at + 5] == ("  to be judged within one step a workload needs 600 requests per 30m at 5%, 120 at 25%, "
+                             "60 at 50% (30 a side)")  # fmt: skip
+    assert lines[at + 6 :] == [
+        f"warning: extract ({few} per 30m) reaches no decision at 5%: 30 requests a side within 2h (a step and "
+        "rollout.max_holds 3 more) needs 150 per 30m",
+        "warning: extract is judged at no step at this traffic: it would be promoted with the rest, unjudged",
+        "  to judge them: fewer steps at larger shares (--steps), a longer --interval, or a lower rollout.min_requests",
+    ]
+    (r,) = rollouts(engine)
+    assert r.id is not None and run("abort", str(r.id))[0] == 0
+    # Per workload, one step: the promotion waits for extract as long as its holds allow, then leaves it out.
+    code, out, _ = run("start", "--steps", "5,100", "--interval", "30m", "--per-workload")
+    assert code == 0
+    assert ["the", "step", "lasts", "2h"] in [line.split() for line in out.splitlines()]
+    assert "warning: extract is judged at no step at this traffic: it stays on the current drafter" in out
+    # A deployment of extract alone rolls back at its first step: nothing reaches a decision there.
+    assert run("abort", str(rollouts(engine)[0].id))[0] == 0
+    with engine.begin() as conn:
+        conn.execute(delete(RollupMinuteRow).where(RollupMinuteRow.workload == "prose"))
+    code, out, _ = run("start", "--steps", "5,25,50,100", "--interval", "30m")
+    assert code == 0 and ["the", "step", "lasts", "rollback"] in [line.split() for line in out.splitlines()]
+    assert ("warning: at 5% no workload reaches 30 requests a side within 2h (a step and rollout.max_holds 3 more): "
+            "the rollout would roll back there") in out  # fmt: skip
 
 
 def test_status_lists_the_rollouts_newest_first_with_the_judges_newest_word(run: Run, engine: Engine) -> None:

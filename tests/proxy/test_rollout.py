@@ -18,12 +18,23 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from decoder.candidate import DRAFTER_KINDS, Candidate
 from decoder.record import RequestRecord
 from monitor.config import Settings
 from monitor.proxy import rollout as steps
-from monitor.proxy.rollout import RolloutError, abort, advance_rollouts, promote, start_rollout
+from monitor.proxy.rollout import (
+    RolloutError,
+    Staged,
+    abort,
+    advance_rollouts,
+    promote,
+    served_here,
+    staged_for,
+    start_rollout,
+)
 from monitor.proxy.routing import Deployment, build_router
 from monitor.proxy.settings import ModelRoute, ProxySettings, RolloutSettings
+from monitor.store.candidates import Announced, announce
 from monitor.store.rollouts import (
     CURRENT_DRAFTER,
     Rollout,
@@ -269,7 +280,7 @@ def test_promote_and_abort_by_hand(engine: Engine) -> None:
 
 
 def test_a_rollout_starts_only_on_a_configured_candidate(engine: Engine) -> None:
-    with pytest.raises(RolloutError, match="has no candidate pool: set proxy.candidate_upstream"):
+    with pytest.raises(RolloutError, match="has no candidate pool: no sidecar announced one in the last 3m and proxy"):
         start_rollout(engine, ProxySettings(upstream=("http://spec:8080",)), rollout_settings(), T0)
     with pytest.raises(RolloutError, match="is not in proxy.candidate_upstream"):
         start_rollout(engine, PROXY, rollout_settings(), T0, candidate="http://elsewhere:9999")
@@ -285,6 +296,61 @@ def test_a_rollout_starts_only_on_a_configured_candidate(engine: Engine) -> None
     start_rollout(engine, PROXY, rollout_settings(), T0)  # another deployment's rollout does not block this one
     with pytest.raises(RolloutError, match=r"rollout \d+ is running on deployment '\*'"):
         start_rollout(engine, PROXY, rollout_settings(), T0)
+
+
+def test_a_start_without_a_pool_of_its_own_takes_the_one_its_sidecars_announced(engine: Engine) -> None:
+    """The candidate pool is the sidecars' flag: ``rollout start`` elsewhere reads what they announced lately."""
+    bare = ProxySettings(upstream=("http://spec:8080",))
+    masked = "http://ada:***@cand:8082"
+    with engine.begin() as conn:
+        announce(conn, "a:1", [Announced("*", (masked,), "proxy.candidate_upstream", (CURRENT_DRAFTER,))], T0)
+        announce(conn, "b:2", [Announced("*", ("http://cand-2:8082",), "proxy.candidate_upstream",
+                                         (CURRENT_DRAFTER,))], T0 - timedelta(minutes=1))  # fmt: skip
+        # A proxy's pool comes before an embedded decoder's drafter, as the settings' do; a stale one is gone.
+        announce(conn, "c:3", [Announced("*", ("ngram:1-1",), "decoder.candidate", DRAFTER_KINDS)], T0)
+        announce(conn, "d:4", [Announced("*", ("http://gone:1",), "proxy.candidate_upstream", (CURRENT_DRAFTER,))],
+                 T0 - steps.FRESH - timedelta(seconds=1))  # fmt: skip
+    pool = (masked, "http://cand-2:8082")  # sorted
+    assert staged_for(engine, bare, T0) == Staged("*", pool, "proxy.candidate_upstream of 2 sidecars",
+                                                  (CURRENT_DRAFTER,))  # fmt: skip
+    assert staged_for(engine, PROXY, T0).pool == PROXY.candidate_upstream  # its own settings first
+    with pytest.raises(RolloutError, match=r"candidate='http://elsewhere:1' is not in proxy.candidate_upstream of 2"):
+        start_rollout(engine, bare, rollout_settings(), T0, candidate="http://elsewhere:1")
+    # The sidecar's URL is stored masked: the secret one still names it.
+    r = start_rollout(engine, bare, rollout_settings(), T0, candidate="http://ada:secret@cand:8082/")
+    assert r.id is not None and r.current_drafters == (CURRENT_DRAFTER,)
+    abort(engine, r.id, T0)
+    with engine.begin() as conn:  # only the embedded decoder is left: its rollout is the embedded one
+        announce(conn, "a:1", [], T0)
+        announce(conn, "b:2", [], T0)
+    assert staged_for(engine, bare, T0) == Staged("*", ("ngram:1-1",), "decoder.candidate of 1 sidecar", DRAFTER_KINDS)
+    assert start_rollout(engine, bare, rollout_settings(), T0).current_drafters == DRAFTER_KINDS
+    # A route's deployment is its model glob: announced by none, the refusal says what to set there.
+    routed = replace(bare, routes=(ModelRoute("qwen*", ("http://q:8000",)),))
+    with pytest.raises(
+        RolloutError,
+        match=r"deployment 'qwen\*' has no candidate pool: no sidecar announced one in "
+        r"the last 3m and candidate_upstream of route 1 is not set here; set "
+        r"candidate_upstream in the sidecars' \[\[proxy.routes\]\] table",
+    ):
+        start_rollout(engine, routed, rollout_settings(), T0, route=1)
+
+
+def test_a_sidecar_announces_the_candidates_it_serves_per_deployment() -> None:
+    routes = (ModelRoute("qwen*", ("http://q:8000",), candidate_upstream=("http://qc:8000",)),
+              ModelRoute("llama*", ("http://l:8000",)))  # fmt: skip
+    proxy = ProxySettings(upstream=("http://spec:8080",), candidate_upstream=("http://cand:8082",), routes=routes)
+    embedded = Candidate("ngram", ngram_min=1, ngram_max=1)
+    assert served_here(proxy, None) == [
+        Staged("*", ("http://cand:8082",), "proxy.candidate_upstream", (CURRENT_DRAFTER,)),
+        Staged("qwen*", ("http://qc:8000",), "candidate_upstream of route 1", (CURRENT_DRAFTER,)),
+    ]
+    assert served_here(replace(proxy, candidate_upstream=()), embedded)[0] == Staged(
+        "*", ("ngram:1-1",), "decoder.candidate", DRAFTER_KINDS)  # fmt: skip
+    # Not a proxy: its proxy settings serve nothing; the embedded decoder's drafter is its candidate.
+    not_proxy = replace(proxy, upstream=())
+    assert served_here(not_proxy, None) == []
+    assert served_here(not_proxy, embedded) == [Staged("*", ("ngram:1-1",), "decoder.candidate", DRAFTER_KINDS)]
 
 
 def test_the_router_sends_the_rollouts_share_to_the_candidate_pool(engine: Engine) -> None:

@@ -52,8 +52,8 @@ def test_an_embedded_candidate_makes_the_default_deployment_the_decoders(engine:
     assert staged == ("*", ("ngram:1-1",), "decoder.candidate", ("model", "ngram"))
     proxied = ProxySettings(upstream=("http://spec:8080",), candidate_upstream=("http://cand:8080",))
     assert deployment_of(proxied, None, EMBEDDED).current == ("upstream",)  # a proxy's candidate pool comes first
-    with pytest.raises(RolloutError, match=r"set proxy.candidate_upstream .* \(or, for the embedded decoder, "
-                                           r"decoder.candidate"):  # fmt: skip
+    unset = r"serve --candidate-upstream URL .* the embedded decoder: serve --candidate-drafter, decoder.candidate"
+    with pytest.raises(RolloutError, match=unset):
         start_rollout(engine, NO_PROXY, rollout_settings(), T0)
     with pytest.raises(RolloutError, match="'ngram', 'model'|'model', 'ngram'"):
         start_rollout(engine, NO_PROXY, rollout_settings(drafter="ngram"), T0, embedded=EMBEDDED)
