@@ -121,6 +121,7 @@ class Recorder:
         self._progress = threading.Condition(self._lock)
         self._idle_writers = 0
         self._in_flight = 0  # taken off the deque by a writer, not yet written or spooled
+        self._expected = 0  # announced by expect(), not yet handed over: made after the reply they belong to
         self._spool = Spool(settings.spool_dir)
         self._sink = BatchSink(engine, self._spool, DeadLetter(settings.spool_dir), on_durable)
         self._stop = threading.Event()
@@ -283,11 +284,23 @@ class Recorder:
         self._threads.append(spill)
         return self
 
+    def expect(self) -> None:
+        """Announce a record on its way (the proxy makes an answer's record once the answer has gone): until
+        :meth:`arrived`, :meth:`flush` waits for it as for a queued one."""
+        with self._lock:
+            self._expected += 1
+
+    def arrived(self) -> None:
+        """An announced record was handed over, or will not be (refused, or its making failed)."""
+        with self._lock:
+            self._expected -= 1
+            self._progress.notify_all()
+
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued record is committed or spooled; False on timeout."""
+        """Wait until every queued (or announced) record is committed or spooled; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._pending or self._in_flight or self._spill or self._spilling:
+            while self._pending or self._in_flight or self._spill or self._spilling or self._expected:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False

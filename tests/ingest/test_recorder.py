@@ -57,6 +57,21 @@ def test_records_arrive_in_batches_and_hooks_see_them(engine: Engine, tmp_path: 
         recorder.record(stream(1)[0])
 
 
+def test_flush_waits_for_an_announced_record(engine: Engine, tmp_path: Path) -> None:
+    """The proxy makes an answer's record after the answer went (monitor/proxy/forward/exchange.py): a flush
+    between the two waits for it, so that whoever flushes after an answer finds its record stored."""
+    with Recorder(engine, RecorderSettings(spool_dir=tmp_path / "spool")) as recorder:
+        recorder.expect()
+        assert not recorder.flush(0.2)
+        later = threading.Timer(0.3, lambda: (recorder.record_nowait(stream(1)[0]), recorder.arrived()))
+        later.start()
+        assert recorder.flush(20)
+        assert stored_count(engine) == (1, 1)
+        recorder.expect()
+        recorder.arrived()  # announced, then refused: nothing to wait for
+        assert recorder.flush(0.2)
+
+
 def test_the_recorder_runs_on_its_settings_section(engine: Engine, tmp_path: Path) -> None:
     settings = Settings.from_env(
         {"HOME": str(tmp_path), "DRAFTWATCH_RECORDER_BATCH_SIZE": "7", "DRAFTWATCH_RECORDER_QUEUE_SIZE": "9"}, None

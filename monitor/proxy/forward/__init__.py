@@ -12,9 +12,10 @@ speculative counts from the stack's own report, read by the same parser as the a
 A streamed OpenAI-compatible request is asked for its usage (``stream_options.include_usage``),
 and the usage-only event the client did not ask for is taken out of its stream. The monitor never
 fails a request: a response whose figures cannot be read is forwarded as is and counted in
-``draftwatch_proxy_unrecorded_total``; recording goes through the recorder's queue (which spools
-when the database is away), or with ``recorder.spool_before_reply`` is fsync'd to the spool before
-the answer's last byte, so that a kill -9 loses no answered request. An unreachable upstream
+``draftwatch_proxy_unrecorded_total``; an answer's record is made once its last byte has gone (the
+client never waits for it) and goes through the recorder's queue (which spools when the database is
+away), or with ``recorder.spool_before_reply`` is made first and fsync'd to the spool before the
+answer's last byte, so that a kill -9 loses no answered request. An unreachable upstream
 gives 502 and a silent one 504, both in the
 OpenAI error shape and recorded as errors; a client that disconnects mid-stream closes the
 upstream request, recorded as an error ("client disconnected"), as does one that leaves before the

@@ -272,9 +272,38 @@ class Exchange:
             return
         self._recorded = True
         self.release()
-        if not self.recording:
+        if self.recording:
+            self._make(report, finish, error, time.perf_counter())
+
+    def record_after_reply(self, report: Mapping[str, Any], *, finish: str | None = None) -> None:
+        """:meth:`record` an answer once the event loop is next free: after its last bytes went to the client.
+
+        Reading the report, checking it and computing the causes cost a good part of the proxy's time per
+        request; made after the reply, the client does not wait for them. The request is settled and its
+        replica released now; the record keeps this moment as its end. Under ``recorder.spool_before_reply``
+        the record must be on disk before the answer ends: it is made at once.
+        """
+        if self.state.settings.recorder.spool_before_reply or self._recorded or not self.recording:
+            self.record(report, finish=finish)
             return
-        ended = self.started + timedelta(seconds=time.perf_counter() - self.t0)
+        self._recorded = True
+        self.release()
+        self.state.recorder.expect()
+        asyncio.get_running_loop().call_soon(self._make_later, report, finish, time.perf_counter())
+
+    def _make_later(self, report: Mapping[str, Any], finish: str | None, end_s: float) -> None:
+        """:meth:`_make` where nobody waits to catch what it raises: a fault is logged and counted, never lost."""
+        try:
+            self._make(report, finish, None, end_s)
+        except Exception:
+            self.state.proxy_unrecorded += 1
+            log.exception("proxied %s not recorded: making its record failed", self.path)
+        finally:
+            self.state.recorder.arrived()
+
+    def _make(self, report: Mapping[str, Any] | None, finish: str | None, error: str | None, end_s: float) -> None:
+        """The record, ended at ``end_s`` (this request's clock), through the record's contract to the recorder."""
+        ended = self.started + timedelta(seconds=end_s - self.t0)
         fields = {
             "workload": self.workload,
             "ts_start": self.started,
@@ -323,12 +352,16 @@ class Exchange:
                 self._add_causes(rec, answer)
             finally:
                 _causes_room.release()
-            kept = self._hand_over(rec)
+            try:
+                kept = self._hand_over(rec)
+            finally:
+                self.state.recorder.arrived()
             if kept is None:
                 done.set_result(True)
             else:
                 kept.add_done_callback(lambda on_disk: done.set_result(on_disk.result()))
 
+        self.state.recorder.expect()
         _causes.submit(work)
         if self.state.settings.recorder.spool_before_reply:
             self._on_disk = done

@@ -56,8 +56,10 @@ class Relay:
         if self.opaque or self.passing is not None:
             self.exchange.unreadable(self.passing or "the stream's content coding cannot be read")
             return
-        failed = self.error is not None or self.response.status >= 400 or self.report is None
-        self.exchange.record(None if failed else self.report, finish=self.finish, error=self.error)
+        if self.error is not None or self.response.status >= 400 or self.report is None:
+            self.exchange.record(None, finish=self.finish, error=self.error)
+        else:
+            self.exchange.record_after_reply(self.report, finish=self.finish)
 
     async def _settled(self) -> None:
         self.settle()
@@ -115,7 +117,7 @@ class Relay:
         data = event_data(event)
         if data is None:
             if is_done(event):
-                await self._settled()  # before the client reads the end: what it has seen is recorded by then
+                await self._settled()  # before the client reads the end: settled, its record made once the loop is free
             return event
         # A large event (logprobs, SGLang's meta_info) is read off the event loop, its large values left unparsed.
         parsed_event = json_object(data) if len(data) <= SMALL_BYTES else await object_of(data)

@@ -249,7 +249,7 @@ async def _answer(request: Request, exchange: Exchange, target: bytes) -> Respon
     elif response.status >= 400 or report is None:
         exchange.record(None, error=f"upstream status {response.status}")
     else:
-        exchange.record(report)
+        exchange.record_after_reply(report)
         cleaned = await cleaned_sglang_of(readable, exchange.sglang_added) if exchange.sglang_added else readable
         if cleaned is not None and cleaned != readable:  # rewritten here: it goes as identity
             content, headers = cleaned, _headers_out(response, decoded=True)
