@@ -155,6 +155,9 @@ def create_app(
         openapi_url="/openapi.json" if open_docs else None,
         docs_url="/docs" if open_docs else None,
         redoc_url="/redoc" if open_docs else None,
+        # Its telemetry is /metrics. FastAPI's native OpenTelemetry would look for a configured provider on
+        # every request, a few per cent of a proxied request's time, to find none.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     errors.install(app)
     if settings.proxy.upstream:  # inside the limits: a forwarded request's body is read there, under its own limit
