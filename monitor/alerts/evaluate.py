@@ -51,6 +51,9 @@ class Signal:
     note: str | None = None
     # Why the figure moved, in words (the acceptance split's sentence); leads the alert's description.
     explanation: str | None = None
+    # What happened, in its user's words (a rollout's transition): the alert's summary in place of the rule's, its
+    # description the note alone, without the test's decision and effect.
+    title: str | None = None
 
 
 @dataclass(slots=True)
@@ -248,6 +251,10 @@ def _annotations(rule: Rule, signals: Sequence[Signal]) -> tuple[dict[str, str],
         parts.append(f"{s.test}: {s.decision}, {effect}" + (f" ({s.note})" if s.note else ""))
         if s.decision == "drift" and s.effect is not None:
             value = float(s.effect)
+    titles = dict.fromkeys(s.title for s in signals if s.title)
+    if titles:  # the event in words: its title and its note say what happened
+        notes = dict.fromkeys(s.note for s in signals if s.title and s.note)
+        return {"summary": "; ".join(titles), "description": "; ".join(notes)}, value
     summary = rule.summary + (f" ({where})" if where else "")
     said = next((s.explanation for s in signals if s.explanation), None)
     description = "; ".join(parts)

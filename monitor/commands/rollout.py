@@ -323,15 +323,14 @@ def describe(r: Rollout) -> list[str]:
 
 
 def _workload_row(name: str, j: Mapping[str, Any] | None, r: Rollout) -> str:
+    from monitor.drift.detectors.judge import ratio_text
+
     side = r.workloads.get(name)
     kept = {"current": "kept on the current drafter", "candidate": "promoted"}.get(side or "", "")
     if j is None:
         return f"{name:<16.16} {'-':<9} {'-':>5}  {'-':<20} {'-':>7} {'-':>7} {_percent(r.share(name)):>6}  {kept}"
     speed = next((m for m in j.get("metrics", ()) if m.get("metric") == "decode_speed"), None)
-    decode = "-"
-    if speed is not None and speed.get("ratio") is not None:
-        low, high = speed.get("ci") or (float("nan"), float("nan"))
-        decode = f"{speed['ratio']:.2f}x [{low:.2f}, {high:.2f}]"
+    decode = "-" if speed is None or speed.get("ratio") is None else ratio_text(speed["ratio"], speed.get("ci"))
     score = "-" if j.get("score") is None else str(j["score"])
     why = "; ".join(part for part in (kept, j.get("reason", "") if j.get("outcome") != "pass" else "") if part)
     return (f"{name:<16.16} {j.get('outcome', '-'):<9} {score:>5}  {decode:<20} {j.get('n_candidate', 0):>7} "

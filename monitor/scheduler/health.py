@@ -29,6 +29,7 @@ from sqlalchemy.engine import Engine
 
 from monitor.alerts.evaluate import Evaluation, Signal, evaluate_signals, stale_cutoff
 from monitor.config import Settings
+from monitor.drift.detectors.judge import in_words
 from monitor.ingest.spool import PREFIX, SUFFIX
 from monitor.notify.models import NotificationRow
 from monitor.scheduler.models import JobRunRow
@@ -127,7 +128,11 @@ def rollout_signals(engine: Engine) -> list[Signal]:
 
 
 def _rollout_signals(engine: Engine, r: Rollout, steps: int, kept: set[str]) -> list[Signal]:
-    """One deployment's rollout signals from its newest rollout ``r`` (see :func:`rollout_signals`)."""
+    """One deployment's rollout signals from its newest rollout ``r`` (see :func:`rollout_signals`).
+
+    Each active one carries its title, what happened in its user's words (the alert's summary), and
+    the event's reason as its note (the description).
+    """
     events = rollout_events(engine, rollout_id=r.id) if r.step > 0 or r.workloads else []
     where = f"rollout {r.id}, {r.drafter}"
     deployment = {"deployment": r.deployment}
@@ -136,22 +141,58 @@ def _rollout_signals(engine: Engine, r: Rollout, steps: int, kept: set[str]) -> 
         at = r.status == "running" and r.step + 1 == number
         event = _newest(events, "advanced", step=r.step) if at else None
         note = f"{where}: {event.reason if event else r.reason}" if at else None
+        title = f"rollout {r.id} advanced {r.drafter} to step {number} of {len(r.steps)}: {_share(r)}" if at else None
         labels = {**deployment, "step": str(number)}
-        signals.append(Signal("health", "rollout_step", _decision(at), labels, r.step_share if at else None, note))
+        signals.append(Signal("health", "rollout_step", _decision(at), labels, r.step_share if at else None, note,
+                              title=title))  # fmt: skip
     back = r.status == "rolled_back"
-    signals.append(Signal("health", "rollout_rollback", _decision(back), deployment, None,
-                          f"{where}: {r.reason}" if back else None))  # fmt: skip
+    note = f"{where}: {r.reason}" if back else None
+    signals.append(Signal("health", "rollout_rollback", _decision(back), deployment, None, note,
+                          title=_rolled_back(r) if back else None))  # fmt: skip
     for workload in sorted(kept):
         held = r.workloads.get(workload) == "current" and r.status != "aborted"
         event = _newest(events, "kept", workload=workload) if held else None
         ratio = _decode_ratio(event.judgement, workload) if event else None
         note = f"{where}: {event.reason if event else f'{workload} kept on the current drafter'}" if held else None
+        title = f"rollout {r.id} kept the current drafter on {_kept(workload, event)}" if held else None
         labels = {**deployment, "workload": workload}
-        signals.append(Signal("health", "rollout_rollback", _decision(held), labels, ratio, note))
+        signals.append(Signal("health", "rollout_rollback", _decision(held), labels, ratio, note, title=title))
     promoted = r.status == "promoted"
-    signals.append(Signal("health", "rollout_promotion", _decision(promoted), deployment, None,
-                          f"{where}: {r.reason}" if promoted else None))  # fmt: skip
+    note = f"{where}: {r.reason}" if promoted else None
+    signals.append(Signal("health", "rollout_promotion", _decision(promoted), deployment, None, note,
+                          title=_promoted(r, events) if promoted else None))  # fmt: skip
     return signals
+
+
+def _share(r: Rollout) -> str:
+    """The share of the deployment's speculative requests the candidate serves at ``r``'s step."""
+    on = "" if r.deployment == "*" else f" of {r.deployment}"
+    return f"{100 * r.steps[r.step]:g}% of the speculative requests{on}"
+
+
+def _rolled_back(r: Rollout) -> str:
+    """``rollout 4 rolled back eagle3-v2 at step 2 (25% ...): story: decode speed 0.81x [0.74, 0.88]; ...``."""
+    judged: Mapping[str, Any] = r.judgement.get("workloads", {})
+    failed = [f"{w}: {in_words(j)}" for w, j in sorted(judged.items()) if j.get("outcome") == "fail"]
+    why = "; ".join(failed) or r.reason.removeprefix("rolled back: ")
+    return f"rollout {r.id} rolled back {r.drafter} at step {r.step + 1} ({_share(r)}): {why}"
+
+
+def _kept(workload: str, event: RolloutEvent | None) -> str:
+    """``extract: decode speed 0.82x [0.75, 0.90]``: a kept workload and the judgement that kept it."""
+    judged = (event.judgement.get("workloads", {}) if event else {}).get(workload)
+    return f"{workload}: {in_words(judged)}" if judged else workload
+
+
+def _promoted(r: Rollout, events: Sequence[RolloutEvent]) -> str:
+    """``rollout 3 promoted eagle3-v2 on prose; kept the current drafter on extract: decode speed 0.82x [...]``."""
+    kept = sorted(w for w, side in r.workloads.items() if side == "current")
+    if r.per_workload:
+        on = ", ".join(sorted(w for w, side in r.workloads.items() if side == "candidate"))
+    else:
+        on = "every other workload" if kept else "every workload"
+    told = "; ".join(_kept(w, _newest(events, "kept", workload=w)) for w in kept)
+    return f"rollout {r.id} promoted {r.drafter} on {on}" + (f"; kept the current drafter on {told}" if told else "")
 
 
 def _newest(

@@ -50,9 +50,23 @@ class Watch:
 
     def description(self, rule: str, **labels: str) -> str:
         """The description of the newest firing notice of ``rule`` with ``labels``."""
+        return self.annotation("description", rule, **labels)
+
+    def summary(self, rule: str, **labels: str) -> str:
+        """The summary (the title a receiver shows) of the newest firing notice of ``rule`` with ``labels``."""
+        return self.annotation("summary", rule, **labels)
+
+    def annotation(self, name: str, rule: str, **labels: str) -> str:
         found = [a for a in self.alerts if a["rule"] == rule and a["status"] == "firing" and _labels(a) == labels]
         assert found, (rule, labels)
-        return str(found[-1]["annotations"]["description"])
+        return str(found[-1]["annotations"][name])
+
+
+def story_speed(engine: Engine, rollout_id: int | None) -> str:
+    """The candidate's decode speed on story where the judge kept it or rolled back: ``0.78x [0.73, 0.84]``."""
+    (event,) = [e for e in rollout_events(engine, rollout_id=rollout_id) if e.kind in ("kept", "rolled_back")]
+    speed = next(m for m in event.judgement["workloads"]["story"]["metrics"] if m["metric"] == "decode_speed")
+    return f"{speed['ratio']:.2f}x [{speed['ci'][0]:.2f}, {speed['ci'][1]:.2f}]"
 
 
 def _labels(alert: dict[str, Any]) -> dict[str, str]:
@@ -75,7 +89,12 @@ def test_every_rollout_event_fires_its_alert_once_with_the_reason(engine: Engine
     (kept,) = advance_rollouts(engine, s, T0 + timedelta(minutes=5, seconds=1))
     assert watch.run() == [("firing", "rollout_rolled_back", {"deployment": "*", "workload": "story"})]
     described = watch.description("rollout_rolled_back", deployment="*", workload="story")
-    assert f"rollout {r.id}, ngram-greedy: {kept.reason}" in described and "decode_speed fail" in described
+    assert described == f"rollout {r.id}, ngram-greedy: {kept.reason}" and "decode_speed fail" in described
+    # Its title says what happened to whom, in words: the workload kept, not the rollout rolled back.
+    speed = story_speed(engine, r.id)
+    assert watch.summary("rollout_rolled_back", deployment="*", workload="story") == (
+        f"rollout {r.id} kept the current drafter on story: decode speed {speed}"
+    )
     (story,) = [a for a in watch.alerts if a["rule"] == "rollout_rolled_back"]
     assert story["severity"] == "critical" and story["value"] < 1  # the candidate's decode speed ratio
     assert watch.run() == []  # still kept: no second notice
@@ -96,10 +115,17 @@ def test_every_rollout_event_fires_its_alert_once_with_the_reason(engine: Engine
     advanced = [e for e in rollout_events(engine, rollout_id=r.id) if e.kind == "advanced"]
     assert advanced[0].reason.startswith("step 2 of 3: every judged workload passed (scores copy 100")
     for step, event in zip(("2",), advanced, strict=True):
-        assert event.reason in watch.description("rollout_advanced", deployment="*", step=step)
+        described = watch.description("rollout_advanced", deployment="*", step=step)
+        assert described == f"rollout {r.id}, ngram-greedy: {event.reason}"
+    assert watch.summary("rollout_advanced", deployment="*", step="2") == (
+        f"rollout {r.id} advanced ngram-greedy to step 2 of 3: 50% of the speculative requests"
+    )
     promoted = watch.description("rollout_promoted", deployment="*")
     assert "promoted: every judged workload passed the last step" in promoted
     assert "kept on the current drafter: story" in promoted
+    assert watch.summary("rollout_promoted", deployment="*") == (
+        f"rollout {r.id} promoted ngram-greedy on copy; kept the current drafter on story: decode speed {speed}"
+    )
     # The operator ends the promoted rollout: the promotion and the kept workload resolve.
     abort(engine, r.id, t)
     assert watch.run() == [
@@ -114,8 +140,15 @@ def test_every_rollout_event_fires_its_alert_once_with_the_reason(engine: Engine
     assert back.kind == "rolled_back"
     assert watch.run() == [("firing", "rollout_rolled_back", {"deployment": "*"})]
     whole = watch.description("rollout_rolled_back", deployment="*")
-    assert f"rollout {again.id}, ngram-greedy: {back.reason}" in whole
+    assert whole == f"rollout {again.id}, ngram-greedy: {back.reason}"
     assert "story: decode_speed fail" in back.reason
+    assert watch.summary("rollout_rolled_back", deployment="*") == (
+        f"rollout {again.id} rolled back ngram-greedy at step 1 (10% of the speculative requests): story: decode speed "
+        f"{story_speed(engine, again.id)}"
+    )
+    # No alert of a rollout speaks the drift tests' words (a decision, an effect size).
+    for alert in watch.alerts:
+        assert "drift," not in alert["annotations"]["description"], alert
     assert watch.run() == []
     # Once per event: every alert fired exactly once, and nothing else fired.
     firing = [a for a in watch.alerts if a["status"] == "firing"]

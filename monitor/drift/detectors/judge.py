@@ -45,6 +45,7 @@ caught within two intervals at 30 requests a side.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
 
@@ -57,6 +58,8 @@ from monitor.drift.stats import FloatArray, bootstrap_means, percentile_interval
 Outcome = Literal["pass", "marginal", "fail"]
 WorkloadOutcome = Literal["pass", "marginal", "fail", "unjudged"]
 CRITICAL: Final = ("decode_speed", "error_rate")
+# A metric as its user reads it, where a stored judgement is said in words (:func:`in_words`).
+WORDS: Final = {"decode_speed": "decode speed", "error_rate": "error rate", "ttft": "time to first token"}
 
 
 class Side(NamedTuple):
@@ -195,5 +198,40 @@ def _describe(m: MetricJudgement) -> str:
     """``decode_speed fail: 0.81x [0.74, 0.88]`` or ``error_rate pass: 0.0% against 0.0%``."""
     if m.metric == "error_rate":
         return f"{m.metric} {m.outcome}: {_errors_reason(m)}"
-    low, high = m.ci or (np.nan, np.nan)
-    return f"{m.metric} {m.outcome}: {m.ratio:.2f}x [{low:.2f}, {high:.2f}]"
+    return f"{m.metric} {m.outcome}: {ratio_text(m.ratio, m.ci)}"
+
+
+def ratio_text(ratio: float | None, ci: Sequence[float] | None) -> str:
+    """The candidate's ratio to the current drafter's with its interval: ``0.81x [0.74, 0.88]``."""
+    low, high = ci or (np.nan, np.nan)
+    return f"{np.nan if ratio is None else ratio:.2f}x [{low:.2f}, {high:.2f}]"
+
+
+def in_words(judgement: Mapping[str, Any]) -> str:
+    """A stored workload judgement (:meth:`WorkloadJudgement.to_json`) in its user's words: the metrics that failed
+    it, else those that held it, else its decode speed, each the candidate's over the current drafter's with its
+    interval (above 1x faster); the judge's reason where none was measured.
+
+    >>> speed = {"metric": "decode_speed", "outcome": "fail", "candidate": 12.2, "current": 10.0, "ratio": 0.82,
+    ...          "ci": [0.75, 0.9]}
+    >>> in_words({"outcome": "fail", "reason": "decode_speed fail: 0.82x [0.75, 0.90]", "metrics": [speed]})
+    'decode speed 0.82x [0.75, 0.90]'
+    >>> errors = {"metric": "error_rate", "outcome": "fail", "candidate": 0.05, "current": 0.0}
+    >>> in_words({"outcome": "fail", "metrics": [{**speed, "outcome": "pass", "ratio": 1.1}, errors]})
+    'error rate 5.0% against 0.0%'
+    >>> in_words({"outcome": "unjudged", "reason": "too few to judge: 3 candidate and 40 current requests timed"})
+    'too few to judge: 3 candidate and 40 current requests timed'
+    """
+    judged = [m for m in judgement.get("metrics", ()) if m.get("outcome") is not None]
+    failed = [m for m in judged if m["outcome"] == "fail"]
+    holding = [m for m in judged if m["outcome"] != "pass" and m["metric"] in CRITICAL]
+    said = failed or holding or [m for m in judged if m["metric"] == "decode_speed"]
+    if not said:
+        return str(judgement.get("reason", ""))
+    return "; ".join(_in_words(m) for m in said)
+
+
+def _in_words(m: Mapping[str, Any]) -> str:
+    if m["metric"] == "error_rate":
+        return f"error rate {m['candidate']:.1%} against {m['current']:.1%}"
+    return f"{WORDS.get(m['metric'], m['metric'])} {ratio_text(m.get('ratio'), m.get('ci'))}"
