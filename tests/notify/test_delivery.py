@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
@@ -190,3 +191,24 @@ def test_config_refuses_bad_receivers_and_hides_secrets() -> None:
         parse_webhooks([{"url": "https://x.example/h", "format": "xml"}])
     (hook,) = parse_webhooks([{"url": "https://user:pw@hooks.example.com/services/T0/B0/secretpath", "secret": SECRET}])
     assert "secretpath" not in repr(hook) and "pw" not in repr(hook) and SECRET not in repr(hook)
+
+
+def test_a_pass_with_nothing_to_deliver_makes_no_client(
+    engine: Engine, tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client loads the CA bundle: tens of milliseconds that hold the GIL away from a sidecar's event loop, every
+    scheduler.delivery_interval. A pass makes one only for something to send (the real one, counted)."""
+    made: list[httpx.Client] = []
+    real = httpx.Client
+
+    def counted(*args: object, **kwargs: object) -> httpx.Client:
+        made.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(httpx, "Client", counted)
+    settings = make_settings(tmp_path, _url(engine), [{"url": receiver.url, "format": "json", "name": "own"}])
+    assert deliver_pending(engine, settings.delivery).attempted == 0
+    assert made == []
+    _fire(engine, settings)
+    assert deliver_pending(engine, settings.delivery).delivered == 1
+    assert len(made) == 1 and made[0].is_closed
