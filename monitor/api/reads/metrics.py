@@ -191,6 +191,11 @@ class Metrics:
         self._counters: dict[str, dict[Labels, float]] = {s.name: {} for s in RECORD_FAMILIES if not s.buckets}
         self._histograms: dict[str, dict[Labels, _Histogram]] = {s.name: {} for s in RECORD_FAMILIES if s.buckets}
         self._keys: set[Labels] = set()  # at most MAX_LABEL_SETS, plus OTHER_KEY
+        # Per record's (workload, target, drafter, draft model): its label set, made once (the recorder's batch
+        # counts in a thread that takes the GIL from the proxy's event loop: every microsecond a record is its
+        # latency). Per label set: its positions' labels, and how many of them have a sample already.
+        self._key_of: dict[tuple[str, str, str, str | None], Labels] = {}
+        self._positions: dict[Labels, tuple[list[Labels], list[int]]] = {}
         # Figures rendered at scrape time: single values (recorder, decode queue) and whole families (store).
         self._collectors: list[Callable[[], Iterable[tuple[str, str, str, float]]]] = []
         self._family_collectors: list[Callable[[], Iterable[Family]]] = []
@@ -221,6 +226,13 @@ class Metrics:
 
     def _key(self, rec: RequestRecord) -> Labels:
         """The record's label set; the first time it is seen, zero samples for it in every family."""
+        names = (rec.workload, rec.target_model, rec.drafter, rec.draft_model)
+        key = self._key_of.get(names)
+        if key is None:
+            key = self._key_of[names] = self._new_key(rec)
+        return key
+
+    def _new_key(self, rec: RequestRecord) -> Labels:
         drafter = Pair(rec.target_model, rec.drafter, rec.draft_model).label.removeprefix(f"{rec.target_model}/")
         key: Labels = (("workload", rec.workload), ("target", rec.target_model), ("drafter", drafter))
         if key not in self._keys and len(self._keys) >= MAX_LABEL_SETS:
@@ -251,12 +263,17 @@ class Metrics:
         c[DRAFT_TOKENS][key] += rec.num_draft_tokens
         c[ACCEPTED_TOKENS][key] += rec.num_accepted_tokens
         per_pos = c[ACCEPTED_PER_POS]
+        positions, shown = self._positions.get(key) or self._positions.setdefault(
+            key, ([_position(key, p) for p in range(MAX_POSITIONS + 1)], [0])
+        )
         # Every position the draft length allows, even one never accepted yet, so its rate exists.
-        width = max(rec.num_speculative_tokens, len(rec.accepted_per_position))
-        for position in range(min(width, MAX_POSITIONS + 1)):
-            per_pos.setdefault(_position(key, position), 0.0)
+        width = min(max(rec.num_speculative_tokens, len(rec.accepted_per_position)), MAX_POSITIONS + 1)
+        if width > shown[0]:
+            for labels in positions[shown[0] : width]:
+                per_pos.setdefault(labels, 0.0)
+            shown[0] = width
         for position, accepted in enumerate(rec.accepted_per_position):
-            per_pos[_position(key, position)] += accepted
+            per_pos[positions[min(position, MAX_POSITIONS)]] += accepted
         tpot = rec.decode_ms_per_token
         if tpot is not None:
             self._histograms[TPOT][by_mode].observe(tpot / 1000)
@@ -668,17 +685,19 @@ class LedgerCounters:
 
     def observe(self, records: Sequence[RequestRecord]) -> None:
         self._refresh()
+        counted = [r for r in records if r.mode == "speculative" and r.finish_reason != "error" and r.output_tokens > 1]
+        # One call for the batch: numpy's cost is per call (see Metrics._key_of on the batch's thread).
+        inflight = [np.nan if r.upstream_inflight is None else float(r.upstream_inflight) for r in counted]
+        levels = load_level(np.array(inflight, dtype=float)).tolist()
         with self._lock:
-            for rec in records:
-                if rec.mode == "speculative" and rec.finish_reason != "error" and rec.output_tokens > 1:
-                    self._count(rec)
+            for rec, level in zip(counted, levels, strict=True):
+                self._count(rec, level)
 
-    def _count(self, rec: RequestRecord) -> None:
+    def _count(self, rec: RequestRecord, level: int) -> None:
         workload = rec.workload
         if workload not in self._workloads and len(self._workloads) >= MAX_LABEL_SETS:
             workload = OTHER
         tokens = rec.output_tokens - 1
-        level = load_level(np.array([np.nan if rec.upstream_inflight is None else float(rec.upstream_inflight)]))[0]
         rate = next((r for r in self._rates.get(rec.workload, ()) if r[0] <= level <= r[1]), None)
         per_token, call = (rate[2], rate[3]) if rate is not None else (None, "not_measured")
         outcome = {"gains": "saved", "loses": "lost", "inconclusive": "inconclusive"}.get(call, "unmeasured")
