@@ -50,6 +50,9 @@ def demo_environment(scenario: Scenario, workdir: Path, api_port: int, webhook_u
         "DRAFTWATCH_DRIFT_CURRENT_WINDOW": scenario.current_window,
         "DRAFTWATCH_DRIFT_REFERENCE_WINDOW": "15m",
         "DRAFTWATCH_DRIFT_MIN_REQUESTS": str(scenario.min_per_window),
+        # The alert's split of the drop (mix or within, with intervals) at the demo's scale too: at the default 30
+        # requests a workload and window it would only say there is not enough data to split.
+        "DRAFTWATCH_DRIFT_EXPLAIN_MIN_REQUESTS": str(scenario.min_per_window),
         "DRAFTWATCH_ALERTS_FOR_RUNS": "1",
         "DRAFTWATCH_WEBHOOKS": json.dumps([{"url": webhook_url, "format": "alertmanager", "secret": secret}]),
     }

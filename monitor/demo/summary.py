@@ -69,6 +69,9 @@ def print_summary(
         print(f"\nalert received by the local webhook receiver (signature verified, webhook-id {alert.webhook_id}):")
         for item in alert.payload.get("alerts", []):
             print(f"  [{item.get('status')}] {item.get('labels')}")
-            print(f"      {item.get('annotations', {}).get('summary', '')}")
+            annotations = item.get("annotations", {})
+            print(f"      {annotations.get('summary', '')}")
+            if annotations.get("description"):
+                print(f"      {annotations['description']}")
     if dashboard_url:
         print(f"\ndashboard: {dashboard_url}")
