@@ -13,6 +13,7 @@ the canary's rollout can be started where its overlay says.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -40,7 +41,10 @@ from monitor.store.migrate import upgrade
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 GATEWAY = DEPLOY / "gateway"  # helper B's: its own kustomization and tests
-OVERLAYS = ("vllm", "sglang", "llamacpp", "fleet", "canary")
+OVERLAYS = ("vllm", "sglang", "llamacpp", "fleet", "canary", "gateway-fleet")
+# Behind a gateway the route holds out the baseline's share, and no sidecar has a baseline beside its engine.
+GATEWAY_TOPOLOGIES = ("gateway-fleet",)
+SIDECAR_HOLDOUTS = tuple(o for o in OVERLAYS if o not in GATEWAY_TOPOLOGIES)
 EVERY_OVERLAY = (*OVERLAYS, "gateway")
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 BIN = Path(sys.executable).parent
@@ -258,19 +262,25 @@ def test_sidecar_probes_ask_healthz_and_readyz_on_its_port(overlay: str) -> None
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_upstreams_are_the_engine_beside_it_and_the_baseline_service(overlay: str) -> None:
-    objects = render(overlay)
-    services = named(objects, "Service")
-    found = proxies(objects)
+def test_the_upstream_is_the_engine_beside_it(overlay: str) -> None:
+    found = proxies(render(overlay))
     assert found, f"deploy/{overlay} has no sidecar in proxy mode"
     for spec, container, env in found:
         upstream = urlsplit(env["DRAFTWATCH_PROXY_UPSTREAM"])
-        assert upstream.hostname == "127.0.0.1", "the speculative engine is the one in the sidecar's pod"
+        assert upstream.hostname == "127.0.0.1", "the engine a sidecar forwards to is the one in its pod"
         engine = [c for c in spec["containers"] if c is not container]
         assert any(int(p["containerPort"]) == upstream.port for c in engine for p in c.get("ports", [])), (
             f"deploy/{overlay}: DRAFTWATCH_PROXY_UPSTREAM port {upstream.port} is no port of the engine in its pod"
         )
 
+
+@pytest.mark.parametrize("overlay", SIDECAR_HOLDOUTS)
+def test_the_baseline_upstream_is_the_plain_service(overlay: str) -> None:
+    objects = render(overlay)
+    services = named(objects, "Service")
+    found = proxies(objects)
+    assert found, f"deploy/{overlay} has no sidecar in proxy mode"
+    for spec, _, env in found:
         baseline = urlsplit(env["DRAFTWATCH_PROXY_BASELINE_UPSTREAM"])
         host = (baseline.hostname or "").split(".")[0]
         assert host in services, f"deploy/{overlay}: the baseline upstream {baseline.hostname} is no Service"
@@ -584,3 +594,68 @@ def test_every_serving_deployment_has_a_disruption_budget_that_lets_a_drain_thro
             assert budget["spec"]["maxUnavailable"] == 1, f"deploy/{overlay}: {name} may lose several pods at once"
         else:
             assert budget["spec"]["minAvailable"] < replicas, f"deploy/{overlay}: {name}'s budget forbids a drain"
+
+
+def models_job(objects: tuple[Object, ...]) -> tuple[Object, Object, dict[str, str]]:
+    """deploy/llamacpp's Job filling the models volume: its pod spec, its container, its settings."""
+    [job] = named(objects, "Job").values()
+    spec = job["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    return spec, container, resolved_env(objects, container)
+
+
+def test_the_llama_cpp_models_volume_is_filled_with_every_file_the_engines_read() -> None:
+    objects = render("llamacpp")
+    spec, container, env = models_job(objects)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == env["MODELS_DIR"]]
+    claim = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert not mount.get("readOnly") and not volumes[mount["name"]]["persistentVolumeClaim"].get("readOnly")
+    [pvc] = [p for name, p in named(objects, "PersistentVolumeClaim").items() if name == claim]
+    assert set(pvc["spec"]["accessModes"]) & {"ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"}, "no writer"
+    written = {f"{env['MODELS_DIR']}/{k[6:-4].lower()}.gguf" for k in env if re.fullmatch(r"MODEL_\w+_URL", k)}
+    read = set()
+    for _, pod in pod_specs(objects):
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])
+                  if "persistentVolumeClaim" in v}  # fmt: skip
+        for c in pod["containers"]:
+            for m in c.get("volumeMounts", []):
+                if claims.get(m["name"]) == claim:
+                    read |= {a for a in c.get("args", []) if a.startswith(m["mountPath"] + "/")}
+    assert read and read <= written, f"deploy/llamacpp: the engines read {sorted(read - written)}, which no Job writes"
+    for key in (k for k in env if k.endswith("_URL")):
+        assert re.fullmatch(r"[0-9a-f]{64}", env[key[:-4] + "_SHA256"]), f"{key} has no sha256 to check"
+
+
+def test_the_models_job_s_script_downloads_checks_and_keeps(tmp_path: Path) -> None:
+    """The script as the Job mounts it, run on the Job's settings with the URLs pointing at local files."""
+    objects = render("llamacpp")
+    spec, container, env = models_job(objects)
+    script_path = Path(container["command"][-1])
+    [mount] = [m for m in container["volumeMounts"] if script_path.is_relative_to(m["mountPath"])]
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    script = tmp_path / script_path.name
+    script.write_text(named(objects, "ConfigMap")[volume["configMap"]["name"]]["data"][script_path.name])
+    models, sources = tmp_path / "models", tmp_path / "sources"
+    models.mkdir()
+    sources.mkdir()
+    names = [k[6:-4] for k in env if re.fullmatch(r"MODEL_\w+_URL", k)]
+    for name in names:
+        (sources / name).write_bytes(name.encode() * 1000)
+        env[f"MODEL_{name}_URL"] = (sources / name).as_uri()
+        env[f"MODEL_{name}_SHA256"] = hashlib.sha256(name.encode() * 1000).hexdigest()
+
+    def run(**changes: str) -> subprocess.CompletedProcess[str]:
+        full = {"PATH": "/usr/bin:/bin", **env, "MODELS_DIR": str(models), **changes}
+        return subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=60)
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in models.iterdir()) == sorted(f"{n.lower()}.gguf" for n in names)
+    again = run()
+    assert again.returncode == 0 and again.stdout.count("is there") == len(names)
+    name = names[0]
+    (models / f"{name.lower()}.gguf").unlink()
+    wrong = run(**{f"MODEL_{name}_SHA256": "0" * 64})
+    assert wrong.returncode == 1 and "expected" in wrong.stderr
+    assert sorted(p.name for p in models.iterdir()) == sorted(f"{n.lower()}.gguf" for n in names[1:])
