@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint setup
+.PHONY: demo test lint setup image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,3 +39,17 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy decoder monitor dashboard
+
+# The two images (Containerfile), labelled with the project's version and the repository they come from:
+# SOURCE defaults to the checkout's origin as a URL (an scp-style git@host:path made https, any user and
+# password in it dropped); `make image SOURCE=https://...` where there is none.
+CONTAINER ?= podman
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)
+SOURCE ?= $(shell git remote get-url origin 2>/dev/null | sed -E 's#^git@([^:/]+):#https://\1/#; s#^([a-z+]+://)[^@/]*@#\1#; s#\.git$$##')
+
+image:
+	@test -n "$(SOURCE)" || { echo "make image: the checkout has no origin remote: pass SOURCE=<repository URL>" >&2; exit 2; }
+	$(CONTAINER) build --format docker --build-arg VERSION=$(VERSION) --build-arg SOURCE=$(SOURCE) \
+		-t draftwatch:$(VERSION) .
+	$(CONTAINER) build --format docker --build-arg VERSION=$(VERSION) --build-arg SOURCE=$(SOURCE) \
+		--target dashboard -t draftwatch-dashboard:$(VERSION) .
