@@ -69,6 +69,7 @@ Gamma = Annotated[StrictInt, bounds(LIMITS["num_speculative_tokens"])]
 Temperature = Annotated[float, bounds(LIMITS["temperature"])]
 TopP = Annotated[float, bounds(LIMITS["top_p"])]
 Timestamp = Annotated[datetime, AfterValidator(_plausible_time)]
+Millis = Annotated[float, bounds(LIMITS["ttft_ms"])]
 # What a record's field defaults to when a client leaves it out; the source says who sent it.
 _WIRE_DEFAULTS: Final = {"source": "api"}
 

@@ -72,21 +72,22 @@ class Reporter:
 
     def __init__(self, stack: str, size: int) -> None:
         self.path = f"/v1/events/{stack}"
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(size)
+        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(size)
         self.outage = Outage(f"posting reports to {self.path}", log)
         self.refused: set[str] = set()
 
-    def offer(self, body: dict[str, Any]) -> None:
+    def offer(self, body: dict[str, Any], path: str | None = None) -> None:
+        """Queue ``body`` for the adapter (``path`` None) or another ingest path (a record: ``/v1/events``)."""
         try:
-            self.queue.put_nowait(body)
+            self.queue.put_nowait((path or self.path, body))
         except asyncio.QueueFull:
             self.outage.failed("the report queue is full: litellm.queue_size", lost=1)
 
     async def run(self, client: httpx.AsyncClient) -> None:
         while True:
-            body = await self.queue.get()
+            path, body = await self.queue.get()
             try:
-                response = await client.post(self.path, json=body)
+                response = await client.post(path, json=body)
             except httpx.HTTPError as error:
                 self.outage.failed(error, lost=1)
                 continue

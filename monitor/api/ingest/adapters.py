@@ -24,6 +24,7 @@ from decoder.record import FinishReason, Mode, RequestRecord
 from monitor.api.errors import Loc, Problem, problems_of, validation_error
 from monitor.api.events import (
     Gamma,
+    Millis,
     OptionalText,
     PromptHash,
     RequestId,
@@ -76,6 +77,16 @@ class AdapterFields(Lenient):
     temperature: Temperature = 0.0
     top_p: TopP = 1.0
     prompt_hash: PromptHash = None
+    ttft_ms: Millis | None = Field(
+        default=None,
+        description="time to the first token as the caller measured it (a stream's first chunk); "
+        "unset: the stack's own",
+    )
+    decode_ms: Millis | None = Field(
+        default=None,
+        description="the decode phase as the caller measured it (a stream's first to last text chunk), used where "
+        "the stack reports no decode time of its own",
+    )
 
 
 def _one_of(*alternatives: JsonDict) -> JsonDict:
@@ -171,7 +182,7 @@ def record_of(fields: AdapterFields, report: StackReport, loc: Loc) -> RequestRe
     """The record of a stack's report and the caller's fields; ``loc`` prefixes the problems of a 422.
 
     The caller's fields win over the stack's (``request_id``, ``target_model``, ``finish_reason``,
-    timestamps); without timestamps ``ts_end`` is the stack's, else now, and ``ts_start`` is
+    timestamps, a stream's ``ttft_ms``); without timestamps ``ts_end`` is the stack's, else now, and ``ts_start`` is
     ``ts_end`` minus the queueing and the latency the report gives.
     """
     stack = report.stack
@@ -214,4 +225,11 @@ def record_of(fields: AdapterFields, report: StackReport, loc: Loc) -> RequestRe
         "source": f"proxy:{stack}",
         "prompt_hash": fields.prompt_hash,
     }
+    if fields.ttft_ms is not None or fields.decode_ms is not None:
+        # The caller timed a stream, as the proxy does: its TTFT is the caller's, and the decode time the stack's
+        # own where it reports one (its latency less its TTFT), else the caller's.
+        own = (report.latency_ms - report.ttft_ms
+               if report.latency_ms is not None and report.ttft_ms is not None else None)  # fmt: skip
+        record["ttft_ms"] = fields.ttft_ms if fields.ttft_ms is not None else report.ttft_ms
+        record["decode_ms"] = max(own, 0.0) if own is not None else fields.decode_ms
     return record_from(record, loc)

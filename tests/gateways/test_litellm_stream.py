@@ -1,0 +1,319 @@
+"""Streamed answers through a real LiteLLM proxy, recorded by a real draftwatch as non-streamed ones are.
+
+Behind LiteLLM (``scripts/ensure-litellm.sh``'s, run as tests/deploy/test_litellm.py runs it) are
+stand-ins for vLLM and llama.cpp that stream as each engine does: vLLM's speculative figures in
+``metrics`` on the final usage chunk (choices empty, sent only when ``stream_options.include_usage``
+is asked), llama.cpp's ``timings`` on the last chunk (the usage chunk once usage is asked). Each
+stand-in waits before its first chunk and between chunks, so that the gateway's own TTFT and decode
+time can be told from the engine's figures. draftwatch is ``draftwatch serve`` over SQLite; the
+records are read from its database. One LiteLLM proxy per stack: the integration reports to
+``/v1/events/{stack}``. The llama.cpp gateway runs with ``always_include_stream_usage: false``, so
+that the integration, not LiteLLM, asks the engine for its usage.
+
+Without LiteLLM installed the tests skip, except under ``CI=true`` (as tests/deploy/test_litellm.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+from decoder.models.fetch import cache_dir
+from monitor.proxy.rollout import abort, start_rollout
+from monitor.proxy.settings import ProxySettings, RolloutSettings
+from monitor.store.engine import create_engine
+from monitor.store.rollouts import CURRENT_DRAFTER
+from tests.api.conftest import ADMIN
+from tests.proxy.engine import rows
+from tests.proxy.upstream import fixture
+from tests.serving import ROOT, free_port, serve_process, serving
+
+SCRIPT: Final = ROOT / "scripts" / "ensure-litellm.sh"
+PIECES: Final = ("Hel", "lo", " the", "re")
+FIRST_S: Final = 0.3  # before the first chunk: the gateway's TTFT is at least this
+BETWEEN_S: Final = 0.05  # between chunks: the decode phase, first to last text chunk, is at least 3 of these
+CANDIDATE: Final = "ngram-m16"
+VLLM: Final = fixture("vllm", "chat-stream-final-chunk-length")["response"]
+LLAMACPP: Final = fixture("llamacpp", "chat-stream-final-usage-chunk")["response"]
+
+
+def require_litellm() -> Path:
+    match = re.search(r'^LITELLM_VERSION="\$\{LITELLM_VERSION:-([^}]+)\}"', SCRIPT.read_text(), re.M)
+    assert match, f"{SCRIPT} pins no LITELLM_VERSION"
+    command = cache_dir() / "litellm" / os.environ.get("LITELLM_VERSION", match.group(1)) / "venv" / "bin" / "litellm"
+    if command.is_file():
+        return command
+    reason = f"LiteLLM is not installed at {command}: run `bash scripts/ensure-litellm.sh`"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"LiteLLM is required under CI=true (make test installs it): {reason}")
+    pytest.skip(reason)
+
+
+@dataclass
+class Engine:
+    """A stand-in engine's stream: ``stack``'s shape; ``speculative`` whether it reports drafts."""
+
+    stack: str
+    name: str
+    speculative: bool
+    asked_usage: list[bool] = field(default_factory=list)
+    served: int = 0
+
+    def final(self, request_id: str) -> dict[str, Any]:
+        """What the engine adds at its end: vLLM's usage and metrics, llama.cpp's usage and timings."""
+        if self.stack == "vllm":
+            end = {"usage": copy.deepcopy(VLLM["usage"]), "metrics": copy.deepcopy(VLLM["metrics"])}
+            # Started without --enable-per-request-metrics: no timings, the decode time is the stream's.
+            for timing in ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms"):
+                del end["metrics"][timing]
+            if not self.speculative:
+                del end["metrics"]["speculative_decoding"]
+        else:
+            end = {"usage": copy.deepcopy(LLAMACPP["usage"]), "timings": copy.deepcopy(LLAMACPP["timings"])}
+            if not self.speculative:
+                del end["timings"]["draft_n"], end["timings"]["draft_n_accepted"]
+        return end
+
+    async def chat(self, request: Request) -> StreamingResponse:
+        body = await request.json()
+        usage = (body.get("stream_options") or {}).get("include_usage") is True
+        self.asked_usage.append(usage)
+        self.served += 1
+        request_id = f"chatcmpl-{self.name}-{self.served}-{secrets.token_hex(4)}"
+        prompt = body["messages"][-1]["content"]
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": 1, "model": "target-m"}
+
+        async def events() -> AsyncIterator[bytes]:
+            await asyncio.sleep(FIRST_S)
+            pieces = PIECES * (10 if "slow" in prompt else 1)
+            for i, piece in enumerate(pieces):
+                if "break" in prompt and i == 2:
+                    raise RuntimeError("the engine died mid-stream")  # uvicorn cuts the connection
+                choice = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                yield f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode()
+                await asyncio.sleep(BETWEEN_S * (4 if "slow" in prompt else 1))
+            last = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+            end = self.final(request_id)
+            if usage:
+                yield f"data: {json.dumps(last)}\n\n".encode()
+                last = {**base, "choices": [], **end}
+            elif self.stack == "llamacpp":
+                last = {**last, "timings": end["timings"]}  # no usage asked: timings on the finish chunk
+            yield f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@dataclass
+class Gateway:
+    stack: str
+    url: str
+    key: str
+    log: Path
+    db_url: str
+    engines: dict[str, Engine]
+
+    def stream(self, workload: str, *, prompt: str = "Say hello.", usage: bool | None = None) -> list[dict[str, Any]]:
+        """One streamed chat for ``smol``; the chunks the client got."""
+        body: dict[str, Any] = {"model": "smol", "messages": [{"role": "user", "content": prompt}], "stream": True,
+                                "max_tokens": 16}  # fmt: skip
+        if usage is not None:
+            body["stream_options"] = {"include_usage": usage}
+        headers = {"Authorization": f"Bearer {self.key}", "X-Workload": workload}
+        with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+    def records(self, workload: str, n: int) -> list[dict[str, Any]]:
+        """The ``n`` records of ``workload``, once draftwatch has them (the reports are posted after the answer)."""
+        deadline = time.monotonic() + 30
+        while True:
+            found = [r for r in rows(self.db_url) if r["workload"] == workload]
+            if len(found) >= n:
+                time.sleep(0.3)  # none more comes
+                found = [r for r in rows(self.db_url) if r["workload"] == workload]
+                assert len(found) == n, found
+                return sorted(found, key=lambda r: r["ts_start"])
+            assert time.monotonic() < deadline, f"{n - len(found)} of {n} records never came:\n" + self.tail()
+
+    def tail(self) -> str:
+        return self.log.read_text()[-4000:]
+
+
+@pytest.fixture(scope="module", params=["vllm", "llamacpp"])
+def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    stack: str = request.param
+    litellm = require_litellm()
+    tmp = tmp_path_factory.mktemp(f"litellm-{stack}")
+    db_url = f"sqlite:///{tmp / 'draftwatch.db'}"
+    port, gateway_port = free_port(), free_port()
+    draftwatch = serve_process(tmp, db_url, port)
+    engines = {
+        name: Engine(stack, name, speculative=name != "smol-plain") for name in ("smol", "smol-plain", "smol-next")
+    }
+    key = "sk-" + secrets.token_hex(16)
+    log = tmp / "litellm.log"
+    with ExitStack() as stack_of:
+        urls = {name: stack_of.enter_context(serving(Starlette(routes=[Route("/v1/chat/completions", e.chat,
+                                                                             methods=["POST"])])))
+                for name, e in engines.items()}  # fmt: skip
+        config = tmp / "config.yaml"
+        config.write_text(
+            "model_list:\n"
+            + "".join(
+                f"  - model_name: {name}\n"
+                f"    litellm_params: {{model: openai/target-m, api_base: '{url}/v1', api_key: none}}\n"
+                for name, url in urls.items()
+            )
+            + 'litellm_settings:\n  callbacks: ["monitor.gateways.litellm_callback.handler"]\n'
+            + ("general_settings:\n  always_include_stream_usage: false\n" if stack == "llamacpp" else "")
+        )
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "LITELLM_MASTER_KEY": key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "DRAFTWATCH_LITELLM_URL": f"http://127.0.0.1:{port}",
+            "DRAFTWATCH_LITELLM_TOKEN": ADMIN,
+            "DRAFTWATCH_LITELLM_STACK": stack,
+            "DRAFTWATCH_LITELLM_DEPLOYMENTS": "smol=smol-plain",
+            "DRAFTWATCH_LITELLM_CANDIDATES": "smol=smol-next",
+            "DRAFTWATCH_LITELLM_HOLDOUT_SHARE": "0.25",
+            "DRAFTWATCH_LITELLM_HOLDOUT_TARGET": "0",
+            "DRAFTWATCH_LITELLM_REFRESH_S": "0.2",
+        }
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(gateway_port)],
+                env=env, cwd=tmp, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        url = f"http://127.0.0.1:{gateway_port}"
+        try:
+            deadline = time.monotonic() + 90
+            while True:
+                assert process.poll() is None, log.read_text()[-3000:]
+                try:
+                    if httpx.get(f"{url}/health/liveliness", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
+            yield Gateway(stack, url, key, log, db_url, engines)
+        finally:
+            process.terminate()
+            process.wait(15)
+            draftwatch.terminate()
+            draftwatch.wait(15)
+
+
+def expected_counts(gateway: Gateway, speculative: bool) -> tuple[int, int, int]:
+    """(output tokens, drafted, accepted) as the engine's final chunk says them."""
+    end = gateway.engines["smol"].final("x")
+    if gateway.stack == "vllm":
+        spec = end["metrics"]["speculative_decoding"]
+        drafts = (spec["num_draft_tokens"], spec["num_accepted_draft_tokens"])
+    else:
+        drafts = (end["timings"]["draft_n"], end["timings"]["draft_n_accepted"])
+    return (end["usage"]["completion_tokens"], *(drafts if speculative else (0, 0)))
+
+
+def test_a_streamed_answer_is_recorded_with_the_engine_s_counts_the_gateway_s_timings_and_its_declared_mode(
+    gateway: Gateway,
+) -> None:
+    engine = gateway.engines["smol"]
+    # Each 4 consecutive requests of a workload hold one out (share 0.25, systematic).
+    streams = [gateway.stream("streamed") for _ in range(4)]
+    records = gateway.records("streamed", 4)
+    assert sorted(r["mode"] for r in records) == ["holdout", "speculative", "speculative", "speculative"]
+    assert gateway.engines["smol-plain"].served == 1
+    assert all(engine.asked_usage)  # the engine was asked for its usage, though the client did not ask
+    for chunks in streams:  # and the client did not get the usage chunk it did not ask for
+        assert not [c for c in chunks if c.get("usage")], chunks
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "".join(PIECES)
+    for record in records:
+        speculative = record["mode"] == "speculative"
+        assert (record["output_tokens"], record["num_draft_tokens"], record["num_accepted_tokens"]) == expected_counts(
+            gateway, speculative
+        ), {k: record[k] for k in ("error", "finish_reason", "mode", "ttft_ms", "request_id")}
+        assert record["drafter"] == (CURRENT_DRAFTER if speculative else "unknown")
+        assert not record["mode_inferred"] and record["finish_reason"] == "length" and record["error"] is None
+        assert record["target_model"] == "target-m" and record["source"] == f"proxy:{gateway.stack}"
+        assert record["request_id"].startswith("chatcmpl-smol")
+        # TTFT from the first chunk as the gateway saw it (the engines wait FIRST_S before it).
+        assert FIRST_S * 1000 <= record["ttft_ms"] < FIRST_S * 1000 + 2000, record
+        if gateway.stack == "llamacpp":  # the engine's own decode time: timings.predicted_ms
+            assert record["decode_ms"] == pytest.approx(LLAMACPP["timings"]["predicted_ms"])
+        else:  # none of its own: the stream's, first to last text chunk as LiteLLM passed them on (it may pass
+            # the first few at once: left for the report)
+            assert 0 <= record["decode_ms"] < 3 * BETWEEN_S * 1000 + 2000, record
+        assert record["ts_end"] > record["ts_start"]
+    assert "refused" not in gateway.tail() and "hook failed" not in gateway.tail(), gateway.tail()
+
+
+def test_a_client_that_asks_for_usage_gets_it_and_the_record_is_the_same(gateway: Gateway) -> None:
+    chunks = gateway.stream("asked", usage=True)
+    assert [c["usage"]["completion_tokens"] for c in chunks if c.get("usage")] == [expected_counts(gateway, True)[0]]
+    (record,) = gateway.records("asked", 1)
+    assert record["mode"] == "speculative"
+    assert (record["output_tokens"], record["num_draft_tokens"], record["num_accepted_tokens"]) == expected_counts(
+        gateway, True
+    )
+
+
+def test_a_rollout_s_candidate_streams_are_recorded_under_its_drafter(gateway: Gateway) -> None:
+    engine = create_engine(gateway.db_url)
+    pool = ProxySettings(upstream=("http://smol:8080",), candidate_upstream=("http://smol-next:8080",))
+    rollout = start_rollout(engine, pool, RolloutSettings(steps=(1.0,), drafter=CANDIDATE), datetime.now(UTC))
+    assert rollout.id is not None
+    try:
+        time.sleep(1.0)  # the gate reads GET /v1/rollouts every 0.2 s
+        for _ in range(4):
+            gateway.stream("canary")
+        records = gateway.records("canary", 4)
+        assert sorted((r["mode"], r["drafter"]) for r in records) == [
+            ("holdout", "unknown"), *[("speculative", CANDIDATE)] * 3
+        ]  # fmt: skip
+        assert gateway.engines["smol-next"].served == 3
+        assert all(r["num_draft_tokens"] > 0 for r in records if r["mode"] == "speculative")
+    finally:
+        abort(engine, rollout.id, datetime.now(UTC))
+        engine.dispose()
+        time.sleep(1.0)
+
+
+def test_a_stream_cut_short_or_left_by_its_client_is_recorded_as_an_error(gateway: Gateway) -> None:
+    # The engine dies after two chunks: LiteLLM ends the client's stream with an error event.
+    gateway.stream("cut", prompt="Say hello, then break.")
+    (cut,) = gateway.records("cut", 1)
+    assert cut["finish_reason"] == "error" and cut["error"].startswith("the upstream's stream failed"), cut
+    assert cut["mode"] in ("speculative", "holdout") and cut["ttft_ms"] >= FIRST_S * 1000
+    assert cut["request_id"].startswith("chatcmpl-smol") and cut["target_model"] == "target-m"
+
+    # The client reads one chunk of a slow answer and leaves.
+    body = {"model": "smol", "messages": [{"role": "user", "content": "slow"}], "stream": True}
+    headers = {"Authorization": f"Bearer {gateway.key}", "X-Workload": "left"}
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: {"))
+    (left,) = gateway.records("left", 1)
+    assert (left["finish_reason"], left["error"]) == ("error", "client disconnected"), left
+    assert left["output_tokens"] == 0 and left["num_draft_tokens"] == 0
