@@ -129,10 +129,15 @@ class Stack:
 
 def tokens(server: LlamaServer) -> int:
     """The server's ``llamacpp:tokens_predicted_total``: the tokens of every answer it gave."""
+    return counter(server, "tokens_predicted_total")
+
+
+def counter(server: LlamaServer, name: str) -> int:
+    """The server's counter ``llamacpp:NAME`` (0 before it has counted anything: the plain server drafts nothing)."""
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
-    found = re.search(r"^llamacpp:tokens_predicted_total (\S+)$", text, re.M)
-    assert found, text[-500:]
-    return int(float(found.group(1)))
+    found = re.search(rf"^llamacpp:{name} (\S+)$", text, re.M)
+    assert found or name.startswith("spec_decode"), text[-500:]
+    return int(float(found.group(1))) if found else 0
 
 
 def drafted(answer: dict[str, Any]) -> bool:
@@ -273,21 +278,46 @@ def test_a_workload_draftwatch_routed_to_plain_goes_to_the_plain_deployment_and_
     assert modes(back, "batch").count("holdout") == ROUNDS // 4, modes(back, "batch")
 
 
-def test_a_streamed_answer_is_served_and_not_reported_and_that_is_logged_once(stack: Stack) -> None:
-    # LiteLLM's stream chunks drop llama.cpp's timings: a report would be refused, so none is sent.
-    body = {"model": "smol", "messages": [{"role": "user", "content": f"Copy this list exactly: {WORDS}."}],
-            "max_tokens": 8, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+def test_a_streamed_answer_is_recorded_with_llama_cpps_own_counts(stack: Stack) -> None:
+    # LiteLLM's chunks drop llama.cpp's timings; the integration reads the engine's own last chunk
+    # (monitor/gateways/litellm_stream.py), so a stream's record carries the counts a whole answer's does: checked
+    # against the servers' own counters over the same streams.
+    counters = ("tokens_predicted_total", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
+    before = {name: (counter(stack.plain, name), counter(stack.speculative, name)) for name in counters}
     headers = {"Authorization": f"Bearer {stack.key}", "X-Workload": "streamed"}
-    for _ in range(2):
+    for i in range(4):
+        ask = [{"role": "user", "content": f"Copy this list exactly: {WORDS}, nuts{i}."}]
+        body = {"model": "smol", "messages": ask, "max_tokens": 32, "temperature": 0, "stream": True}
         with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
-            assert r.status_code == 200 and any(line.startswith("data: {") for line in r.iter_lines())
-    deadline = time.monotonic() + 10
-    while "streamed responses are not reported" not in stack.log.read_text():
+            lines = list(r.iter_lines())  # read to its end: a client that leaves early is recorded as an error
+        assert r.status_code == 200 and any(line.startswith("data: {") for line in lines)
+        # The usage chunk the client did not ask for is not passed on.
+        assert not [
+            line for line in lines if line.startswith("data: {") and '"usage": {' in line and '"choices": []' in line
+        ]
+    deadline = time.monotonic() + 30
+    while len(streamed := [r for r in rows(stack.db_url) if r["workload"] == "streamed"]) < 4:
         assert time.monotonic() < deadline, stack.log.read_text()[-3000:]
-        time.sleep(0.1)
-    log = stack.log.read_text()
-    assert log.count("streamed responses are not reported") == 1 and "refused" not in log, log[-3000:]
-    assert not [r for r in rows(stack.db_url) if r["workload"] == "streamed"]
+        time.sleep(0.2)
+    assert "refused" not in stack.log.read_text()
+    assert all(
+        r["finish_reason"] != "error" and r["ttft_ms"] is not None and r["decode_ms"] is not None for r in streamed
+    )
+    spec = [r for r in streamed if r["mode"] == "speculative"]
+    held = [r for r in streamed if r["mode"] == "holdout"]
+    assert len(spec) + len(held) == 4
+    grown = {
+        name: (counter(stack.plain, name) - b[0], counter(stack.speculative, name) - b[1]) for name, b in before.items()
+    }
+    assert grown["tokens_predicted_total"] == (
+        sum(r["output_tokens"] for r in held),
+        sum(r["output_tokens"] for r in spec),
+    )
+    # The n-gram drafter drafts on these copying prompts (temperature 0: the same drafts every run).
+    assert grown["spec_decode_num_draft_tokens_total"][1] > 0 or not spec
+    assert grown["spec_decode_num_draft_tokens_total"][1] == sum(r["num_draft_tokens"] for r in spec)
+    assert grown["spec_decode_num_accepted_tokens_total"][1] == sum(r["num_accepted_tokens"] for r in spec)
+    assert all(not r["num_draft_tokens"] for r in held)
 
 
 def test_a_rollout_sends_its_share_to_the_candidate_under_its_drafter_and_a_kept_workload_none(stack: Stack) -> None:
