@@ -227,9 +227,7 @@ def record_of(fields: AdapterFields, report: StackReport, loc: Loc) -> RequestRe
     }
     if fields.ttft_ms is not None or fields.decode_ms is not None:
         # The caller timed a stream, as the proxy does: its TTFT is the caller's, and the decode time the stack's
-        # own where it reports one (its latency less its TTFT), else the caller's.
-        own = (report.latency_ms - report.ttft_ms
-               if report.latency_ms is not None and report.ttft_ms is not None else None)  # fmt: skip
+        # own where it reports one, else the caller's.
         record["ttft_ms"] = fields.ttft_ms if fields.ttft_ms is not None else report.ttft_ms
-        record["decode_ms"] = max(own, 0.0) if own is not None else fields.decode_ms
+        record["decode_ms"] = report.decode_ms if report.decode_ms is not None else fields.decode_ms
     return record_from(record, loc)

@@ -100,6 +100,13 @@ class StackReport:
     ts_end: datetime | None = None
     cached_prompt_tokens: int | None = None
 
+    @property
+    def decode_ms(self) -> float | None:
+        """The stack's own decode time: its latency less its TTFT (one origin), where it reports both."""
+        if self.ttft_ms is None or self.latency_ms is None:
+            return None
+        return max(self.latency_ms - self.ttft_ms, 0.0)
+
 
 class PromptDetails(Lenient):
     """OpenAI's ``usage.prompt_tokens_details``, as vLLM, llama.cpp and SGLang write it."""

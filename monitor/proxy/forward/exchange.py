@@ -121,7 +121,7 @@ class Exchange:
         self.last_text_s: float | None = None
         # Generations are recorded; /v1/models, HEAD, OPTIONS and the engine's other routes pass unrecorded.
         self.recording = request.method == "POST" and self.path in RECORDED_PATHS
-        self._recorded = False
+        self._is_settled = False
         # The record's fsync to the spool, under recorder.spool_before_reply: the answer ends only after it.
         self._on_disk: Future[bool] | None = None
         # The body goes upstream as it came; ``payload`` is what the entry read of it (a compressed one decoded,
@@ -201,7 +201,7 @@ class Exchange:
 
     @property
     def settled(self) -> bool:
-        return self._recorded
+        return self._is_settled
 
     @property
     def early_end(self) -> str:
@@ -210,13 +210,18 @@ class Exchange:
 
     def unreadable(self, why: str) -> None:
         """A response forwarded whole but not readable here (a content coding not decoded): counted as unrecorded."""
-        if self._recorded:
-            return
-        self._recorded = True
-        self.release()
-        if self.recording:
+        if self._settle():
             self.state.proxy_unrecorded += 1
             log.warning("proxied %s not recorded: %s", self.path, why)
+
+    def _settle(self) -> bool:
+        """End the request once, whichever path ends it (an abandoned one may end on two at once): its replica
+        released. True the first time, for a request that is recorded."""
+        if self._is_settled:
+            return False
+        self._is_settled = True
+        self.release()
+        return self.recording
 
     def release(self) -> None:
         """The request left its replica: one fewer in flight there (once, whichever path ends it)."""
@@ -268,11 +273,7 @@ class Exchange:
 
     def record(self, report: Mapping[str, Any] | None, *, finish: str | None = None, error: str | None = None) -> None:
         """Hand the record of this request to the recorder, once; a report the parser refuses is counted, not stored."""
-        if self._recorded:  # an abandoned request may end on two paths at once: one record
-            return
-        self._recorded = True
-        self.release()
-        if self.recording:
+        if self._settle():
             self._make(report, finish, error, time.perf_counter())
 
     def record_after_reply(self, report: Mapping[str, Any], *, finish: str | None = None) -> None:
@@ -283,13 +284,11 @@ class Exchange:
         replica released now; the record keeps this moment as its end. Under ``recorder.spool_before_reply``
         the record must be on disk before the answer ends: it is made at once.
         """
-        if self.state.settings.recorder.spool_before_reply or self._recorded or not self.recording:
+        if self.state.settings.recorder.spool_before_reply:
             self.record(report, finish=finish)
-            return
-        self._recorded = True
-        self.release()
-        self.state.recorder.expect()
-        asyncio.get_running_loop().call_soon(self._make_later, report, finish, time.perf_counter())
+        elif self._settle():
+            self.state.recorder.expect()
+            asyncio.get_running_loop().call_soon(self._make_later, report, finish, time.perf_counter())
 
     def _make_later(self, report: Mapping[str, Any], finish: str | None, end_s: float) -> None:
         """:meth:`_make` where nobody waits to catch what it raises: a fault is logged and counted, never lost."""
@@ -465,8 +464,8 @@ class Exchange:
         A non-streamed response without engine timings arrives in one piece: its latency holds queueing
         and prompt reading, which would be taken for decoding, so it has no decode time at all.
         """
-        if parsed.ttft_ms is not None and parsed.latency_ms is not None:
-            return max(parsed.latency_ms - parsed.ttft_ms, 0.0)
+        if parsed.decode_ms is not None:
+            return parsed.decode_ms
         if self.streamed and self.first_text_s is not None and self.last_text_s is not None:
             return (self.last_text_s - self.first_text_s) * 1000
         return None
