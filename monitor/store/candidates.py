@@ -21,6 +21,7 @@ from sqlalchemy import JSON, String, delete, insert, or_, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Mapped, mapped_column
 
+from monitor.store.engine import read_rows
 from monitor.store.models import Base
 
 # A row nobody renewed for this long is a process gone (a sidecar that stopped, a restart's old pid): deleted.
@@ -71,7 +72,5 @@ def announced(engine: Engine | Connection, deployment: str, since: datetime) -> 
         .where(row.deployment == deployment, row.seen_at >= since)
         .order_by(row.seen_at.desc(), row.instance)
     )
-    if isinstance(engine, Engine):
-        with engine.connect() as conn:
-            return announced(conn, deployment, since)
-    return [Announced(d, tuple(c), s, tuple(current), i, seen) for d, c, s, current, i, seen in engine.execute(query)]
+    rows = read_rows(engine, query)
+    return [Announced(d, tuple(c), s, tuple(current), i, seen) for d, c, s, current, i, seen in rows]

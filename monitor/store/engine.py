@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from monitor.settings.masking import mask_urls
 
@@ -90,3 +90,11 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
+
+
+def read_rows(engine: Engine | Connection, query: Any) -> list[Any]:
+    """``query``'s rows, on ``engine``'s own connection or inside the caller's (its transaction, its locks)."""
+    if isinstance(engine, Connection):
+        return list(engine.execute(query))
+    with engine.connect() as conn:
+        return list(conn.execute(query))

@@ -40,6 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Mapped, mapped_column
 
+from monitor.store.engine import read_rows
 from monitor.store.models import Base, BigId, RequestRow, RollupMinuteRow
 
 Status = Literal["running", "promoted", "rolled_back", "aborted"]
@@ -222,17 +223,10 @@ def record_event(conn: Connection, event: RolloutEvent) -> None:
     conn.execute(insert(RolloutEventRow).values(**{**values, "judgement": dict(event.judgement)}))
 
 
-def _read(engine: Engine | Connection, query: Any) -> list[Any]:
-    if isinstance(engine, Connection):
-        return list(engine.execute(query))
-    with engine.connect() as conn:
-        return list(conn.execute(query))
-
-
 def rollouts(engine: Engine | Connection, *, status: Sequence[str] = STATUSES, limit: int = 100) -> list[Rollout]:
     """Rollouts with one of ``status``, newest first."""
     query = select(*RolloutRow.__table__.c).where(RolloutRow.status.in_(status))
-    return [_rollout(row) for row in _read(engine, query.order_by(RolloutRow.id.desc()).limit(limit))]
+    return [_rollout(row) for row in read_rows(engine, query.order_by(RolloutRow.id.desc()).limit(limit))]
 
 
 def get_rollout(engine: Engine | Connection, rollout_id: int, *, lock: bool = False) -> Rollout | None:
@@ -242,7 +236,7 @@ def get_rollout(engine: Engine | Connection, rollout_id: int, *, lock: bool = Fa
     cannot then write over each other (PostgreSQL's ``FOR UPDATE``; SQLite has one writer at a time).
     """
     query = select(*RolloutRow.__table__.c).where(RolloutRow.id == rollout_id)
-    rows = _read(engine, query.with_for_update() if lock else query)
+    rows = read_rows(engine, query.with_for_update() if lock else query)
     return _rollout(rows[0]) if rows else None
 
 
@@ -267,7 +261,7 @@ def rollout_events(
         query = query.where(e.ts >= start)
     if end is not None:
         query = query.where(e.ts < end)
-    return [RolloutEvent(*row) for row in _read(engine, query.order_by(e.ts, e.id))]
+    return [RolloutEvent(*row) for row in read_rows(engine, query.order_by(e.ts, e.id))]
 
 
 def timed_traffic(

@@ -18,6 +18,7 @@ from sqlalchemy import Boolean, Float, Index, Integer, String, func, insert, sel
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Mapped, mapped_column
 
+from monitor.store.engine import read_rows
 from monitor.store.models import Base, BigId
 
 
@@ -70,10 +71,7 @@ def latest_routing(engine: Engine | Connection) -> dict[str, RoutingEvent]:
     r = RoutingEventRow
     last = select(r.workload, func.max(r.id).label("id")).group_by(r.workload).subquery()
     query = select(*_COLUMNS).join(last, r.id == last.c.id)
-    if isinstance(engine, Connection):
-        return {row.workload: RoutingEvent(*row) for row in engine.execute(query)}
-    with engine.connect() as conn:
-        return {row.workload: RoutingEvent(*row) for row in conn.execute(query)}
+    return {row.workload: RoutingEvent(*row) for row in read_rows(engine, query)}
 
 
 def routing_events(engine: Engine, start: datetime, end: datetime, workload: str | None = None) -> list[RoutingEvent]:
