@@ -18,6 +18,7 @@ from decoder.holdout import HoldoutPolicy
 from decoder.speculation.controller import SpeculationController
 from monitor.store.rollouts import Rollout
 from tests.decoder.test_controller import measured
+from tests.draws import assert_share
 
 T0 = datetime(2026, 12, 6, tzinfo=UTC)
 STAGED = "ngram-wide"
@@ -65,8 +66,8 @@ def test_two_decoders_draw_the_candidates_share_each_of_their_own() -> None:
     n = 2000
     first, second = ([d.draw(ROLLOUT, "copy") == STAGED for _ in range(n)] for d in (CandidateDraw(), CandidateDraw()))
     assert first != second  # equal everywhere with probability 2**-2000
-    for drawn in (first, second):  # the share within 5 standard deviations: a false failure in a million runs
-        assert abs(sum(drawn) / n - 0.5) < 5 * (0.25 / n) ** 0.5
+    for drawn in (first, second):
+        assert_share(drawn, 0.5)
 
 
 def test_the_controller_plans_the_candidate_on_its_own_arm_after_the_same_holdout_draw() -> None:
