@@ -129,7 +129,7 @@ def register(subparsers: Any) -> None:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from monitor.proxy.rollout import RolloutError, staged_for, start_rollout
+    from monitor.proxy.rollout import RolloutError, staged_for, start_staged
     from monitor.settings.masking import mask_urls
 
     def action(engine: Engine, settings: Settings) -> int:
@@ -139,8 +139,7 @@ def _start(args: argparse.Namespace) -> int:
         now, embedded = datetime.now(UTC), settings.decoder.candidate
         try:
             staged = staged_for(engine, settings.proxy, now, args.route, embedded)
-            r = start_rollout(engine, settings.proxy, chosen, now, route=args.route, candidate=args.candidate,
-                              embedded=embedded)  # fmt: skip
+            r = start_staged(engine, staged, chosen, now, candidate=args.candidate)
         except RolloutError as error:
             print(f"draftwatch rollout start: {error}", file=sys.stderr)
             return 2

@@ -213,7 +213,14 @@ def start_rollout(
     configuration already allows. ``embedded``: the embedded decoder's candidate drafter, which
     makes the default deployment the embedded decoder's when no proxy candidate pool is set.
     """
-    deployment, pool, where, current = staged_for(engine, proxy, now, route, embedded)
+    return start_staged(engine, staged_for(engine, proxy, now, route, embedded), settings, now, candidate=candidate)
+
+
+def start_staged(
+    engine: Engine, staged: Staged, settings: RolloutSettings, now: datetime, *, candidate: str | None = None
+) -> Rollout:
+    """:func:`start_rollout` on the deployment and candidates :func:`staged_for` found."""
+    deployment, pool, where, current = staged
     if candidate is not None and mask_urls(candidate.rstrip("/")) not in map(mask_urls, pool):
         raise RolloutError(f"candidate={candidate!r} is not in {where} ({len(pool)} configured): a rollout only sends "
                            "traffic to a configured candidate; add it there first", field="candidate")  # fmt: skip
