@@ -195,7 +195,8 @@ class Metrics:
         # counts in a thread that takes the GIL from the proxy's event loop: every microsecond a record is its
         # latency). Per label set: its positions' labels, and how many of them have a sample already.
         self._key_of: dict[tuple[str, str, str, str | None], Labels] = {}
-        self._positions: dict[Labels, tuple[list[Labels], list[int]]] = {}
+        self._positions: dict[Labels, list[Labels]] = {}
+        self._shown: dict[Labels, int] = {}
         # Figures rendered at scrape time: single values (recorder, decode queue) and whole families (store).
         self._collectors: list[Callable[[], Iterable[tuple[str, str, str, float]]]] = []
         self._family_collectors: list[Callable[[], Iterable[Family]]] = []
@@ -263,15 +264,16 @@ class Metrics:
         c[DRAFT_TOKENS][key] += rec.num_draft_tokens
         c[ACCEPTED_TOKENS][key] += rec.num_accepted_tokens
         per_pos = c[ACCEPTED_PER_POS]
-        positions, shown = self._positions.get(key) or self._positions.setdefault(
-            key, ([_position(key, p) for p in range(MAX_POSITIONS + 1)], [0])
-        )
+        positions = self._positions.get(key)
+        if positions is None:
+            positions = self._positions[key] = [_position(key, p) for p in range(MAX_POSITIONS + 1)]
         # Every position the draft length allows, even one never accepted yet, so its rate exists.
         width = min(max(rec.num_speculative_tokens, len(rec.accepted_per_position)), MAX_POSITIONS + 1)
-        if width > shown[0]:
-            for labels in positions[shown[0] : width]:
+        shown = self._shown.get(key, 0)
+        if width > shown:
+            for labels in positions[shown:width]:
                 per_pos.setdefault(labels, 0.0)
-            shown[0] = width
+            self._shown[key] = width
         for position, accepted in enumerate(rec.accepted_per_position):
             per_pos[positions[min(position, MAX_POSITIONS)]] += accepted
         tpot = rec.decode_ms_per_token
