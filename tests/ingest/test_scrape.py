@@ -21,6 +21,7 @@ from monitor.ingest.scrape.targets import ScrapeTarget, parse_targets
 from monitor.scheduler.health import evaluate_health
 from monitor.scheduler.service import SchedulerService
 from monitor.store.scrape import ScrapeIntervalRow, scraped_summaries, target_health
+from tests.store.schema import assert_migrated_as_declared
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scrape"
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -160,13 +161,11 @@ def test_faults_are_health_never_acceptance(engine: Engine, exposition: Expositi
 
 
 def test_a_target_is_scraped_once_per_its_interval(
-    engine: Engine, exposition: Exposition, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, exposition: Exposition, counted_clients: list[httpx.Client]
 ) -> None:
     # A pass with no target due makes no client: one loads the CA bundle, tens of milliseconds of the GIL that a
     # sidecar's event loop waits for (the real client, counted).
-    made: list[httpx.Client] = []
-    real = httpx.Client
-    monkeypatch.setattr(httpx, "Client", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    made = counted_clients
     t = target(exposition.url, "llamacpp", interval="1m")
     exposition.serve("llamacpp-b11434-after-1-request.txt")
     assert scrape_at(engine, t, 0).scraped == 1
@@ -236,18 +235,7 @@ def test_the_workloads_read_shows_scraped_series_and_target_health(
 
 
 def test_the_migration_creates_the_tables_the_models_declare(engine: Engine) -> None:
-    from alembic.autogenerate import compare_metadata
-    from alembic.runtime.migration import MigrationContext
-
-    from monitor.store.models import Base
-
-    def ours(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-        table = name if type_ == "table" else getattr(getattr(obj, "table", None), "name", None)
-        return table in ("scrape_intervals", "scrape_targets")
-
-    with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": ours})
-        assert compare_metadata(context, Base.metadata) == []
+    assert_migrated_as_declared(engine, {"scrape_intervals", "scrape_targets"})
 
 
 def test_sglang_ranks_of_one_model_are_averaged_evenly() -> None:

@@ -4,30 +4,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy.engine import Engine
 
 from monitor.store.candidates import FORGET_AFTER, Announced, announce, announced
 from tests.records import T0
+from tests.store.schema import assert_migrated_as_declared
 
 PROXY = Announced("*", ("http://cand:8082",), "proxy.candidate_upstream", ("upstream",))
 ROUTE = Announced("qwen*", ("http://qc:8000",), "candidate_upstream of route 1", ("upstream",))
 
 
 def test_the_migration_creates_the_table_the_model_declares(engine: Engine) -> None:
-    from alembic.autogenerate import compare_metadata
-    from alembic.runtime.migration import MigrationContext
-
-    from monitor.store.models import Base
-
-    def ours(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-        table = name if type_ == "table" else getattr(getattr(obj, "table", None), "name", None)
-        return table == "candidate_pools"
-
-    with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": ours})
-        assert compare_metadata(context, Base.metadata) == []
+    assert_migrated_as_declared(engine, {"candidate_pools"})
 
 
 def test_each_announcement_replaces_the_sidecars_own_and_forgets_the_processes_gone(engine: Engine) -> None:

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from monitor.store.evaluations import latest_evaluations, save_evaluation
+from tests.store.schema import assert_migrated_as_declared
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -34,18 +35,7 @@ def report(workload: str, recommendation: str, measured: float) -> dict[str, Any
 
 
 def test_the_migration_creates_the_table_the_model_declares(engine: Engine) -> None:
-    from alembic.autogenerate import compare_metadata
-    from alembic.runtime.migration import MigrationContext
-
-    from monitor.store.models import Base
-
-    def ours(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-        table = name if type_ == "table" else getattr(getattr(obj, "table", None), "name", None)
-        return table == "evaluations"
-
-    with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": ours})
-        assert compare_metadata(context, Base.metadata) == []
+    assert_migrated_as_declared(engine, {"evaluations"})
 
 
 def test_the_newest_run_per_target_and_workload_is_what_the_pairs_page_reads(engine: Engine) -> None:
