@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy.engine import Engine
 
@@ -82,3 +84,17 @@ def receiver() -> Iterator[Receiver]:
         yield r
     finally:
         r.stop()
+
+
+@pytest.fixture
+def counted_clients(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Client]:
+    """Every ``httpx.Client`` the code under test makes, in order: real clients, each kept here as it is made."""
+    made: list[httpx.Client] = []
+    real = httpx.Client
+
+    def counted(*args: Any, **kwargs: Any) -> httpx.Client:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(httpx, "Client", counted)
+    return made

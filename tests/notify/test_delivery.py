@@ -194,18 +194,11 @@ def test_config_refuses_bad_receivers_and_hides_secrets() -> None:
 
 
 def test_a_pass_with_nothing_to_deliver_makes_no_client(
-    engine: Engine, tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, tmp_path: Path, receiver: Receiver, counted_clients: list[httpx.Client]
 ) -> None:
     """A client loads the CA bundle: tens of milliseconds that hold the GIL away from a sidecar's event loop, every
     scheduler.delivery_interval. A pass makes one only for something to send (the real one, counted)."""
-    made: list[httpx.Client] = []
-    real = httpx.Client
-
-    def counted(*args: object, **kwargs: object) -> httpx.Client:
-        made.append(real(*args, **kwargs))  # type: ignore[arg-type]
-        return made[-1]
-
-    monkeypatch.setattr(httpx, "Client", counted)
+    made = counted_clients
     settings = make_settings(tmp_path, _url(engine), [{"url": receiver.url, "format": "json", "name": "own"}])
     assert deliver_pending(engine, settings.delivery).attempted == 0
     assert made == []
