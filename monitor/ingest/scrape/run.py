@@ -64,13 +64,12 @@ def scrape_due(
         return report
     with engine.connect() as conn:
         rows = {r.name: r for r in conn.execute(select(ScrapeTargetRow.__table__))}
-    due = [t for t in targets if (row := rows.get(t.name)) is None or now - row.scraped_at >= t.interval - SLACK]
+    due = [(t, row) for t in targets if (row := rows.get(t.name)) is None or now - row.scraped_at >= t.interval - SLACK]
     if not due:  # no client made for nothing (see monitor/notify/delivery.py: its cost to the event loop)
         return report
     http = client or httpx.Client(follow_redirects=False)
     try:
-        for target in due:
-            row = rows.get(target.name)
+        for target, row in due:
             outcome = fetch(http, target)
             with engine.begin() as conn:
                 report.intervals += _store(conn, target, row, outcome, now)
