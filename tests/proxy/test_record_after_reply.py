@@ -23,7 +23,8 @@ ASK = {"model": "qwen-coder", "messages": [{"role": "user", "content": "hi"}]}
 
 class Watched:
     """The sidecar's app, noting how many records its recorder had been handed when each answer ended for the
-    client: at a whole answer's last body message, or at the message carrying a stream's ``[DONE]``."""
+    client, once per answer: at a whole answer's last body message, or at the message carrying a stream's
+    ``[DONE]`` (however many messages follow it)."""
 
     def __init__(self, tmp_path: Path, db_url: str, upstream: str, **env: str) -> None:
         self.settings = make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream, **env)
@@ -48,10 +49,15 @@ class Watched:
             await self.app(scope, receive, send)
             return
 
+        ended = False  # noted once per answer, at the first message that ends it (a stream's [DONE] comes first)
+
         async def noted(message: Message) -> None:
+            nonlocal ended
             await send(message)
             body = message.get("body", b"")
-            if message["type"] == "http.response.body" and (b"[DONE]" in body or not message.get("more_body")):
+            last = b"[DONE]" in body or not message.get("more_body")
+            if message["type"] == "http.response.body" and last and not ended:
+                ended = True
                 self.at_end.append(len(self.handed))
 
         await self.app(scope, receive, noted)
@@ -72,9 +78,8 @@ def test_the_answer_ends_before_its_record_is_made(tmp_path: Path, db_url: str, 
                     # A flush right after the answer finds its record stored, made after the answer or not.
                     flushed(watched.app)
                     assert len(rows(db_url)) == number
-    ends = watched.at_end if not stream else watched.at_end[::2]  # a stream's [DONE], then its empty last message
     # Each answer ended for its client with only the earlier requests' records made: its own came after.
-    assert ends == [0, 1, 2, 3, 4]
+    assert watched.at_end == [0, 1, 2, 3, 4]
     stored = rows(db_url)
     assert len(stored) == 5
     assert all(row["ts_end"] > row["ts_start"] and row["latency_ms"] > 0 for row in stored)
