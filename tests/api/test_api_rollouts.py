@@ -6,7 +6,6 @@ draftwatch's own, not forwarded); a judged rollout is made as tests/proxy/test_r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,9 +18,8 @@ from sqlalchemy.engine import Engine
 from decoder import NgramDrafter, SpeculativeDecoder
 from decoder.candidate import DRAFTER_KINDS
 from monitor.api.app import create_app
-from monitor.proxy.rollout import FRESH, advance_rollouts, start_rollout
+from monitor.proxy.rollout import advance_rollouts, start_rollout
 from monitor.proxy.settings import ProxySettings
-from monitor.store.candidates import announced
 from monitor.store.engine import create_engine
 from monitor.store.rollouts import get_rollout, rollout_events, rollouts
 from tests.api.conftest import ADMIN, INGEST, READ, auth, make_settings
@@ -29,6 +27,7 @@ from tests.decoder.tiny import tiny_model
 from tests.proxy.test_rollout import INTERVAL, PROXY, interval_of, rollout_settings
 from tests.records import T0
 from tests.serving import serving
+from tests.store.candidates import wait_announced
 
 CANDIDATE_URL = "http://127.0.0.1:9"
 PROXIED = {"DRAFTWATCH_PROXY_UPSTREAM": "http://127.0.0.1:8", "DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM": CANDIDATE_URL}
@@ -224,10 +223,7 @@ def test_an_embedded_decoder_announces_its_candidate_drafter_where_rollout_start
     engine = create_engine(db_url)
     try:
         with serving(create_app(settings, decoder=decoder)):
-            deadline = time.monotonic() + 30
-            while not (found := announced(engine, "*", datetime.now(UTC) - FRESH)):
-                assert time.monotonic() < deadline, "the sidecar announced no candidate"
-                time.sleep(0.05)
+            found = wait_announced(engine)
         assert [(a.candidates, a.setting, a.current_drafters) for a in found] == [
             (("ngram:1-1",), "decoder.candidate", DRAFTER_KINDS)]  # fmt: skip
         r = start_rollout(engine, ProxySettings(), rollout_settings(), datetime.now(UTC))

@@ -7,7 +7,6 @@ the judge run at the test's clock; the commands then read them as a user would.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,14 +17,14 @@ from sqlalchemy.engine import Engine
 
 from monitor.commands import rollout as command
 from monitor.commands.main import build_parser, main
-from monitor.proxy.rollout import FRESH, abort, advance_rollouts, start_rollout
-from monitor.store.candidates import announced
+from monitor.proxy.rollout import abort, advance_rollouts, start_rollout
 from monitor.store.models import RollupMinuteRow
 from monitor.store.rollouts import CURRENT_DRAFTER, STATUSES, get_rollout, rollout_events, rollouts
 from tests.proxy.test_rollout import CANDIDATE, INTERVAL, PROXY, interval_of, requests, rollout_settings, store
 from tests.proxy.upstream import Upstream, serving
 from tests.records import T0
 from tests.serving import free_port, serve_process
+from tests.store.candidates import wait_announced
 
 Run = Callable[..., tuple[int, str, str]]
 CANDIDATE_URL = "http://cand:8082"
@@ -133,10 +132,7 @@ def test_the_readme_example_starts_on_the_candidate_pool_the_sidecar_serves(
         flags = ("--upstream", spec, "--candidate-upstream", candidate, "--baseline-upstream", plain)
         sidecar = serve_process(tmp_path / "sidecar", db_url, free_port(), flags=flags)
         try:
-            deadline = time.monotonic() + 30
-            while not announced(engine, "*", datetime.now(UTC) - FRESH):
-                assert time.monotonic() < deadline, "the sidecar announced no candidate pool"
-                time.sleep(0.1)
+            wait_announced(engine)
             code, out, err = run("start", "--steps", "5,25,50,100", "--interval", "30m", "--drafter", "eagle3-v2")
         finally:
             sidecar.terminate()
