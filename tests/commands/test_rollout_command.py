@@ -7,6 +7,7 @@ the judge run at the test's clock; the commands then read them as a user would.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -163,20 +164,31 @@ def test_start_says_how_long_each_step_takes_at_the_traffic_seen_and_warns_where
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
     traffic(engine, "prose", 80, start, 2)  # 480 a 30-minute step
     traffic(engine, "extract", 6, start, 2)  # 36
+    before = datetime.now(UTC)
     code, out, err = run("start", "--steps", "5,25,50,100", "--interval", "30m", "--drafter", "eagle3-v2")
+    after = datetime.now(UTC)
     assert (code, err) == (0, "")
     lines = out.splitlines()
     at = lines.index(next(line for line in lines if line.startswith("at the traffic of the last 2")))
     assert lines[at].endswith(" (requests with a decode time), each step takes:")
     assert lines[at + 1].split() == ["workload", "per", "30m", "5%", "25%", "50%"]
-    # prose: 30 a side at 5 % takes 600 of its requests, 37.5 minutes; extract reaches them at no step in time.
-    # Their counts a step are the 2 hours' over the time since their first (a minute's seconds more, and the test's).
+    # The command counts the 2 hours' requests (prose's 1920, extract's 144) over the span from their first minute
+    # to the time it read, between before and after: 2 hours and this minute's seconds, and the test's own. A count
+    # per 30m is n * 1800 / span, 480 and 36 at 2 hours; prose's 30 a side at 5 % take 600 of its requests, 37.5
+    # minutes at 2 hours (shown rounded up); extract reaches them at no step in time.
+    short, long = ((t - start).total_seconds() for t in (before, after))
+
+    def per_30m(n: int) -> list[str]:
+        return [str(k) for k in range(round(n * 1800 / long), round(n * 1800 / short) + 1)]
+
+    first_step = [f"{m}m" for m in range(math.ceil(600 * short / 1920 / 60), math.ceil(600 * long / 1920 / 60) + 1)]
     prose, extract = lines[at + 2].split(), lines[at + 3].split()
     few = extract.pop(1)
-    assert 475 <= int(prose.pop(1)) <= 480 and few in ("35", "36")
-    assert prose == ["prose", "38m", "8m", "4m"]
+    assert prose.pop(1) in per_30m(1920) and few in per_30m(144), (prose, few, short, long)
+    lasts = prose[1]
+    assert lasts in first_step and prose == ["prose", lasts, "8m", "4m"]
     assert extract == ["extract", "never", "unjudged", "unjudged"]
-    assert lines[at + 4].split() == ["the", "step", "lasts", "38m", "30m", "30m"]
+    assert lines[at + 4].split() == ["the", "step", "lasts", lasts, "30m", "30m"]
     assert lines[at + 5] == ("  to be judged within one step a workload needs 600 requests per 30m at 5%, 120 at 25%, "
                              "60 at 50% (30 a side)")  # fmt: skip
     assert lines[at + 6 :] == [
