@@ -38,6 +38,7 @@ from monitor.store.migrate import upgrade
 from monitor.store.rollouts import CURRENT_DRAFTER, STATUSES, Rollout, Status, save_rollout
 from monitor.store.routing import RoutingEvent, load_reason, record_switch
 from tests.api.conftest import ADMIN, make_settings
+from tests.draws import assert_share
 from tests.proxy.engine import rows
 from tests.proxy.upstream import fixture
 from tests.serving import serving
@@ -90,8 +91,8 @@ def test_each_litellm_replica_draws_the_candidates_share_of_its_own() -> None:
         gate.rollout = Staged(3, CANDIDATE, "running", 0.5, False, {})
         drawn.append([gate.choose("smol", "chat")[0] == "smol-next" for _ in range(2000)])
     assert drawn[0] != drawn[1]  # equal everywhere with probability 2**-2000
-    for sequence in drawn:  # within 5 standard deviations of the share: a false failure in a million runs
-        assert abs(sum(sequence) / 2000 - 0.5) < 5 * (0.25 / 2000) ** 0.5
+    for sequence in drawn:
+        assert_share(sequence, 0.5)
 
 
 @dataclass
