@@ -9,29 +9,27 @@ LiteLLM names them ``smol``, ``smol-plain`` and ``smol-next``; clients ask for `
 ``X-Workload`` or ``metadata.workload``. The integration holds a quarter of each workload out
 (share 0.25, no target), so that every 4 consecutive requests of a workload send exactly one to the
 plain deployment (decoder/holdout.py's systematic schedule), and reads the routing decisions and
-the rollouts every 0.2 s.
+the rollouts every 0.2 s (tests/stacks/litellm.py's settings).
 
-LiteLLM runs from the virtual environment ``scripts/ensure-litellm.sh`` makes; without it the tests
-skip, except under ``CI=true``, where ``make test`` has made it and its absence is a failure.
+LiteLLM runs from the virtual environment ``scripts/ensure-litellm.sh`` makes (tests/stacks/litellm.py); without it
+the tests skip, except under ``CI=true``, where ``make test`` has made it and its absence is a failure.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import re
-import secrets
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from decoder.models.fetch import cache_dir, fetch_preset
+from decoder.models.fetch import fetch_preset
 from monitor.proxy.rollout import abort, start_rollout
 from monitor.proxy.settings import ProxySettings, RolloutSettings
 from monitor.store.engine import create_engine
@@ -39,15 +37,15 @@ from monitor.store.rollouts import CURRENT_DRAFTER, save_rollout
 from monitor.store.routing import RoutingEvent, record_switch
 from tests.api.conftest import ADMIN
 from tests.proxy.engine import rows
-from tests.serving import ROOT, free_port, serve_process
+from tests.serving import free_port, serve_process
+from tests.stacks.litellm import SETTINGS, LiteLLMProxy, litellm_proxy, require_litellm
 from tests.stacks.llama_server import BASE_ARGS, NGRAM_ARGS, LlamaServer, llama_server, require_binary
 
 pytestmark = pytest.mark.models
 
-SCRIPT = ROOT / "scripts" / "ensure-litellm.sh"
 WORDS = "apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis"
-SHARE = 0.25
-# Every 4 consecutive requests of a workload hold out exactly one at 0.25: these counts are exact.
+# Every 4 consecutive requests of a workload hold out exactly one at tests/stacks/litellm.py's share, 0.25: these
+# counts are exact.
 ROUNDS = 8
 # The candidate of a rollout: the same GGUF with another n-gram drafter (after any token seen before, the 16 that
 # followed it), its answers stored under the rollout's drafter name.
@@ -55,26 +53,11 @@ CANDIDATE = "ngram-m16"
 CANDIDATE_ARGS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1", "--spec-ngram-simple-size-m", "16")
 
 
-def require_litellm() -> Path:
-    """The ``litellm`` command of the script's venv; skips without it, fails under ``CI=true``."""
-    match = re.search(r'^LITELLM_VERSION="\$\{LITELLM_VERSION:-([^}]+)\}"', SCRIPT.read_text(), re.M)
-    assert match, f"{SCRIPT} pins no LITELLM_VERSION"
-    command = cache_dir() / "litellm" / os.environ.get("LITELLM_VERSION", match.group(1)) / "venv" / "bin" / "litellm"
-    if command.is_file():
-        return command
-    reason = f"LiteLLM is not installed at {command}: run `bash scripts/ensure-litellm.sh`"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"LiteLLM is required under CI=true (make test installs it): {reason}")
-    pytest.skip(reason)
-
-
 @dataclass
 class Stack:
-    """The gateway (its URL, key and log), draftwatch behind it (its process and database) and the two servers."""
+    """The gateway, draftwatch behind it (its process and database) and the three servers."""
 
-    url: str
-    key: str
-    log: Path
+    gateway: LiteLLMProxy
     draftwatch: subprocess.Popen[bytes]
     db_url: str
     plain: LlamaServer
@@ -90,12 +73,12 @@ class Stack:
             "max_tokens": 16,
             "temperature": 0,
         }
-        headers = {"Authorization": f"Bearer {self.key}"}
+        headers = {"Authorization": f"Bearer {self.gateway.key}"}
         if by == "header":
             headers["X-Workload"] = workload
         else:
             body["metadata"] = {"workload": workload}
-        response = client.post(f"{self.url}/v1/chat/completions", json=body, headers=headers)
+        response = client.post(f"{self.gateway.url}/v1/chat/completions", json=body, headers=headers)
         assert response.status_code == 200, response.text
         answer: dict[str, Any] = response.json()
         return answer
@@ -132,11 +115,12 @@ def tokens(server: LlamaServer) -> int:
     return counter(server, "tokens_predicted_total")
 
 
-def counter(server: LlamaServer, name: str) -> int:
-    """The server's counter ``llamacpp:NAME`` (0 before it has counted anything: the plain server drafts nothing)."""
+def counter(server: LlamaServer, name: str, *, may_lack: bool = False) -> int:
+    """The server's counter ``llamacpp:NAME``; where it ``may_lack`` it (the plain server's draft counters: it drafts
+    nothing), 0 without it."""
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     found = re.search(rf"^llamacpp:{name} (\S+)$", text, re.M)
-    assert found or name.startswith("spec_decode"), text[-500:]
+    assert found or may_lack, f"{server.url}/metrics has no llamacpp:{name}:\n{text[-500:]}"
     return int(float(found.group(1))) if found else 0
 
 
@@ -159,70 +143,26 @@ def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    litellm = require_litellm()
+    require_litellm()  # before the servers start: skipped without LiteLLM
     binary = require_binary()
     model = fetch_preset("smollm2-135m", progress=False)
     tmp = tmp_path_factory.mktemp("litellm")
     db_url = f"sqlite:///{tmp / 'draftwatch.db'}"
-    port, gateway_port = free_port(), free_port()
+    port = free_port()
     draftwatch = serve_process(tmp, db_url, port)
-    key = "sk-" + secrets.token_hex(16)
-    log = tmp / "litellm.log"
-    with (
-        llama_server(model, *BASE_ARGS, "--metrics", "--threads", "1", binary=binary) as plain,
-        llama_server(model, *BASE_ARGS, *NGRAM_ARGS, "--metrics", "--threads", "1", binary=binary) as speculative,
-        llama_server(model, *BASE_ARGS, *CANDIDATE_ARGS, "--metrics", "--threads", "1", binary=binary) as candidate,
-    ):
-        config = tmp / "config.yaml"
-        config.write_text(
-            "model_list:\n"
-            + "".join(
-                f"  - model_name: {name}\n"
-                f"    litellm_params: {{model: openai/smollm2-135m, api_base: '{server.url}/v1', api_key: none}}\n"
-                for name, server in (("smol", speculative), ("smol-plain", plain), ("smol-next", candidate))
-            )
-            + 'litellm_settings:\n  callbacks: ["monitor.gateways.litellm_callback.handler"]\n'
-        )
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "LITELLM_MASTER_KEY": key,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the price list from the internet at start
-            "DRAFTWATCH_LITELLM_URL": f"http://127.0.0.1:{port}",
-            "DRAFTWATCH_LITELLM_TOKEN": ADMIN,
-            "DRAFTWATCH_LITELLM_DEPLOYMENTS": "smol=smol-plain",
-            "DRAFTWATCH_LITELLM_CANDIDATES": "smol=smol-next",
-            "DRAFTWATCH_LITELLM_HOLDOUT_SHARE": str(SHARE),
-            "DRAFTWATCH_LITELLM_HOLDOUT_TARGET": "0",
-            "DRAFTWATCH_LITELLM_REFRESH_S": "0.2",
-        }
-        with log.open("wb") as sink:
-            gateway = subprocess.Popen(
-                [str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(gateway_port)],
-                env=env,
-                cwd=tmp,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-        url = f"http://127.0.0.1:{gateway_port}"
-        try:
-            deadline = time.monotonic() + 90
-            while True:
-                assert gateway.poll() is None, log.read_text()[-3000:]
-                try:
-                    if httpx.get(f"{url}/health/liveliness", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.2)
-            yield Stack(url, key, log, draftwatch, db_url, plain, speculative, candidate)
-        finally:
-            gateway.terminate()
-            gateway.wait(15)
-            draftwatch.terminate()
-            draftwatch.wait(15)
+    env = {**SETTINGS, "DRAFTWATCH_LITELLM_URL": f"http://127.0.0.1:{port}", "DRAFTWATCH_LITELLM_TOKEN": ADMIN}
+    try:
+        with (
+            llama_server(model, *BASE_ARGS, "--metrics", "--threads", "1", binary=binary) as plain,
+            llama_server(model, *BASE_ARGS, *NGRAM_ARGS, "--metrics", "--threads", "1", binary=binary) as speculative,
+            llama_server(model, *BASE_ARGS, *CANDIDATE_ARGS, "--metrics", "--threads", "1", binary=binary) as candidate,
+        ):
+            models = {"smol": speculative.url, "smol-plain": plain.url, "smol-next": candidate.url}
+            with litellm_proxy(tmp, models, env, target="smollm2-135m") as gateway:
+                yield Stack(gateway, draftwatch, db_url, plain, speculative, candidate)
+    finally:
+        draftwatch.terminate()
+        draftwatch.wait(15)
 
 
 def test_each_answer_is_stored_with_its_workload_its_declared_mode_and_llama_cpps_draft_counts(stack: Stack) -> None:
@@ -283,41 +223,47 @@ def test_a_streamed_answer_is_recorded_with_llama_cpps_own_counts(stack: Stack) 
     # (monitor/gateways/litellm_stream.py), so a stream's record carries the counts a whole answer's does: checked
     # against the servers' own counters over the same streams.
     counters = ("tokens_predicted_total", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
-    before = {name: (counter(stack.plain, name), counter(stack.speculative, name)) for name in counters}
-    headers = {"Authorization": f"Bearer {stack.key}", "X-Workload": "streamed"}
+
+    def counts() -> dict[str, tuple[int, int]]:
+        """Each counter's (plain server's, speculative server's) value."""
+        plain = {name: counter(stack.plain, name, may_lack=name.startswith("spec_decode")) for name in counters}
+        return {name: (plain[name], counter(stack.speculative, name)) for name in counters}
+
+    before = counts()
+    headers = {"Authorization": f"Bearer {stack.gateway.key}", "X-Workload": "streamed"}
     for i in range(4):
         ask = [{"role": "user", "content": f"Copy this list exactly: {WORDS}, nuts{i}."}]
         body = {"model": "smol", "messages": ask, "max_tokens": 32, "temperature": 0, "stream": True}
-        with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+        url = f"{stack.gateway.url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as r:
             lines = list(r.iter_lines())  # read to its end: a client that leaves early is recorded as an error
-        assert r.status_code == 200 and any(line.startswith("data: {") for line in lines)
-        # The usage chunk the client did not ask for is not passed on.
-        assert not [
-            line for line in lines if line.startswith("data: {") and '"usage": {' in line and '"choices": []' in line
-        ]
+        assert r.status_code == 200
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert chunks and any(c["choices"] and c["choices"][0]["delta"].get("content") for c in chunks), lines
+        # The usage chunk the client did not ask for is not passed on, nor usage on any other chunk.
+        assert not [c for c in chunks if c.get("usage")], chunks
     deadline = time.monotonic() + 30
     while len(streamed := [r for r in rows(stack.db_url) if r["workload"] == "streamed"]) < 4:
-        assert time.monotonic() < deadline, stack.log.read_text()[-3000:]
+        assert time.monotonic() < deadline, stack.gateway.tail()
         time.sleep(0.2)
-    assert "refused" not in stack.log.read_text()
+    assert "refused" not in stack.gateway.output()
     assert all(
         r["finish_reason"] != "error" and r["ttft_ms"] is not None and r["decode_ms"] is not None for r in streamed
     )
     spec = [r for r in streamed if r["mode"] == "speculative"]
     held = [r for r in streamed if r["mode"] == "holdout"]
-    assert len(spec) + len(held) == 4
-    grown = {
-        name: (counter(stack.plain, name) - b[0], counter(stack.speculative, name) - b[1]) for name, b in before.items()
-    }
+    # A fresh workload's 4 streams at share 0.25 (systematic): exactly one held out.
+    assert (len(held), len(spec)) == (1, 3), [r["mode"] for r in streamed]
+    grown = {name: (after[0] - before[name][0], after[1] - before[name][1]) for name, after in counts().items()}
     assert grown["tokens_predicted_total"] == (
         sum(r["output_tokens"] for r in held),
         sum(r["output_tokens"] for r in spec),
     )
     # The n-gram drafter drafts on these copying prompts (temperature 0: the same drafts every run).
-    assert grown["spec_decode_num_draft_tokens_total"][1] > 0 or not spec
+    assert grown["spec_decode_num_draft_tokens_total"][1] > 0
     assert grown["spec_decode_num_draft_tokens_total"][1] == sum(r["num_draft_tokens"] for r in spec)
     assert grown["spec_decode_num_accepted_tokens_total"][1] == sum(r["num_accepted_tokens"] for r in spec)
-    assert all(not r["num_draft_tokens"] for r in held)
+    assert grown["spec_decode_num_draft_tokens_total"][0] == 0 and all(not r["num_draft_tokens"] for r in held)
 
 
 def test_a_rollout_sends_its_share_to_the_candidate_under_its_drafter_and_a_kept_workload_none(stack: Stack) -> None:
@@ -363,8 +309,8 @@ def test_with_draftwatch_stopped_requests_still_succeed_and_the_outage_is_logged
         answers = [stack.ask(client, "qa", i) for i in range(6)]
     assert all(a["choices"][0]["finish_reason"] in ("stop", "length") for a in answers)
     time.sleep(1.0)  # several refreshes at 0.2 s, each failing
-    log = stack.log.read_text()
+    log = stack.gateway.output()
     assert log.count("draftwatch unreachable reading routing decisions") == 1, log[-3000:]
     assert log.count("draftwatch unreachable posting reports") == 1, log[-3000:]
     # Nothing of a request or of the keys reaches the log through the integration.
-    assert stack.key not in log and ADMIN not in log and WORDS not in log
+    assert stack.gateway.key not in log and ADMIN not in log and WORDS not in log
