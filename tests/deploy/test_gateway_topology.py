@@ -164,3 +164,24 @@ def test_the_scheduler_decides_the_route_from_the_store_both_pools_write(overlay
     for sidecar in sidecars:
         proxy = settings_of(objects, sidecar, tmp_path).proxy
         assert (proxy.workload_header, proxy.default_workload) == (route.workload_header, route.default_workload)
+
+
+@pytest.mark.parametrize("overlay", GATEWAY_TOPOLOGIES)
+def test_the_plain_pods_sidecar_is_the_speculative_pods_but_for_its_declared_pool(overlay: str) -> None:
+    """The component writes the plain pods' sidecar out again (kustomize cannot copy a container between
+    Deployments): it must stay the speculative pods' one, its probes, limits, shutdown and settings, but for
+    ``DRAFTWATCH_PROXY_SPECULATIVE``."""
+    objects = render(overlay)
+    sidecars = {deployment["metadata"]["name"]: (pod, container)
+                for deployment, pod, container in draftwatch_containers(objects)
+                if deployment["metadata"]["name"] in ("engine", "engine-plain")}  # fmt: skip
+    assert set(sidecars) == {"engine", "engine-plain"}
+
+    def shape(pod: Object, container: Object) -> tuple[Object, dict[str, object], object]:
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+        env.pop("DRAFTWATCH_PROXY_SPECULATIVE")
+        rest = {k: v for k, v in container.items() if k != "env"}
+        return rest, env, pod.get("terminationGracePeriodSeconds")
+
+    speculative, plain = (shape(*sidecars[name]) for name in ("engine", "engine-plain"))
+    assert plain == speculative
