@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 
 from decoder.record import RequestRecord
 from monitor.ingest.spool import Spool, SpooledBatch
+from monitor.ingest.writer_process import RemoteWriteError, WriterProcess
 from monitor.log_safe import describe, traceback_text
 from monitor.store.writes.writer import BatchOutcome, write_batch, write_batches
 
@@ -36,7 +37,10 @@ def is_transient(error: BaseException) -> bool:
 
     Connection failures, server restarts, lock timeouts and deadlocks are OperationalError; a
     missing table (schema not migrated yet) is ProgrammingError on PostgreSQL: all worth a retry.
+    A writer process's error says which it was.
     """
+    if isinstance(error, RemoteWriteError):
+        return error.transient
     if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
         return True
     return isinstance(
@@ -82,11 +86,20 @@ class BatchSink:
         self._replay_lock = threading.Lock()
 
     def write(
-        self, batch: Sequence[RequestRecord], batch_id: str, *, origin: str, raise_permanent: bool = False
+        self,
+        batch: Sequence[RequestRecord],
+        batch_id: str,
+        *,
+        origin: str,
+        raise_permanent: bool = False,
+        process: WriterProcess | None = None,
     ) -> BatchOutcome | None:
-        """Commit one batch; None when the database is unreachable (the caller spools)."""
+        """Commit one batch (by ``process`` where given); None when the database is unreachable (the caller spools).
+
+        A batch the database refuses is written record by record here, in this process.
+        """
         try:
-            outcome = self._commit(batch, batch_id, origin)
+            outcome = process.write(batch, batch_id, origin) if process else self._commit(batch, batch_id, origin)
         except Exception as error:
             if is_transient(error):
                 self._unavailable(error)

@@ -2,7 +2,8 @@
 
 ``record(rec)`` validates and enqueues (a bounded queue; a few microseconds on the caller's thread). A
 background thread takes batches off the queue and writes each in one transaction (see
-:mod:`monitor.store.writes.writer`). When the database is unreachable a batch is appended to the spool
+:mod:`monitor.store.writes.writer`), through a process of its own (:mod:`monitor.ingest.writer_process`)
+unless ``writer_process`` is off. When the database is unreachable a batch is appended to the spool
 (:mod:`monitor.ingest.spool`) instead, and the spool is replayed in order, exactly once, when the database
 is back; segments left by a crashed process are replayed on the next start. Nothing is dropped
 silently: a full queue follows an explicit policy, and a record the database refuses for good (it
@@ -39,6 +40,7 @@ within a flush interval, by the same path (and the same batch ids, so never twic
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -58,7 +60,9 @@ from decoder.record import RecordError, RequestRecord
 from monitor.ingest.batches import BatchSink, DeadLetter, DurableHook
 from monitor.ingest.settings import RecorderSettings
 from monitor.ingest.spool import Spool
+from monitor.ingest.writer_process import RemoteWriteError, WriterProcess
 from monitor.log_safe import traceback_text
+from monitor.store.engine import sqlite_path
 from monitor.store.writes.rows import validate
 
 log = logging.getLogger(__name__)
@@ -367,6 +371,7 @@ class Recorder:
     # -- the writer thread ---------------------------------------------------------------------
 
     def _run(self, number: int) -> None:
+        process = self._start_process()
         database = _DatabaseThread(f"draftwatch-recorder-db-{number}")
         try:
             while True:
@@ -375,7 +380,7 @@ class Recorder:
                 try:
                     self._maybe_replay(database)
                     if batch:
-                        owned = self._write(batch, database)
+                        owned = self._write(batch, database, process)
                 except Exception as error:  # the thread must survive anything; the batch is not lost
                     log.error(
                         "recorder writer failed on a batch of %d; spooling it\n%s", len(batch), traceback_text(error)
@@ -388,7 +393,23 @@ class Recorder:
                 if self._stop.is_set() and not self._pending:
                     break
         finally:
+            stopped = database.submit(process.stop) if process is not None else None  # after a hung write
             database.stop()
+            if stopped is not None:
+                with contextlib.suppress(TimeoutError):  # a hung write's child ends when the write returns
+                    stopped.result(self.settings.write_timeout_s)
+
+    def _start_process(self) -> WriterProcess | None:
+        url = self.engine.url
+        if not self.settings.writer_process or (url.get_backend_name() == "sqlite" and sqlite_path(url) is None):
+            return None
+        process = WriterProcess(url)
+        try:
+            process.start()
+        except (RemoteWriteError, OSError) as error:
+            log.error("the recorder's writer process did not start (%s): writing from this process", error)
+            return None
+        return process
 
     def _settled(self, count: int) -> None:
         with self._lock:
@@ -462,7 +483,7 @@ class Recorder:
             self._progress.notify_all()  # room for a caller that waits on a full queue
         return batch
 
-    def _write(self, batch: list[RequestRecord], database: _DatabaseThread) -> bool:
+    def _write(self, batch: list[RequestRecord], database: _DatabaseThread, process: WriterProcess | None) -> bool:
         """Commit or spool ``batch``; False when the write hung, and settles the batch when it returns."""
         # Straight to the spool while the database was just found away or hangs (no connect attempt
         # per batch); otherwise try it. A spool backlog does not hold live batches back: replay runs
@@ -470,7 +491,7 @@ class Recorder:
         if self._hung or time.monotonic() < self._retry_at:
             self._sink.spool(batch, new_batch_id())
             return True
-        job = database.submit(functools.partial(self._commit, batch, new_batch_id()))
+        job = database.submit(functools.partial(self._commit, batch, new_batch_id(), process))
         try:
             job.result(self.settings.write_timeout_s)
         except TimeoutError:
@@ -478,9 +499,9 @@ class Recorder:
             return False
         return True
 
-    def _commit(self, batch: list[RequestRecord], batch_id: str) -> None:
+    def _commit(self, batch: list[RequestRecord], batch_id: str, process: WriterProcess | None) -> None:
         # The spooled batch keeps its id: if the failed commit did land after all, replay skips it.
-        if self._sink.write(batch, batch_id, origin="live") is None:
+        if self._sink.write(batch, batch_id, origin="live", process=process) is None:
             self._retry_at = time.monotonic() + self.settings.retry_interval_s
             self._sink.spool(batch, batch_id)
 

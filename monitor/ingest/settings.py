@@ -62,6 +62,14 @@ class RecorderSettings:
         1,
         "background writer threads (2 helps ingest throughput on PostgreSQL; SQLite gains nothing)",
     )
+    writer_process: bool = setting(
+        "recorder.writer_process",
+        parse_bool,
+        True,
+        "each writer thread commits its batches through a Python process of its own, so that a batch's database "
+        "work never takes the sidecar's interpreter from the requests it answers; off (and always for an in-memory "
+        "SQLite database), the writer threads commit in this process",
+    )
     spool_before_reply: bool = setting(
         "recorder.spool_before_reply",
         parse_bool,

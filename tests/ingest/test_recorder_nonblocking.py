@@ -3,7 +3,8 @@
 A database that hangs is simulated by a statement hook that waits on an event, and a stalled
 spool disk by wrapping ``Spool.append`` the same way: if a call under test waited on either, the
 test would find its caller thread still blocked (a deadlock check with a generous bound, not a
-speed assertion).
+speed assertion). The hook is in this process's engine, so these recorders commit in this process
+(``writer_process`` off); tests/ingest/test_writer_process.py hangs a real database under a writer process.
 """
 
 from __future__ import annotations
@@ -95,7 +96,12 @@ def test_record_nowait_returns_with_the_queue_full_the_writer_hung_and_the_spool
 
     monkeypatch.setattr(Spool, "append", stalled_append)
     settings = RecorderSettings(
-        spool_dir=tmp_path / "spool", queue_size=10, batch_size=5, flush_interval_s=0.01, write_timeout_s=60
+        spool_dir=tmp_path / "spool",
+        queue_size=10,
+        batch_size=5,
+        flush_interval_s=0.01,
+        write_timeout_s=60,
+        writer_process=False,
     )
     records = stream(101)
     accepted: list[bool] = []
@@ -121,7 +127,12 @@ def test_record_nowait_returns_with_the_queue_full_the_writer_hung_and_the_spool
 def timed_out_settings(tmp_path: Path) -> RecorderSettings:
     """Small batches, and a write counted as hung after 0.2 s."""
     return RecorderSettings(
-        spool_dir=tmp_path / "spool", queue_size=20, batch_size=5, flush_interval_s=0.01, write_timeout_s=0.2
+        spool_dir=tmp_path / "spool",
+        queue_size=20,
+        batch_size=5,
+        flush_interval_s=0.01,
+        write_timeout_s=0.2,
+        writer_process=False,
     )
 
 
@@ -214,7 +225,12 @@ def test_the_spill_thread_spools_all_it_was_handed_in_one_line(
 
     monkeypatch.setattr(Spool, "append", slow_append)
     settings = RecorderSettings(
-        spool_dir=tmp_path / "spool", queue_size=10, batch_size=5, flush_interval_s=0.01, write_timeout_s=60
+        spool_dir=tmp_path / "spool",
+        queue_size=10,
+        batch_size=5,
+        flush_interval_s=0.01,
+        write_timeout_s=60,
+        writer_process=False,
     )
     records = stream(22)
     with Recorder(engine, settings) as recorder:

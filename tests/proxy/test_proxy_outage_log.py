@@ -30,8 +30,10 @@ def test_an_outage_logs_its_start_and_its_end_once(
             raise exc.OperationalError("INSERT", None, ConnectionRefusedError("connection refused"))
 
     event.listen(engine, "before_cursor_execute", refuse)
+    # The outage is a hook in this process's engine: the recorder commits here, not through its writer process.
     settings = make_settings(tmp_path, "sqlite:///unused.db", DRAFTWATCH_PROXY_UPSTREAM=url,
-                             DRAFTWATCH_RECORDER_BATCH_SIZE="1")  # fmt: skip
+                             DRAFTWATCH_RECORDER_BATCH_SIZE="1",
+                             DRAFTWATCH_RECORDER_WRITER_PROCESS="false")  # fmt: skip
     body = {"model": "m", "messages": []}
     with caplog.at_level(logging.DEBUG, logger="monitor"), TestClient(create_app(settings, engine=engine)) as client:
         recorder = client.app.state.api.recorder  # type: ignore[attr-defined]

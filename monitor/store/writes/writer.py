@@ -75,12 +75,13 @@ def write_batch(conn: Connection, records: Sequence[RequestRecord], batch_id: st
 
 
 def write_batches(
-    conn: Connection, batches: Sequence[tuple[str, Sequence[RequestRecord]]], origin: str
+    conn: Connection, batches: Sequence[tuple[str, Sequence[RequestRecord]]], origin: str, *, pid: int | None = None
 ) -> list[BatchOutcome]:
     """Write several batches in the caller's one transaction (spool replay coalesces small lines).
 
     Returns one outcome per batch, in order. A record whose ``request_id`` appears in several
-    batches is stored at most once and counted as a duplicate everywhere else.
+    batches is stored at most once and counted as a duplicate everywhere else. ``pid`` is the recording
+    process's, where a writer process commits for it.
     """
     now = datetime.now(UTC)
     markers = [
@@ -90,7 +91,7 @@ def write_batches(
             "n_records": len(records),
             "committed_at": now,
             "host": _HOST,
-            "pid": os.getpid(),
+            "pid": os.getpid() if pid is None else pid,
         }
         for batch_id, records in batches
     ]
