@@ -384,6 +384,11 @@ class UpstreamResponse:
                 continue
             message.feed(data)
 
+    @property
+    def complete(self) -> bool:
+        """The upstream has sent the whole body: what :meth:`chunks` has not yielded yet is already here."""
+        return self._message.complete
+
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 

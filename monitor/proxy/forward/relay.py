@@ -175,11 +175,30 @@ class ThroughResponse(StreamingResponse):
         headers: list[tuple[bytes, bytes]],
         unread: str | None = None,
     ) -> None:
-        super().__init__(chunks, response.status)
+        super().__init__(self._freeing(chunks), response.status)
         self.raw_headers = headers
         self._exchange = exchange
         self._response = response
         self._unread = unread  # why a recorded answer was not read
+
+    async def _freeing(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``chunks``, the replica released and its connection kept once the upstream's body is all here.
+
+        Before the last piece goes to the client, not after: a client that sends its next request as soon
+        as this answer ends (listing the models, then a completion) finds the replica idle, as it is.
+        """
+        async for chunk in chunks:
+            if self._response.complete:
+                self._end()
+            yield chunk
+
+    def _end(self) -> None:
+        """Close the upstream's answer and end the request (once, however often it is called)."""
+        self._response.close()
+        if self._unread is not None:
+            self._exchange.unreadable(self._unread)
+        else:
+            self._exchange.release()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -187,8 +206,4 @@ class ThroughResponse(StreamingResponse):
         except ClientDisconnect:
             pass
         finally:
-            self._response.close()
-            if self._unread is not None:
-                self._exchange.unreadable(self._unread)
-            else:
-                self._exchange.release()
+            self._end()
