@@ -171,7 +171,17 @@ def _no_pool(staged: Staged, route: int | None) -> str:
 
 def served_here(proxy: ProxySettings, embedded: Candidate | None) -> list[Staged]:
     """The candidates a sidecar serves a rollout with, per deployment: its proxy's pools, else its embedded
-    decoder's candidate drafter (what :func:`announce_candidates` announces)."""
+    decoder's candidate drafter (what :func:`announce_candidates` announces).
+
+    A gateway's candidate sidecar (``proxy.speculative = candidate``) serves its own upstreams as the
+    candidates: the default one and each route's.
+    """
+    if proxy.upstream and proxy.upstream_is_candidate:
+        where = "proxy.upstream of a candidate sidecar (proxy.speculative = candidate)"
+        own = [Staged("*", proxy.upstream, where, (CURRENT_DRAFTER,))]
+        own += [Staged(route.model, route.upstream, f"upstream of route {number} of a candidate sidecar",
+                       (CURRENT_DRAFTER,)) for number, route in enumerate(proxy.routes, 1)]  # fmt: skip
+        return own
     routes = range(1, len(proxy.routes) + 1) if proxy.upstream else range(0)
     # Not a proxy: a candidate_upstream set for it serves nothing, and the embedded decoder's drafter is the one.
     settings = proxy if proxy.upstream else ProxySettings()

@@ -149,6 +149,29 @@ def test_the_readme_example_starts_on_the_candidate_pool_the_sidecar_serves(
             ) in out  # fmt: skip
 
 
+def test_a_gateway_s_candidate_sidecar_announces_its_upstream_where_a_bare_start_finds_it(
+    run: Run, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Gateway API path: the gateway splits the candidate's share off, and the recording sidecar in front of the
+    candidate (``proxy.speculative = candidate``) is the only one that knows its URL."""
+    monkeypatch.delenv("DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM")
+    db_url = engine.url.render_as_string(hide_password=False)
+    with serving(Upstream()) as candidate:
+        sidecar = serve_process(tmp_path / "sidecar", db_url, free_port(), flags=("--upstream", candidate),
+                                DRAFTWATCH_PROXY_SPECULATIVE="candidate")  # fmt: skip
+        try:
+            wait_announced(engine)
+            code, out, err = run("start", "--steps", "50,100", "--interval", "30m", "--drafter", "eagle3-v2")
+        finally:
+            sidecar.terminate()
+            sidecar.wait(30)
+    assert (code, err) == (0, "")
+    (r,) = rollouts(engine)
+    assert (r.deployment, r.drafter, r.current_drafters) == ("*", "eagle3-v2", ("upstream",))
+    assert (f"(candidate pool {candidate}, proxy.upstream of a candidate sidecar (proxy.speculative = candidate) "
+            "of 1 sidecar)") in out  # fmt: skip
+
+
 def traffic(engine: Engine, workload: str, per_5_minutes: int, start: datetime, hours: int) -> None:
     """The current drafter's requests of ``workload``, ``per_5_minutes`` every 5 minutes, ``hours`` from ``start``."""
     for k in range(12 * hours):

@@ -352,6 +352,14 @@ def test_a_sidecar_announces_the_candidates_it_serves_per_deployment() -> None:
     not_proxy = replace(proxy, upstream=())
     assert served_here(not_proxy, None) == []
     assert served_here(not_proxy, embedded) == [Staged("*", ("ngram:1-1",), "decoder.candidate", DRAFTER_KINDS)]
+    # A gateway's candidate sidecar: its upstreams are the candidates, the default deployment's and each route's.
+    gateway = ProxySettings(upstream=("http://cand:8082",), speculative="candidate",
+                            routes=(ModelRoute("qwen*", ("http://qc:8000",)),))  # fmt: skip
+    assert served_here(gateway, None) == [
+        Staged("*", ("http://cand:8082",), "proxy.upstream of a candidate sidecar (proxy.speculative = candidate)",
+               (CURRENT_DRAFTER,)),
+        Staged("qwen*", ("http://qc:8000",), "upstream of route 1 of a candidate sidecar", (CURRENT_DRAFTER,)),
+    ]  # fmt: skip
 
 
 def test_the_router_sends_the_rollouts_share_to_the_candidate_pool(engine: Engine) -> None:
