@@ -132,7 +132,14 @@ def deployment_of(proxy: ProxySettings, route: int | None, embedded: Candidate |
                            if proxy.routes else f"route={route}: no [[proxy.routes]] are configured",
                            field="route")  # fmt: skip
     chosen = proxy.routes[route - 1]
-    return Staged(chosen.model, chosen.candidate_upstream, f"candidate_upstream of route {route}", (CURRENT_DRAFTER,))
+    return Staged(chosen.model, chosen.candidate_upstream, route_setting(route), (CURRENT_DRAFTER,))
+
+
+def route_setting(route: int, *, of_candidate_sidecar: bool = False) -> str:
+    """The setting naming route ``route``'s candidates, as announced: where ``rollout start --route N`` finds them."""
+    if of_candidate_sidecar:
+        return f"upstream of route {route} of a candidate sidecar"
+    return f"candidate_upstream of route {route}"
 
 
 def staged_for(
@@ -144,6 +151,8 @@ def staged_for(
     Announced by several, a proxy's pool is the union of theirs, and it comes before an embedded
     decoder's drafter on the same deployment, as :func:`deployment_of` prefers ``proxy.candidate_upstream``.
     """
+    if route is not None and not proxy.routes:  # the sidecars' routes, not configured where the rollout starts
+        return _announced_route(engine, route, now)
     staged = deployment_of(proxy, route, embedded)
     if staged.pool:
         return staged
@@ -151,10 +160,34 @@ def staged_for(
     chosen = [a for a in found if a.current_drafters == (CURRENT_DRAFTER,)] or found
     if not chosen:
         raise RolloutError(_no_pool(staged, route), code="no_candidate_pool")
+    return _pooled(staged.deployment, chosen)
+
+
+def _pooled(deployment: str, chosen: Sequence[Announced]) -> Staged:
+    """One deployment's candidates as several sidecars announced them: the union of their pools."""
     sidecars = len({a.instance for a in chosen})
     where = f"{', '.join(sorted({a.setting for a in chosen}))} of {sidecars} sidecar{'s' if sidecars > 1 else ''}"
     pool = tuple(sorted({c for a in chosen for c in a.candidates}))
-    return Staged(staged.deployment, pool, where, chosen[0].current_drafters)
+    return Staged(deployment, pool, where, chosen[0].current_drafters)
+
+
+def _announced_route(engine: Engine, route: int, now: datetime) -> Staged:
+    """Route ``route`` of the sidecars' ``[[proxy.routes]]`` as they announced it, where this process has none."""
+    settings = {route_setting(route), route_setting(route, of_candidate_sidecar=True)}
+    found = [a for a in announced(engine, None, now - FRESH) if a.setting in settings]
+    deployments = sorted({a.deployment for a in found})
+    if not deployments:
+        raise RolloutError(
+            f"route={route}: no [[proxy.routes]] are configured here and no sidecar announced a candidate pool for its "
+            f"route {route} in the last {format_duration(FRESH)}: set candidate_upstream in the sidecars' "
+            "[[proxy.routes]] table (or run rollout start with their [[proxy.routes]])",
+            field="route",
+        )
+    if len(deployments) > 1:
+        raise RolloutError(f"route={route}: the sidecars' route {route} is not one deployment but "
+                           f"{', '.join(map(repr, deployments))}: run rollout start with their [[proxy.routes]]",
+                           field="route")  # fmt: skip
+    return _pooled(deployments[0], found)
 
 
 def _no_pool(staged: Staged, route: int | None) -> str:
@@ -179,7 +212,7 @@ def served_here(proxy: ProxySettings, embedded: Candidate | None) -> list[Staged
     if proxy.upstream and proxy.upstream_is_candidate:
         where = "proxy.upstream of a candidate sidecar (proxy.speculative = candidate)"
         own = [Staged("*", proxy.upstream, where, (CURRENT_DRAFTER,))]
-        own += [Staged(route.model, route.upstream, f"upstream of route {number} of a candidate sidecar",
+        own += [Staged(route.model, route.upstream, route_setting(number, of_candidate_sidecar=True),
                        (CURRENT_DRAFTER,)) for number, route in enumerate(proxy.routes, 1)]  # fmt: skip
         return own
     routes = range(1, len(proxy.routes) + 1) if proxy.upstream else range(0)

@@ -64,13 +64,15 @@ def announce(conn: Connection, instance: str, pools: Sequence[Announced], now: d
         ])  # fmt: skip
 
 
-def announced(engine: Engine | Connection, deployment: str, since: datetime) -> list[Announced]:
-    """The candidates the sidecars announced for ``deployment`` at ``since`` or later, newest first."""
+def announced(engine: Engine | Connection, deployment: str | None, since: datetime) -> list[Announced]:
+    """The candidates the sidecars announced for ``deployment`` (None: any) at ``since`` or later, newest first."""
     row = CandidatePoolRow
     query = (
         select(row.deployment, row.candidates, row.setting, row.current_drafters, row.instance, row.seen_at)
-        .where(row.deployment == deployment, row.seen_at >= since)
+        .where(row.seen_at >= since)
         .order_by(row.seen_at.desc(), row.instance)
     )
+    if deployment is not None:
+        query = query.where(row.deployment == deployment)
     rows = read_rows(engine, query)
     return [Announced(d, tuple(c), s, tuple(current), i, seen) for d, c, s, current, i, seen in rows]

@@ -28,6 +28,7 @@ from monitor.proxy.rollout import (
     abort,
     advance_rollouts,
     promote,
+    route_setting,
     served_here,
     staged_for,
     start_rollout,
@@ -335,6 +336,37 @@ def test_a_start_without_a_pool_of_its_own_takes_the_one_its_sidecars_announced(
         r"candidate_upstream in the sidecars' \[\[proxy.routes\]\] table",
     ):
         start_rollout(engine, routed, rollout_settings(), T0, route=1)
+
+
+def test_a_start_on_a_route_not_configured_here_takes_the_route_its_sidecars_announced(engine: Engine) -> None:
+    """``rollout start --route N`` where the command has no ``[[proxy.routes]]``: the sidecars' route N, announced."""
+    bare = ProxySettings(upstream=("http://spec:8080",))
+    with pytest.raises(RolloutError, match=r"route=1: no \[\[proxy.routes\]\] are configured here and no sidecar "):
+        staged_for(engine, bare, T0, route=1)
+    with engine.begin() as conn:
+        announce(
+            conn,
+            "a:1",
+            [
+                Announced("*", ("http://cand:8082",), "proxy.candidate_upstream", (CURRENT_DRAFTER,)),
+                Announced("qwen*", ("http://qc:8000",), route_setting(1), (CURRENT_DRAFTER,)),
+            ],
+            T0,
+        )
+        announce(conn, "b:2", [Announced("qwen*", ("http://qc-2:8000",), route_setting(1, of_candidate_sidecar=True),
+                                         (CURRENT_DRAFTER,))], T0)  # fmt: skip
+    assert staged_for(engine, bare, T0, route=1) == Staged(
+        "qwen*",
+        ("http://qc-2:8000", "http://qc:8000"),
+        "candidate_upstream of route 1, upstream of route 1 of a candidate sidecar of 2 sidecars",
+        (CURRENT_DRAFTER,),
+    )
+    with pytest.raises(RolloutError, match=r"route=2: no \[\[proxy.routes\]\]"):
+        staged_for(engine, bare, T0, route=2)
+    with engine.begin() as conn:  # two sidecars whose route 1 differs: which one is meant is not guessed
+        announce(conn, "c:3", [Announced("llama*", ("http://lc:8000",), route_setting(1), (CURRENT_DRAFTER,))], T0)
+    with pytest.raises(RolloutError, match=r"route=1: the sidecars' route 1 is not one deployment but 'llama\*', "):
+        staged_for(engine, bare, T0, route=1)
 
 
 def test_a_sidecar_announces_the_candidates_it_serves_per_deployment() -> None:
