@@ -18,7 +18,11 @@ speculative traffic's own length mix, over what speculation cost. Strata without
 kinds are left out, as are plain requests whose context is more than 1.25x longer or shorter than
 every speculative one's (``n_ref`` and ``n_cur`` count the requests used, ``detail`` the strata). Stratifying, not
 matching: with a small holdout, matching discards most speculative requests; strata keep them all.
-The interval resamples within strata (both populations).
+The interval resamples within strata (both populations). Where what the strata leave falls below the
+minimum a side (a workload with just enough holdout requests, a few of them outside the speculative
+ones' lengths), the comparison coarsens rather than gives up: one stratum per load level, then one
+per load level over every context length (``detail["stratified_by"]`` says which). Load levels are
+never pooled: speculative and plain requests at different loads are not compared.
 
 * **Measured** (``measured``): the comparison population is the workload's **holdout** requests
   of the current window, a random share of its own traffic. The p-value is the van Elteren
@@ -66,6 +70,22 @@ PER_STRATUM = 10
 SUPPORT = 1.25
 # Below this share of the speculative requests with plain requests at their load and context, no verdict.
 MIN_COVERAGE = 0.5
+
+
+class Grain(NamedTuple):
+    """How finely a comparison is stratified: context strata per load level, and the context support's factor."""
+
+    name: str
+    max_strata: int
+    support: float | None  # None: plain requests of every context length count
+
+
+# Finest first: each used only when the one before leaves too few requests a side.
+GRAINS: tuple[Grain, ...] = (
+    Grain("context length and load", MAX_STRATA, SUPPORT),
+    Grain("load", 1, SUPPORT),
+    Grain("load, every context length", 1, None),
+)
 
 
 def load_level(inflight: FloatArray) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -121,19 +141,23 @@ class Strata:
     levels: list[int]
     n_spec: int  # speculative requests offered, kept in a stratum or not
 
+    grain: Grain = GRAINS[0]
+
     @classmethod
-    def split(cls, speculative: Population, compared: Population) -> Strata:
+    def split(cls, speculative: Population, compared: Population, grain: Grain = GRAINS[0]) -> Strata:
         spec, spec_ctx, spec_level = speculative.ms, speculative.ctx, speculative.levels
         # Common support: a plain request far longer or shorter than any speculative one says
         # nothing about what the speculative traffic would have cost without speculation.
-        low, high = spec_ctx.min() / SUPPORT, spec_ctx.max() * SUPPORT
-        inside = (compared.ctx >= low) & (compared.ctx <= high)
+        inside = np.ones(len(compared.ctx), dtype=bool)
+        if grain.support is not None:
+            low, high = spec_ctx.min() / grain.support, spec_ctx.max() * grain.support
+            inside = (compared.ctx >= low) & (compared.ctx <= high)
         plain, plain_ctx, plain_level = compared.ms[inside], compared.ctx[inside], compared.levels[inside]
         kept: list[tuple[FloatArray, FloatArray, int]] = []
         all_edges: list[float] = []
         for level in np.unique(spec_level):
             s, p = spec_level == level, plain_level == level
-            k = max(1, min(MAX_STRATA, int(p.sum()) // PER_STRATUM))
+            k = max(1, min(grain.max_strata, int(p.sum()) // PER_STRATUM))
             edges = list(np.unique(np.quantile(spec_ctx[s], np.linspace(0, 1, k + 1)[1:-1]))) if k > 1 else []
             all_edges += [float(e) for e in edges]
             spec_bin = np.searchsorted(edges, spec_ctx[s], "right")
@@ -142,7 +166,8 @@ class Strata:
                 a, c = spec[s][spec_bin == b], plain[p][plain_bin == b]
                 if len(a) and len(c):
                     kept.append((a, c, int(level)))
-        return cls([a for a, _, _ in kept], [c for _, c, _ in kept], all_edges, [lv for _, _, lv in kept], len(spec))
+        spec_kept, plain_kept, levels = [a for a, _, _ in kept], [c for _, c, _ in kept], [lv for _, _, lv in kept]
+        return cls(spec_kept, plain_kept, all_edges, levels, len(spec), grain)
 
     @property
     def coverage(self) -> float:
@@ -229,13 +254,15 @@ class NetLoss:
         spec, plain = speculative.ms, compared.ms
         if len(spec) < self.min_requests or len(plain) < self.min_holdout:
             return insufficient(self.test, self.metric, len(plain), len(spec), self.min_holdout)
-        strata = Strata.split(speculative.as_floats(), compared.as_floats())
-        used_spec, used_plain = strata.used()
-        if used_spec >= self.min_requests and used_plain >= self.min_holdout and strata.coverage >= MIN_COVERAGE:
-            return strata
+        spec_floats, compared_floats = speculative.as_floats(), compared.as_floats()
+        for grain in GRAINS:
+            strata = Strata.split(spec_floats, compared_floats, grain)
+            used_spec, used_plain = strata.used()
+            if used_spec >= self.min_requests and used_plain >= self.min_holdout and strata.coverage >= MIN_COVERAGE:
+                return strata
         why = (
             f"strata do not overlap: {used_spec} of {len(spec)} speculative and {used_plain} of {len(plain)} plain "
-            "requests share a load level and context length"
+            "requests share a load level"
         )
         result = insufficient(self.test, self.metric, len(plain), len(spec), self.min_holdout)
         return result.replace(note=why, detail={"inconclusive": why, "coverage": strata.coverage})
@@ -260,6 +287,7 @@ class NetLoss:
                 "plain_ms_per_token": plain_mean,
                 "speculative_ms_per_token": spec_mean,
                 "strata": len(strata.spec),
+                "stratified_by": strata.grain.name,
                 "context_edges": strata.edges,
                 "load_levels": sorted(set(strata.levels)),
                 "coverage": strata.coverage,
