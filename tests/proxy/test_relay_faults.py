@@ -216,7 +216,10 @@ def test_a_stream_cut_by_the_server_stopping_is_recorded_as_such_not_as_a_client
     engine.event_pause_s = 30.0  # a stream that would outlast the shutdown's limit
     with serving(engine.app(), log_level="warning") as engine_url, sidecar(tmp_path, db_url, engine_url) as (url, app):
         with httpx.stream("POST", f"{url}/v1/chat/completions", json={**ASK, "stream": True}, timeout=30) as answer:
-            next(answer.iter_raw())
+            # Held: a bare next(answer.iter_raw()) drops the generator, whose close closes the connection at once,
+            # so that the sidecar could see the client leave before the flag below was set.
+            events = answer.iter_raw()
+            next(events)
             app.state.api.stopping = True  # what the server's shutdown sets past its drain, before it ends the rest
         deadline = time.monotonic() + 30
         while engine.cut_streams == 0 and time.monotonic() < deadline:
