@@ -7,7 +7,8 @@ for it. In a child process it costs the sidecar only the batch's pickling (about
 
 The child is started with the sidecar's interpreter (``python -m monitor.ingest.writer_process``) and
 two pipes. It reads the database URL first (never on its command line, where ``ps`` would show a
-password), then one job per message: ``(batch_id, origin, pid, records)``, answered with
+password), then jobs: ``(batch_id, origin, pid, count)`` followed by the ``count`` records in slices of
+:data:`SLICE`, answered with
 ``("ok", applied, duplicates, indexes of the new records)`` or ``("error", transient, first line)``.
 ``None`` or the pipe's end stops it; it ignores SIGINT and SIGTERM, so that the sidecar's own shutdown
 decides when its last batch is written. A child that dies takes only its batch in flight with it,
@@ -33,6 +34,10 @@ from monitor.store.writes.writer import BatchOutcome
 # A child's start is an interpreter and the store's imports: about half a second on an idle core.
 START_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 5.0
+# Records pickled per message. Pickling is one C call that holds the interpreter lock throughout (about
+# 3 us a record): a batch in one piece held the proxy's event loop for a millisecond; between pieces the
+# pipe's write lets it run.
+SLICE: Final = 32
 
 
 class RemoteWriteError(RuntimeError):
@@ -91,7 +96,10 @@ class WriterProcess:
             self.start()
         assert self._to_child is not None and self._from_child is not None
         try:
-            self._to_child.send((batch_id, origin, os.getpid(), list(batch)))
+            send = self._to_child.send
+            send((batch_id, origin, os.getpid(), len(batch)))
+            for start in range(0, len(batch), SLICE):
+                send(batch[start : start + SLICE])
             reply = self._from_child.recv()
         except (EOFError, OSError):
             code = self._child.wait() if self._child is not None else None
@@ -138,7 +146,10 @@ def _serve(jobs: Connection, replies: Connection) -> None:
                 return
             if job is None:
                 return
-            batch_id, origin, pid, records = job
+            batch_id, origin, pid, count = job
+            records: list[RequestRecord] = []
+            while len(records) < count:
+                records += jobs.recv()
             try:
                 with engine.begin() as conn:
                     (outcome,) = write_batches(conn, [(batch_id, records)], origin, pid=pid)

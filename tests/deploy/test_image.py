@@ -219,6 +219,7 @@ def test_the_container_proxies_records_in_its_volume_and_drains_a_stream_on_sigt
         assert sidecar.exit_code() == 0, sidecar.logs()[-3000:]
         logs = sidecar.logs()
         assert "Traceback" not in logs and "Say hello" not in logs and TOKEN not in logs
+        assert "writer process" not in logs, "the recorder's writer process failed in the read-only container"
 
         database = data / "draftwatch.db"
         with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as conn:

@@ -153,3 +153,21 @@ def test_an_in_memory_database_is_written_in_this_process(tmp_path: Path) -> Non
         assert writer_children() == []  # a child could not see this database
         assert recorder.stats().written == 1
     engine.dispose()
+
+
+def test_a_batch_of_many_slices_arrives_whole_and_the_hook_sees_each_record_once(db_url: str, tmp_path: Path) -> None:
+    """A batch goes to the child, and to the counters, in slices of 32 records: 100 records, in few batches."""
+    engine = create_engine(db_url)
+    upgrade(engine)
+    seen: list[str] = []
+    records = stream(100)
+    settings = RecorderSettings(spool_dir=tmp_path / "spool", flush_interval_s=0.5)
+    with Recorder(engine, settings, on_durable=lambda batch, _: seen.extend(r.request_id for r in batch)) as recorder:
+        for rec in records:
+            recorder.record(rec)
+        assert recorder.flush(WAIT_S)
+    with engine.connect() as conn:
+        batches = list(conn.execute(select(RecorderBatchRow.n_records)).scalars())
+    assert max(batches) > 32, batches  # the premise: a batch of more than one slice
+    assert sorted(seen) == stored_ids(db_url) == sorted(r.request_id for r in records)
+    engine.dispose()
