@@ -131,7 +131,10 @@ def test_the_engine_settings_cut_at_the_crossover_with_its_evidence() -> None:
     assert ("vllm", '"num_speculative_tokens_per_batch_size": [[1, 3, K], [4, 4, 0]]') in said
     assert ("tensorrt-llm", '"max_concurrency": 3') in said
     assert ("arctic-inference", '"hard_disable_by_batch_size": 4') in said
-    assert ("sglang", '--speculative-adaptive-config \'{"1": [K], "4": [0]}\'') in said
+    assert ("sglang", '--speculative-adaptive --speculative-adaptive-config FILE, FILE holding '
+                      '{"1": {"candidate_steps": [K]}, "4": {"candidate_steps": [0]}}') in said  # fmt: skip
+    (sglang,) = [s for s in engine_settings(curve) if s.engine == "sglang"]
+    assert "make 4 one of them (--cuda-graph-bs)" in sglang.meaning and "015c872" in sglang.source
     shown = evidence(curve)
     assert [(e["inflight_low"], e["call"]) for e in shown] == [(2, "gains"), (4, "loses")]
     assert all(e["n_spec"] == 60 and e["low"] <= e["ratio"] <= e["high"] for e in shown)

@@ -15,10 +15,13 @@ as its source declares it (the versions followed are named in ``source``):
 * Arctic Inference ``speculative_config.disable_by_batch_size``: a soft cap, above it only the first
   N requests draft (default 64 for the arctic and suffix methods); ``hard_disable_by_batch_size``:
   no request drafts once the running batch reaches it (ArcticSpeculativeConfig.effective_draft_limit).
-* SGLang ``--speculative-adaptive`` with ``--speculative-adaptive-config``: per-batch-size sets of
-  candidate step counts, 0 turning speculation off (SGLang PR #24055). Its upstream documentation
-  names the config's keys (``candidate_steps`` among them) but not the per-batch-size form this
-  prints, which is the one users' configs show: check it against the SGLang release you run.
+* SGLang ``--speculative-adaptive --speculative-adaptive-config FILE``: a JSON file whose digit keys
+  are batch-size lower bounds (``[key, next key)``, the last one open), each holding
+  ``{"candidate_steps": [...]}``, a slot of ``[0]`` keeping speculation off (SGLang PR #24055:
+  python/sglang/srt/speculative/adaptive_spec_params.py ``_load_adaptive_config`` and
+  adaptive_step_router.py, read at commit 015c872). SGLang rounds a batch up to its next captured
+  CUDA-graph size before it picks the slot, and runs the adaptive mode only for EAGLE/EAGLE3 with
+  topk 1 (otherwise it logs and keeps its static steps).
 
 Where no level loses there is no cut-off to set ("none seen up to N": leave speculation on; above N
 nothing was measured); where every level loses, the setting is off from batch 1.
@@ -44,7 +47,8 @@ SOURCES: Final = {
     "vllm": "vllm/config/speculative.py SpeculativeConfig (vLLM PR #32374; K: your num_speculative_tokens)",
     "tensorrt-llm": "tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig, PyTorch back end (K: your max_draft_len)",
     "arctic-inference": "arctic_inference ArcticSpeculativeConfig.effective_draft_limit",
-    "sglang": "SGLang PR #24055, the per-batch-size form of users' configs: check your release (K: your step count)",
+    "sglang": "SGLang PR #24055 adaptive_spec_params.py _load_adaptive_config, commit 015c872; EAGLE/EAGLE3, topk 1 "
+    "(K: your speculative_num_steps)",
 }
 
 
@@ -79,7 +83,11 @@ def engine_settings(curve: Curve) -> list[EngineSetting]:
         ("tensorrt-llm", f'"draft_len_schedule": {{"1": K, "{cut}": 0}}' if cut > 1 else '"draft_len_schedule": n/a'),
         ("arctic-inference", f'"hard_disable_by_batch_size": {cut}'),
         ("arctic-inference", f'"disable_by_batch_size": {max(cut - 1, 1)}'),
-        ("sglang", f'--speculative-adaptive-config \'{{"1": [K], "{cut}": [0]}}\''),
+        (
+            "sglang",
+            "--speculative-adaptive --speculative-adaptive-config FILE, FILE holding "
+            f'{{"1": {{"candidate_steps": [K]}}, "{cut}": {{"candidate_steps": [0]}}}}',
+        ),
     ]
     if cut == 1:
         rows[3:] = [
@@ -87,10 +95,15 @@ def engine_settings(curve: Curve) -> list[EngineSetting]:
             ("sglang", "serve without --speculative-algorithm"),
         ]
     soft = f"a soft cap: above batch {max(cut - 1, 1)} only that many requests draft; the hard one above turns it off"
-    return [
-        EngineSetting(engine, setting, soft if '"disable_by' in setting else on, SOURCES[engine])
-        for engine, setting in rows
-    ]
+    padded = (
+        f"{on}; SGLang pads a batch up to its next captured CUDA-graph size before choosing: make {cut} one of them "
+        "(--cuda-graph-bs), or a batch just below it is padded past it and loses speculation early"
+    )
+
+    def meaning(setting: str) -> str:
+        return soft if '"disable_by' in setting else padded if "candidate_steps" in setting else on
+
+    return [EngineSetting(engine, setting, meaning(setting), SOURCES[engine]) for engine, setting in rows]
 
 
 def _vllm(cut: int) -> str:
