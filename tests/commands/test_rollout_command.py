@@ -120,6 +120,20 @@ def test_start_refusals_are_one_line_with_what_to_do_and_status_2(
     assert [r.id for r in rollouts(engine)] == [running.id]  # nothing refused was stored
 
 
+def start_beside_a_sidecar(
+    run: Run, engine: Engine, tmp_path: Path, flags: tuple[str, ...], *steps: str, **env: str
+) -> tuple[int, str, str]:
+    """``rollout start STEPS --interval 30m --drafter eagle3-v2`` once a real ``serve FLAGS`` announced its pools."""
+    db_url = engine.url.render_as_string(hide_password=False)
+    sidecar = serve_process(tmp_path / "sidecar", db_url, free_port(), flags=flags, **env)
+    try:
+        wait_announced(engine)
+        return run("start", *steps, "--interval", "30m", "--drafter", "eagle3-v2")
+    finally:
+        sidecar.terminate()
+        sidecar.wait(30)
+
+
 def test_the_readme_example_starts_on_the_candidate_pool_the_sidecar_serves(
     run: Run, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,16 +142,9 @@ def test_the_readme_example_starts_on_the_candidate_pool_the_sidecar_serves(
     command's own settings name no candidate pool, the sidecar's flag does, and the sidecar announced it."""
     monkeypatch.delenv("DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM")
     assert run("start")[0] == 2  # no sidecar yet
-    db_url = engine.url.render_as_string(hide_password=False)
     with serving(Upstream()) as spec, serving(Upstream()) as candidate, serving(Upstream()) as plain:
         flags = ("--upstream", spec, "--candidate-upstream", candidate, "--baseline-upstream", plain)
-        sidecar = serve_process(tmp_path / "sidecar", db_url, free_port(), flags=flags)
-        try:
-            wait_announced(engine)
-            code, out, err = run("start", "--steps", "5,25,50,100", "--interval", "30m", "--drafter", "eagle3-v2")
-        finally:
-            sidecar.terminate()
-            sidecar.wait(30)
+        code, out, err = start_beside_a_sidecar(run, engine, tmp_path, flags, "--steps", "5,25,50,100")
     assert (code, err) == (0, "")
     (r,) = rollouts(engine)
     assert (r.deployment, r.drafter, r.steps, r.current_drafters) == ("*", "eagle3-v2", (0.05, 0.25, 0.5, 1.0),
@@ -155,16 +162,9 @@ def test_a_gateway_s_candidate_sidecar_announces_its_upstream_where_a_bare_start
     """The Gateway API path: the gateway splits the candidate's share off, and the recording sidecar in front of the
     candidate (``proxy.speculative = candidate``) is the only one that knows its URL."""
     monkeypatch.delenv("DRAFTWATCH_PROXY_CANDIDATE_UPSTREAM")
-    db_url = engine.url.render_as_string(hide_password=False)
     with serving(Upstream()) as candidate:
-        sidecar = serve_process(tmp_path / "sidecar", db_url, free_port(), flags=("--upstream", candidate),
-                                DRAFTWATCH_PROXY_SPECULATIVE="candidate")  # fmt: skip
-        try:
-            wait_announced(engine)
-            code, out, err = run("start", "--steps", "50,100", "--interval", "30m", "--drafter", "eagle3-v2")
-        finally:
-            sidecar.terminate()
-            sidecar.wait(30)
+        code, out, err = start_beside_a_sidecar(run, engine, tmp_path, ("--upstream", candidate), "--steps", "50,100",
+                                                DRAFTWATCH_PROXY_SPECULATIVE="candidate")  # fmt: skip
     assert (code, err) == (0, "")
     (r,) = rollouts(engine)
     assert (r.deployment, r.drafter, r.current_drafters) == ("*", "eagle3-v2", ("upstream",))

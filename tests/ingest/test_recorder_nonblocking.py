@@ -95,14 +95,7 @@ def test_record_nowait_returns_with_the_queue_full_the_writer_hung_and_the_spool
         append(self, batch_id, records)
 
     monkeypatch.setattr(Spool, "append", stalled_append)
-    settings = RecorderSettings(
-        spool_dir=tmp_path / "spool",
-        queue_size=10,
-        batch_size=5,
-        flush_interval_s=0.01,
-        write_timeout_s=60,
-        writer_process=False,
-    )
+    settings = in_process(tmp_path, queue_size=10, write_timeout_s=60)
     records = stream(101)
     accepted: list[bool] = []
     with Recorder(engine, settings) as recorder:
@@ -124,16 +117,15 @@ def test_record_nowait_returns_with_the_queue_full_the_writer_hung_and_the_spool
     assert stored(engine) == 1 + accepted.count(True)
 
 
+def in_process(tmp_path: Path, *, queue_size: int, write_timeout_s: float) -> RecorderSettings:
+    """Batches of 5 flushed at once, committed in this process, where the hook that hangs the database is."""
+    return RecorderSettings(spool_dir=tmp_path / "spool", queue_size=queue_size, batch_size=5, flush_interval_s=0.01,
+                            write_timeout_s=write_timeout_s, writer_process=False)  # fmt: skip
+
+
 def timed_out_settings(tmp_path: Path) -> RecorderSettings:
     """Small batches, and a write counted as hung after 0.2 s."""
-    return RecorderSettings(
-        spool_dir=tmp_path / "spool",
-        queue_size=20,
-        batch_size=5,
-        flush_interval_s=0.01,
-        write_timeout_s=0.2,
-        writer_process=False,
-    )
+    return in_process(tmp_path, queue_size=20, write_timeout_s=0.2)
 
 
 def hang_the_first_write(recorder: Recorder, database: Gate, first: RequestRecord) -> float:
@@ -224,14 +216,7 @@ def test_the_spill_thread_spools_all_it_was_handed_in_one_line(
         append(self, batch_id, records)
 
     monkeypatch.setattr(Spool, "append", slow_append)
-    settings = RecorderSettings(
-        spool_dir=tmp_path / "spool",
-        queue_size=10,
-        batch_size=5,
-        flush_interval_s=0.01,
-        write_timeout_s=60,
-        writer_process=False,
-    )
+    settings = in_process(tmp_path, queue_size=10, write_timeout_s=60)
     records = stream(22)
     with Recorder(engine, settings) as recorder:
         database.close()

@@ -17,7 +17,8 @@ from monitor.ingest.recorder import Recorder
 from monitor.ingest.settings import RecorderSettings
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
-from monitor.store.models import RecorderBatchRow, RequestRow
+from monitor.store.models import RecorderBatchRow
+from tests.ingest.test_recorder_durable import stored_ids
 from tests.records import stream
 
 WAIT_S = 30.0  # far beyond any write that does not wait on a lock
@@ -37,15 +38,6 @@ def writer_children() -> list[int]:
         if ppid == os.getpid() and b"monitor.ingest.writer_process" in command:
             found.append(int(entry.name))
     return found
-
-
-def stored_ids(url: str) -> list[str]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return sorted(conn.execute(select(RequestRow.request_id)).scalars())
-    finally:
-        engine.dispose()
 
 
 def test_the_child_commits_the_batches_and_the_hook_sees_only_new_records(db_url: str, tmp_path: Path) -> None:
@@ -72,7 +64,7 @@ def test_the_child_commits_the_batches_and_the_hook_sees_only_new_records(db_url
     assert sorted(rid for _, ids in durable for rid in ids) == sorted([first.request_id, second.request_id])
     assert {where for where, _ in durable} == {"written"}
     assert not [s for s in statements if "INSERT" in s.upper()], "the sidecar's own engine wrote a batch"
-    assert stored_ids(db_url) == sorted([first.request_id, second.request_id])
+    assert sorted(stored_ids(db_url)) == sorted([first.request_id, second.request_id])
     with engine.connect() as conn:
         # The batch marker names the recording process, not its writer.
         assert set(conn.execute(select(RecorderBatchRow.pid)).scalars()) == {os.getpid()}
@@ -104,7 +96,7 @@ def test_a_killed_child_loses_nothing_and_a_signalled_one_goes_on(db_url: str, t
         recorder.record(records[29])  # the next batch starts a new child
         assert recorder.flush(WAIT_S)
         assert [pid for pid in writer_children() if pid != child], "no new writer process after the kill"
-    assert stored_ids(db_url) == sorted(r.request_id for r in records)
+    assert sorted(stored_ids(db_url)) == sorted(r.request_id for r in records)
     engine.dispose()
 
 
@@ -140,7 +132,7 @@ def test_a_database_that_hangs_under_the_child_spools_until_it_answers(pg_url: s
             assert recorder.flush(WAIT_S) and recorder.wait_replayed(WAIT_S)
     finally:
         holder.close()
-    assert stored_ids(pg_url) == sorted(r.request_id for r in (first, *rest))
+    assert sorted(stored_ids(pg_url)) == sorted(r.request_id for r in (first, *rest))
     engine.dispose()
 
 
@@ -169,5 +161,5 @@ def test_a_batch_of_many_slices_arrives_whole_and_the_hook_sees_each_record_once
     with engine.connect() as conn:
         batches = list(conn.execute(select(RecorderBatchRow.n_records)).scalars())
     assert max(batches) > 32, batches  # the premise: a batch of more than one slice
-    assert sorted(seen) == stored_ids(db_url) == sorted(r.request_id for r in records)
+    assert sorted(seen) == sorted(stored_ids(db_url)) == sorted(r.request_id for r in records)
     engine.dispose()
