@@ -45,7 +45,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Split the change of pooled acceptance (accepted / drafted draft tokens) between the reference and the "
             "current window into 'mix' (the share of drafts moving between workloads) and 'within' each workload "
-            "(its own rate moving), exactly: the parts add up to the change. Intervals are 95 % request-level "
+            "(its own rate moving), exactly: the parts add up to the change. A workload whose within part is named "
+            "is split again over the factor groups that vary in it (length, sampling, style, content, version, "
+            "health: a Shapley split of what their composition explains), the rest its own 'unexplained'. "
+            "Intervals are 95 % request-level "
             "bootstrap intervals; a part is named (marked *) when Benjamini-Hochberg across the parts keeps it at "
             "q < drift.fdr_level (0.01), its interval excludes zero and it is at least 0.01. Workloads with fewer than "
             "drift.explain_min_requests drafting requests in a window are merged into 'other'; what still cannot be "

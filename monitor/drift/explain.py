@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -115,6 +115,13 @@ class Explanation:
         """The parts about ``workload``: its within part and the run-wide ones (mix, unexplained)."""
         kept = tuple(p for p in self.parts if p.workload in (None, workload))
         return Explanation(self.change, self.low, self.high, self.rate_ref, self.rate_cur, kept, self.requests)
+
+    def with_split(self, within: Part, parts: Sequence[Part]) -> Explanation:
+        """``within`` replaced by its Level 2 parts (they add up to it), each holding it in ``detail["within"]``."""
+        said = {"value": within.value, "low": within.low, "high": within.high, "named": within.named}
+        split = tuple(replace(p, detail={**p.detail, "within": {**said, **within.detail}}) for p in parts)
+        i = self.parts.index(within)
+        return replace(self, parts=self.parts[:i] + split + self.parts[i + 1 :])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -197,7 +204,7 @@ def explain(
     qs = benjamini_hochberg(list(2 * st.norm.sf(np.abs(z))))
     parts = []
     for j, ((cause, workload), q) in enumerate(zip(labels, qs, strict=True)):
-        value, (low, high) = float(draws[j, 0]), _interval(draws[j, 1:], ci_level)
+        value, (low, high) = float(draws[j, 0]), interval(draws[j, 1:], ci_level)
         named = q < fdr_level and (low > 0 or high < 0) and abs(value) >= floor
         if cause == "mix":
             detail = _mix_detail(cells.names, good, share[:, :, 0], mix_terms[:, 0])
@@ -209,9 +216,9 @@ def explain(
     thin = [cells.names[i] for i in range(len(cells.names)) if i not in good]
     if thin:
         reason = f"{NOT_SPLIT}: fewer than {min_requests} requests in a window ({', '.join(thin)})"
-        low, high = _interval(rest[1:], ci_level)
+        low, high = interval(rest[1:], ci_level)
         parts.append(Part("unexplained", None, float(rest[0]), low, high, detail={"reason": reason}))
-    low, high = _interval(change[1:], ci_level)
+    low, high = interval(change[1:], ci_level)
     return Explanation(float(change[0]), low, high, rates[0], rates[1], tuple(parts), pair)
 
 
@@ -289,7 +296,7 @@ def _deviations(s: Stratum, n_boot: int, rng: np.random.Generator) -> FloatArray
     return np.asarray(rng.standard_normal((n_boot, 2)) @ root.T, dtype=float)
 
 
-def _interval(draws: FloatArray, ci_level: float) -> tuple[float, float]:
+def interval(draws: FloatArray, ci_level: float) -> tuple[float, float]:
     tail = (1.0 - ci_level) / 2.0
     finite = draws[np.isfinite(draws)]
     if len(finite) == 0:
@@ -331,16 +338,36 @@ def sentence(e: Explanation) -> str:
         return f"Acceptance change: {reasons[0] if reasons else NOT_SPLIT}."
     verb = "fell" if e.change < 0 else "rose"
     head = f"Acceptance {verb} {abs(e.change):.2f} ({e.rate_ref:.2f} -> {e.rate_cur:.2f})"
-    named = e.named
-    if not named:
+    # (value, phrase) of each named Level 1 part; a split workload's within part says its named causes.
+    said: list[tuple[float, str]] = []
+    for p in e.parts:
+        if p.cause in ("mix", "within") and p.named:
+            said.append((p.value, _phrase(p, e.change)))
+    for workload, parts in _split_workloads(e).items():
+        within = parts[0].detail["within"]
+        if not within["named"]:
+            continue
+        phrase = _within_phrase(within["value"], workload, within, e.change)
+        named = [p for p in sorted(parts, key=lambda p: -abs(p.value)) if p.named and p.cause != "unexplained"]
+        causes = [_cause_phrase(p, within["value"]) for p in named]
+        said.append((within["value"], phrase + (f", of which {', '.join(causes)}" if causes else "")))
+    if not said:
         reasons = [str(p.detail["reason"]) for p in e.parts if "reason" in p.detail]
         tail = reasons[0] if reasons else "no part of it stands clear of noise"
         return f"{head}: {tail}."
-    phrases = [_phrase(p, e.change) for p in sorted(named, key=lambda p: -abs(p.value))]
-    rest = e.change - sum(p.value for p in named)
+    phrases = [phrase for _, phrase in sorted(said, key=lambda s: -abs(s[0]))]
+    rest = e.change - sum(value for value, _ in said)
     if abs(rest) >= 0.005:
         phrases.append(f"{_amount(rest, e.change)} unexplained")
     return f"{head}: {', '.join(phrases)}."
+
+
+def _split_workloads(e: Explanation) -> dict[str, list[Part]]:
+    split: dict[str, list[Part]] = {}
+    for p in e.parts:
+        if "within" in p.detail and p.workload is not None:
+            split.setdefault(p.workload, []).append(p)
+    return split
 
 
 def _amount(value: float, change: float) -> str:
@@ -351,14 +378,38 @@ def _amount(value: float, change: float) -> str:
 
 
 def _phrase(p: Part, change: float) -> str:
-    amount = _amount(p.value, change)
     if p.cause == "mix":
         w = str(p.detail["workload"])
         ref, cur = p.detail["shares"][w]
         direction = "to" if p.detail["toward"] else "away from"
-        return f"{amount} from the mix moving {direction} {w} ({ref:.0%} -> {cur:.0%} of drafts)".replace("%", " %")
-    where = p.workload if p.workload is not None else "the other workloads"
-    return f"{amount} within {where} ({p.detail['rate_ref']:.2f} -> {p.detail['rate_cur']:.2f})"
+        return f"{_amount(p.value, change)} from the mix moving {direction} {w} ({_pct(ref)} -> {_pct(cur)} of drafts)"
+    return _within_phrase(p.value, p.workload if p.workload is not None else "the other workloads", p.detail, change)
+
+
+def _within_phrase(value: float, workload: str, detail: dict[str, Any], change: float) -> str:
+    return f"{_amount(value, change)} within {workload} ({detail['rate_ref']:.2f} -> {detail['rate_cur']:.2f})"
+
+
+def _cause_phrase(p: Part, within: float) -> str:
+    """A Level 2 part: the cause, the cell that moved most, and as much causality as the data shows."""
+    amount = _amount(p.value, within)
+    lead = str(p.detail["lead"])
+    cell = p.detail["cells"][lead]
+    if p.detail.get("same_window") and p.cause in ("version", "health"):
+        versus = str(p.detail["versus"])
+        other = p.detail["cells"][versus]
+        return (
+            f"{amount} from {p.cause}: {lead} at {cell['rate_cur']:.2f} against {other['rate_cur']:.2f} "
+            f"for {versus} in the same window"
+        )
+    moved = f"{lead} {_pct(cell['share_ref'])} -> {_pct(cell['share_cur'])} of drafts"
+    if p.cause in ("version", "health"):
+        return f"{amount} coinciding with a change of {p.cause} ({moved}, not side by side)"
+    return f"{amount} from {p.cause} ({moved}, acceptance {cell['rate']:.2f} there)"
+
+
+def _pct(share: float) -> str:
+    return f"{share:.0%}".replace("%", " %")
 
 
 def _finite(value: float | None) -> float | None:

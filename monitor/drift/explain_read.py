@@ -4,26 +4,49 @@ Each stratum is one window, workload and pair. Its accepted and drafted sums and
 come from ``rollup_minute`` (exact whatever the window's size, one grouped query); its per-request
 figures are the drift run's hash sample (``sample_requests``, at most ``drift.sample_size``), which
 the run hands over where it already read it for the same windows, so the split reads nothing twice.
+Level 2 reads, for a workload whose within part is named only, the factors of a sample of its
+drafting requests (:func:`factor_requests`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Final
 
+import numpy as np
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
 from monitor.drift.explain import Stratum
-from monitor.drift.sampling import Sample, sample_requests
+from monitor.drift.explain_factors import RequestFactors, Requests, label_requests
+from monitor.drift.sampling import HASH_MODULUS, HASH_MULTIPLIER, Sample, sample_requests
 from monitor.drift.windows import Windows
-from monitor.store.models import RollupMinuteRow
+from monitor.store.models import RequestRow, RollupMinuteRow
 from monitor.store.reads.results import Pair
 from monitor.store.rollups import minute_of
 
 # A stratum's exact figures: speculative requests that drafted, accepted and drafted tokens.
 Totals = dict[tuple[int, str, Pair], tuple[int, float, float]]
 Samples = Mapping[tuple[str, Pair], tuple[Sample, Sample]]
+
+
+# RequestRow's columns in RequestFactors' order.
+_FACTOR_COLUMNS: Final = (
+    "prompt_tokens",
+    "output_tokens",
+    "temperature",
+    "top_p",
+    "num_speculative_tokens",
+    "style_hash",
+    "prompt_copy_share",
+    "drafter",
+    "draft_model",
+    "draft_version",
+    "target_version",
+    "replica",
+    "cached_prompt_tokens",
+)
 
 
 def drafting_totals(conn: Connection, ref_start: datetime, cur_start: datetime, cur_end: datetime) -> Totals:
@@ -72,3 +95,27 @@ def split_strata(conn: Connection, windows: Windows, sample_size: int, samples: 
             drafting = sample.where((sample.mode == "speculative") & (sample.drafted > 0))
             strata.append(Stratum(k, workload, drafting.drafted, drafting.accepted, n, (accepted, drafted)))
     return strata
+
+
+def factor_requests(conn: Connection, workload: str, start: datetime, end: datetime, limit: int) -> Requests:
+    """Up to ``limit`` drafting requests of ``workload`` in ``[start, end)``, every pair, with their factors.
+
+    The same fixed hash pick as :func:`monitor.drift.sampling.sample_requests`, so the same data always
+    gives the same split; read only for a workload whose within part is named.
+    """
+    r = RequestRow
+    hashed = ((r.id % HASH_MODULUS) * HASH_MULTIPLIER) % HASH_MODULUS
+    drafting = (
+        r.workload == workload,
+        r.ts_start >= start,
+        r.ts_start < end,
+        r.mode == "speculative",
+        r.num_draft_tokens > 0,
+        r.finish_reason != "error",
+    )
+    picked = select(r.id).where(*drafting).order_by(hashed).limit(limit).scalar_subquery()
+    columns = (r.num_draft_tokens, r.num_accepted_tokens, *(getattr(r, name) for name in _FACTOR_COLUMNS))
+    rows = conn.execute(select(*columns).where(r.id.in_(picked), *drafting).order_by(r.id)).all()
+    drafted = np.array([row[0] for row in rows], dtype=float)
+    accepted = np.array([row[1] for row in rows], dtype=float)
+    return label_requests(drafted, accepted, [RequestFactors(*row[2:]) for row in rows])

@@ -6,7 +6,7 @@ import random
 from datetime import datetime, timedelta
 
 from decoder.record import OUTPUT_SPANS, Mode, RequestRecord, output_span
-from monitor.ingest.synthetic import draw_steps
+from monitor.ingest.synthetic import Steps, draw_steps
 
 
 def record(
@@ -21,14 +21,23 @@ def record(
     draft_version: str = "d1",
     prompt_tokens: int | None = None,
     seed: int = 0,
+    answer_tokens: int | None = None,
 ) -> RequestRecord:
-    """A valid embedded record: per-request alpha jittered (Beta), geometric runs per step, lognormal time."""
+    """A valid embedded record: per-request alpha jittered (Beta), geometric runs per step, lognormal time.
+
+    Without ``answer_tokens`` a speculative record takes 6-20 steps, so its output grows with its
+    acceptance; with it, steps are taken until the output reaches that length, as a real answer's
+    length is its own whatever the drafter accepts.
+    """
     # Seeded by position in the stream, not by the wall clock, so a stream is the same on every run.
     rng = random.Random(f"{seed}-{workload}-{index}")
     a = rng.betavariate(alpha * 30, (1 - alpha) * 30)
     steps = rng.randint(6, 20)
     spec = mode == "speculative"
-    per_position, histogram, accepted = draw_steps(rng, steps if spec else 0, gamma if spec else 0, a)
+    if spec and answer_tokens is not None:
+        steps, (per_position, histogram, accepted) = _steps_until(rng, answer_tokens, gamma, a)
+    else:
+        per_position, histogram, accepted = draw_steps(rng, steps if spec else 0, gamma if spec else 0, a)
     output = 1 + accepted + steps if spec else rng.randint(20, 60)
     drafted_by_span, accepted_by_span = _spans(random.Random(f"spans-{seed}-{workload}-{index}"), histogram, gamma)
     ttft = rng.lognormvariate(3.5, 0.3)
@@ -63,6 +72,20 @@ def record(
         finish_reason="stop",
         source="embedded",
     )
+
+
+def _steps_until(rng: random.Random, tokens: int, gamma: int, alpha: float) -> tuple[int, Steps]:
+    """Steps drawn one at a time until ``1 + accepted + steps`` reaches ``tokens``; how many, and their counts."""
+    steps, total = 0, draw_steps(rng, 0, gamma, alpha)
+    while 1 + total.accepted + steps < tokens:
+        one = draw_steps(rng, 1, gamma, alpha)
+        steps += 1
+        total = Steps(
+            [x + y for x, y in zip(total.per_position, one.per_position, strict=True)],
+            [x + y for x, y in zip(total.histogram, one.histogram, strict=True)],
+            total.accepted + one.accepted,
+        )
+    return steps, total
 
 
 def _spans(rng: random.Random, histogram: list[int], gamma: int) -> tuple[list[int], list[int]]:
