@@ -277,3 +277,54 @@ def rollout_speed(rows: Rows) -> ChartSpec:
     )
     even = alt.Chart(_data([{"y": 1.0}])).mark_rule(color=REFERENCE_COLOR, strokeDash=[4, 3]).encode(y="y:Q")
     return alt.layer(even, band, points).properties(height=240)
+
+
+def waterfall_rows(split: dict[str, Any]) -> list[dict[str, Any]]:
+    """The split's parts as waterfall steps from the reference window's acceptance to the current one's.
+
+    Each step runs from the total before it to the total after it, its interval around its own end;
+    a Level 2 part is labelled with its workload (``content · extract``).
+
+    >>> split = {"detail": {"rate_ref": 0.5}, "parts": [
+    ...     {"cause": "mix", "workload": None, "value": -0.1, "low": -0.15, "high": -0.05, "detail": {"named": True}},
+    ...     {"cause": "content", "workload": "x", "value": 0.02, "low": None, "high": None,
+    ...      "detail": {"named": False}}]}
+    >>> [(r["part"], r["start"], round(r["end"], 2), r["low"], r["named"]) for r in waterfall_rows(split)]
+    [('mix', 0.5, 0.4, 0.35, True), ('content · x', 0.4, 0.42, None, False)]
+    """
+    total = split["detail"].get("rate_ref")
+    if total is None:
+        return []
+    rows = []
+    for order, p in enumerate(q for q in split["parts"] if q["value"] is not None):
+        end = total + p["value"]
+        known = p["low"] is not None and p["high"] is not None
+        rows.append({
+            "order": order,
+            "part": p["cause"] if p["workload"] is None else f"{p['cause']} · {p['workload']}",
+            "start": total,
+            "end": end,
+            "value": p["value"],
+            "low": total + p["low"] if known else None,
+            "high": total + p["high"] if known else None,
+            "named": bool(p["detail"].get("named")),
+        })  # fmt: skip
+        total = end
+    return rows
+
+
+def acceptance_waterfall(rows: Rows) -> ChartSpec:
+    """:func:`waterfall_rows` as bars (red: named, grey: within noise) with each part's interval as a rule."""
+    base = alt.Chart(_data(rows)).encode(x=alt.X("part:N", sort=alt.SortField("order"), title=None))
+    bars = base.mark_bar().encode(
+        y=alt.Y("start:Q", title="acceptance", scale=alt.Scale(zero=False)),
+        y2="end:Q",
+        color=alt.Color(
+            "named:N",
+            scale=alt.Scale(domain=[True, False], range=[DRIFT_COLOR, REFERENCE_COLOR]),
+            legend=alt.Legend(orient="top", title="named"),
+        ),
+        tooltip=[alt.Tooltip("part:N"), alt.Tooltip("value:Q", format="+.3f"), alt.Tooltip("named:N")],
+    )
+    rules = base.mark_rule(strokeWidth=2).encode(y="low:Q", y2="high:Q")
+    return alt.layer(bars, rules).properties(height=260)

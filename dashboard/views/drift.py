@@ -119,7 +119,26 @@ def body(f: Filters) -> None:
     st.dataframe(
         table(shown), hide_index=True, column_config=COLUMNS, key="drift_table", placeholder=components.MISSING
     )
+    _split(run.acceptance_split, f)
     _history(f, latest)
+
+
+def _split(split: dict[str, Any] | None, f: Filters) -> None:
+    st.subheader("Why acceptance changed")
+    if split is None:
+        st.info("This run kept no acceptance split (it was stored before draftwatch kept them).")
+        return
+    st.markdown(split["detail"]["summary"])
+    shown = {**split, "parts": [p for p in split["parts"] if p["workload"] is None or f.shows(p["workload"])]}
+    rows = charts.waterfall_rows(shown)
+    if rows:
+        st.altair_chart(charts.acceptance_waterfall(rows), width="stretch")
+    st.caption(
+        "From the reference window's acceptance to the current one's: the mix between workloads, each workload's "
+        "own change (split by length, sampling, style, content, version and health where it is named), the rest "
+        "unexplained. Red parts are named (q below the run's level, interval clear of zero, at least 0.01); the "
+        "rules are their 95 % intervals. `draftwatch drift explain` prints the same split."
+    )
 
 
 components.live(body)

@@ -31,6 +31,8 @@ class DriftRunRow(Base):
     n_results: Mapped[int] = mapped_column(Integer)
     n_drift: Mapped[int] = mapped_column(Integer)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The acceptance split's JSON (monitor/drift/explain.py), NULL for runs stored before migration 0020.
+    acceptance_split: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class DriftResultRow(Base):

@@ -29,6 +29,7 @@ class StoredRun:
     n_results: int
     n_drift: int
     level: float
+    acceptance_split: dict[str, Any] | None = None  # Explanation.to_json() of the run
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +49,18 @@ def latest_run(engine: Engine) -> StoredRun | None:
     r = DriftRunRow
     with engine.connect() as conn:
         row = conn.execute(
-            select(r.run_id, r.started_at, r.finished_at, r.n_results, r.n_drift, r.level)
+            select(r.run_id, r.started_at, r.finished_at, r.n_results, r.n_drift, r.level, r.acceptance_split)
             .order_by(r.started_at.desc(), r.id.desc())
             .limit(1)
         ).first()
     return StoredRun(*row) if row else None
+
+
+def run_split(engine: Engine, run_id: str) -> dict[str, Any] | None:
+    """The acceptance split stored with run ``run_id``; None for an unknown run or one stored before it was kept."""
+    with engine.connect() as conn:
+        split = conn.execute(select(DriftRunRow.acceptance_split).where(DriftRunRow.run_id == run_id)).scalar()
+    return dict(split) if split is not None else None
 
 
 def latest_results(

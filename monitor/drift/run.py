@@ -378,6 +378,7 @@ def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:
             level=run.level,
             n_results=len(run.results),
             n_drift=len(run.drifts),
+            acceptance_split=run.explanation.to_json() if run.explanation is not None else None,
             params={
                 "current_window_s": (w.cur_end - w.cur_start).total_seconds(),
                 "reference_window_s": (w.ref_end - w.ref_start).total_seconds(),

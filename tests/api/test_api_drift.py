@@ -32,7 +32,8 @@ def test_drift_endpoint_serves_the_latest_run(tmp_path: Path, db_url: str) -> No
         for i in range(80)
     ]
     with TestClient(create_app(settings)) as client:
-        assert client.get("/v1/drift", headers=auth(READ)).json() == {"run_id": None, "results": []}
+        empty = {"run_id": None, "results": [], "acceptance_split": None}
+        assert client.get("/v1/drift", headers=auth(READ)).json() == empty
         engine = create_engine(db_url)
         with engine.begin() as conn:
             write_batch(conn, sorted([*reference, *current], key=lambda r: r.ts_start), "drift-api-test", "sync")
@@ -42,6 +43,11 @@ def test_drift_endpoint_serves_the_latest_run(tmp_path: Path, db_url: str) -> No
         (result,) = [r for r in body["results"] if r["metric"] == "acceptance_rate"]
         assert result["decision"] == "drift" and result["effect"] < -0.2
         assert result["n_ref"] > 0 and result["n_cur"] > 0 and result["q"] <= result["p"] * 100
+        # The run's acceptance split, as stored with it (one workload: nothing to split, and it says so).
+        assert run.explanation is not None and body["acceptance_split"] == run.explanation.to_json()
+        assert "one workload only (code)" in body["acceptance_split"]["detail"]["summary"]
+        unknown = client.get("/v1/drift", params={"run_id": "no-such-run"}, headers=auth(READ)).json()
+        assert unknown == {"run_id": "no-such-run", "results": [], "acceptance_split": None}
         drifting = client.get("/v1/drift", params={"decision": "drift"}, headers=auth(READ)).json()["results"]
         assert drifting and all(r["decision"] == "drift" for r in drifting)
         assert client.get("/v1/drift", params={"decision": "maybe"}, headers=auth(READ)).status_code == 422

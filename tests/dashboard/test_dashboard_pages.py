@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from dashboard.timerange import DEFAULT_RANGE, time_range
 from monitor.alerts.queries import list_alerts
 from monitor.alerts.silences import list_silences
-from monitor.drift.queries import latest_results
+from monitor.drift.queries import latest_results, latest_run
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from monitor.store.reads import queries
@@ -133,6 +133,20 @@ def test_workload_page_figures_and_charts(app: AppFactory, seeded_store: Store) 
     assert "draft qwen-coder-0.5b d2 (version_changed)" in json.dumps(charts[0])
     caption = next(c.value for c in at.caption if c.value.startswith("Expected speedup"))
     assert "Current γ = 4" in caption
+
+
+def test_drift_page_shows_why_acceptance_changed(app: AppFactory, seeded_store: Store) -> None:
+    """The latest run's stored split: its sentence, and a waterfall of its parts."""
+    run = latest_run(seeded_store.engine)
+    assert run is not None and run.acceptance_split is not None
+    assert run.acceptance_split["parts"] and "rate_ref" in run.acceptance_split["detail"]
+    at = app(seeded_store.url, "drift")
+    assert not at.exception
+    assert "Why acceptance changed" in [s.value for s in at.subheader]
+    assert run.acceptance_split["detail"]["summary"] in texts(at)
+    # The chart's rows are dashboard.charts.waterfall_rows (its doctest); here, that the page draws it.
+    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
+    assert sum('"field": "part"' in spec and '"field": "named"' in spec for spec in specs) == 1
 
 
 def test_drift_page_lists_the_latest_run_and_filters(app: AppFactory, seeded_store: Store) -> None:

@@ -7,13 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dashboard import status, timerange
+from dashboard import charts, status, timerange
 from dashboard.timerange import RANGES, time_range
 from monitor.store.reads.dashboard import speedup_inputs
 from tests.dashboard.conftest import Store
 
 
-@pytest.mark.parametrize("module", [status, timerange])
+@pytest.mark.parametrize("module", [charts, status, timerange])
 def test_doctests(module: object) -> None:
     failures, tried = doctest.testmod(module)  # type: ignore[arg-type]
     assert tried and not failures
