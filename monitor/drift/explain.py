@@ -9,7 +9,8 @@ cell; bars are the mean of the reference (0) and current (1) window. Then, exact
 
 A cell with fewer than ``min_requests`` requests in either window is merged into one ``other`` cell;
 if that is still thin, its whole contribution is the ``unexplained`` part ("not enough data to
-split"). One cell only, or a window without drafts, gives a single ``unexplained`` part and no split.
+split"). A window without drafts gives a single ``unexplained`` part and no split; one cell only, its
+within part alone (the whole change).
 
 Intervals: Poisson bootstrap over whole requests (each request of a window weighted Poisson(1), so
 the per-workload counts vary as they do between real windows), never over tokens. A stratum (one
@@ -187,8 +188,6 @@ def explain(
     pair = (requests[0], requests[1])
     if not good:
         return not_split(f"every workload has fewer than {min_requests} requests in a window", change[0], rates, pair)
-    if len(cells.names) == 1:
-        return not_split(f"one workload only ({cells.names[0]})", change[0], rates, pair)
     share = cells.drafted / cells.drafted.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         cell_rate = cells.accepted / cells.drafted
@@ -200,6 +199,8 @@ def explain(
     rest = change - draws.sum(axis=0)
     mix: tuple[Cause, str | None] = ("mix", None)
     labels = [mix, *(("within", cells.names[i]) for i in good)]
+    if len(cells.names) == 1:  # one workload: no mix to speak of, its within part is the whole change
+        draws, labels = draws[1:], labels[1:]
     z = draws[:, 0] / np.maximum(draws[:, 1:].std(axis=1), 1e-300)
     qs = benjamini_hochberg(list(2 * st.norm.sf(np.abs(z))))
     parts = []

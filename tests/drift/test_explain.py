@@ -209,10 +209,6 @@ def test_thin_workloads_are_merged_into_other() -> None:
             "no drafted tokens in the current window",
         ),
         (
-            [Stratum(k, "chat", np.full(50, 10.0), np.full(50, 5.0 - k)) for k in (0, 1)],
-            "one workload only (chat)",
-        ),
-        (
             [Stratum(k, c, np.full(9, 10.0), np.full(9, 5.0)) for k in (0, 1) for c in ("chat", "code")],
             "every workload has fewer than 30 requests in a window",
         ),
@@ -225,6 +221,15 @@ def test_nothing_to_split_says_so(strata: list[Stratum], reason: str) -> None:
     assert reason in sentence(e)
     shape = e.to_json()
     assert shape["low"] is None and shape["high"] is None and shape["parts"][0]["low"] is None
+
+
+def test_one_workload_is_its_within_part_alone() -> None:
+    """No mix between one workload: its within part is the whole change, named when it is clear of noise."""
+    rng = np.random.default_rng(12)
+    e = split(simulate(rng, {"chat": (400, 400, 0.6)}, {"chat": 0.45}))
+    assert [(p.cause, p.workload, p.named) for p in e.parts] == [("within", "chat", True)]
+    assert e.change is not None and e.parts[0].value == pytest.approx(e.change, abs=1e-12)
+    assert sentence(e).startswith(f"Acceptance fell {abs(e.change):.2f}") and "within chat (0." in sentence(e)
 
 
 def test_bad_figures_are_dropped_not_split() -> None:
