@@ -35,7 +35,7 @@ drafts, so that they and the workload's ``unexplained`` add up to its Level 1 wi
 >>> [(p.cause, p.named) for p in parts]
 [('content', True), ('unexplained', False)]
 >>> round(parts[0].value, 2), parts[0].detail["lead"]
-(-0.31, 'copy share >= 60 %')
+(-0.31, 'copy share <10 %')
 """
 
 from __future__ import annotations
@@ -284,7 +284,8 @@ def _composition(sums: _Sums, groups: Sequence[int], min_requests: int) -> Float
 def _detail(sums: _Sums, g: int, value: float, min_requests: int) -> dict[str, Any]:
     """The group's cells alone: each one's share of drafts and rate per window, and the lead one.
 
-    The lead is the cell whose centred term (r̄_k − R̄)(w1_k − w0_k) goes furthest in the part's direction.
+    The lead is the cell whose centred term (r̄_k − R̄)(w1_k − w0_k) goes furthest in the part's direction,
+    among the cells whose share grew where one did (the new system prompt rather than the old one it displaced).
     ``same_window``: the lead and another cell each served ``min_requests`` requests in the current window,
     so their rates there compare like for like (``versus``: the biggest such other cell).
     """
@@ -300,7 +301,10 @@ def _detail(sums: _Sums, g: int, value: float, min_requests: int) -> dict[str, A
         rate = a / d
     pooled, overall = a.sum(axis=0) / np.maximum(d.sum(axis=0), 1e-300), a.sum() / d.sum()
     terms = (pooled - overall) * (share[1] - share[0])
-    lead = int(np.argmax(terms * math.copysign(1.0, value)))
+    direction = math.copysign(1.0, value)
+    # A cell that grew is the news (a new system prompt, answers that stopped copying); else the biggest term.
+    grew = [c for c in range(count) if share[1, c] > share[0, c] and terms[c] * direction > 0]
+    lead = max(grew or range(count), key=lambda c: float(terms[c] * direction))
     rivals = [c for c in range(count) if c != lead and n[1, c] >= min_requests and names[c] != MERGED]
     detail: dict[str, Any] = {
         "cells": {
