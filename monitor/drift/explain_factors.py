@@ -41,7 +41,7 @@ drafts, so that they and the workload's ``unexplained`` add up to its Level 1 wi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Final, NamedTuple
@@ -50,7 +50,7 @@ import numpy as np
 from scipy import sparse
 from scipy import stats as st
 
-from monitor.drift.explain import NAMED_FLOOR, Cause, Part, interval
+from monitor.drift.explain import NAMED_FLOOR, Cause, Explanation, Part, interval
 from monitor.drift.result import benjamini_hochberg
 from monitor.drift.stats import FloatArray
 
@@ -218,6 +218,34 @@ def split_within(
             }
         parts.append(Part(cause, workload, float(row[0]), low, high, bool(named), q, detail))
     return parts
+
+
+def split_named(
+    explanation: Explanation,
+    requests_of: Callable[[str], tuple[Requests, Requests]],
+    *,
+    min_requests: int,
+    n_boot: int,
+    seed_of: Callable[[str], int],
+    fdr_level: float,
+) -> Explanation:
+    """Level 2 for every workload whose within part is named: ``requests_of(workload)`` gives its windows."""
+    for part in explanation.parts:
+        if part.cause != "within" or not part.named or part.workload is None:
+            continue
+        parts = split_within(
+            requests_of(part.workload),
+            part.workload,
+            (part.detail["share_ref"] + part.detail["share_cur"]) / 2,
+            min_requests=min_requests,
+            n_boot=n_boot,
+            seed=seed_of(part.workload),
+            fdr_level=fdr_level,
+            total=part.value,
+        )
+        if parts:
+            explanation = explanation.with_split(part, parts)
+    return explanation
 
 
 def _mask(groups: Sequence[int]) -> int:

@@ -31,7 +31,7 @@ from monitor.drift.detectors.prompt_length import PromptLengthShift
 from monitor.drift.detectors.scraped import scraped_tests
 from monitor.drift.detectors.traffic_mix import TrafficMixDrift
 from monitor.drift.explain import Explanation, explain, sentence
-from monitor.drift.explain_factors import split_within
+from monitor.drift.explain_factors import Requests, split_named
 from monitor.drift.explain_read import factor_requests, split_strata
 from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.drift.result import DriftResult, apply_bh
@@ -324,23 +324,19 @@ def _explain(
     )
     # Level 2, only where a workload's own rate moved clear of noise: its within part over the factor groups.
     bounds = ((windows.ref_start, windows.ref_end), (windows.cur_start, windows.cur_end))
-    for part in explanation.parts:
-        if part.cause != "within" or not part.named or part.workload is None:
-            continue
-        ref, cur = (factor_requests(conn, part.workload, start, end, config.sample_size) for start, end in bounds)
-        parts = split_within(
-            (ref, cur),
-            part.workload,
-            (part.detail["share_ref"] + part.detail["share_cur"]) / 2,
-            min_requests=config.explain_min_requests,
-            n_boot=config.n_boot,
-            seed=_seed(seed, "acceptance_split", part.workload),
-            fdr_level=config.fdr_level,
-            total=part.value,
-        )
-        if parts:
-            explanation = explanation.with_split(part, parts)
-    return explanation
+
+    def requests_of(workload: str) -> tuple[Requests, Requests]:
+        ref, cur = (factor_requests(conn, workload, start, end, config.sample_size) for start, end in bounds)
+        return ref, cur
+
+    return split_named(
+        explanation,
+        requests_of,
+        min_requests=config.explain_min_requests,
+        n_boot=config.n_boot,
+        seed_of=lambda workload: _seed(seed, "acceptance_split", workload),
+        fdr_level=config.fdr_level,
+    )
 
 
 def _with(result: DriftResult, explanation: str) -> DriftResult:
