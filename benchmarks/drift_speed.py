@@ -8,14 +8,20 @@ on SQLite, COPY on PostgreSQL (a fresh database on 127.0.0.1:5432, dropped after
 per-minute rollups the run reads are then built in SQL from ``requests`` (``rollup_bins`` is not
 filled: drift runs do not read it). Two runs are timed per database: windows covering all rows
 (``--current 1d --reference 6d``: the worst case, every row is in a window) and the defaults
-(1h against the day before).
+(1h against the day before). Beside each, the acceptance split's share of the run (from the run's
+own log line; Level 1 only, since nothing changes in these streams), and what Level 2 costs for one
+workload (its factor read of both windows and its split), which a run pays for each workload whose
+within part is named.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import logging
+import math
 import os
+import re
 import sqlite3
 import sys
 import tempfile
@@ -27,18 +33,31 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from sqlalchemy.engine import Engine
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generated_rows import WITHOUT_SPANS
+from monitor.drift.explain_factors import split_within
+from monitor.drift.explain_read import factor_requests
 from monitor.drift.run import run_drift
 from monitor.drift.settings import DriftSettings
+from monitor.drift.windows import rolling_windows
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 
 START = datetime(2026, 3, 1, tzinfo=UTC)
-HEADER = "| database | windows | cache | run time (CPU of this process, load avg) | results | sampled (acceptance) |"
+HEADER = (
+    "| database | windows | cache | run time (CPU of this process, load avg) | results | sampled (acceptance) "
+    "| of it the acceptance split | Level 2, a workload more |"
+)
+RULE = "| --- | --- | --- | --- | --- | --- | --- | --- |"
+SPLIT_NOTE = (
+    '"Of it the acceptance split": the split\'s seconds inside the run (its log line), Level 1 only, since nothing '
+    'changes in these streams. "Level 2, a workload more": its factor read of both windows and its split for one '
+    "workload, which a run adds for each workload whose within part is named."
+)
 DAYS = 7
 COLUMNS = WITHOUT_SPANS
 SUMS = """count(*), sum(case when finish_reason = 'error' then 1 else 0 end), sum(prompt_tokens), sum(output_tokens),
@@ -176,6 +195,32 @@ def load_postgresql(dsn: str, data: dict[str, Any]) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
+class SplitSeconds(logging.Handler):
+    """The acceptance split's seconds, from the drift run's own log line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = math.nan
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = re.search(r"the acceptance split ([0-9.]+) s", record.getMessage())
+        if found:
+            self.seconds = float(found.group(1))
+
+
+def level2_seconds(engine: Engine, now: datetime, current: timedelta | None, reference: timedelta | None) -> float:
+    """Level 2 for one workload over the run's windows, as a run pays it for each workload whose within part is
+    named (none is here: the stored streams do not change): its factor read of both windows and its split."""
+    settings = DriftSettings()
+    windows = rolling_windows(now, current or settings.current_window, reference or settings.reference_window)
+    t0 = time.perf_counter()
+    with engine.connect() as conn:
+        bounds = ((windows.ref_start, windows.ref_end), (windows.cur_start, windows.cur_end))
+        ref, cur = (factor_requests(conn, "wl00", a, b, settings.sample_size) for a, b in bounds)
+    split_within((ref, cur), "wl00", 0.05, min_requests=30, n_boot=settings.n_boot, seed=0, fdr_level=0.01)
+    return time.perf_counter() - t0
+
+
 def time_runs(url: str, label: str) -> list[str]:
     engine = create_engine(url)
     now = START + timedelta(days=DAYS)
@@ -185,14 +230,20 @@ def time_runs(url: str, label: str) -> list[str]:
         ("defaults (1h + 1d)", None, None),
     ):
         for attempt in range(2):  # the second run shows the warm-cache figure
+            split = SplitSeconds()
+            logger = logging.getLogger("monitor.drift.run")
+            logger.setLevel(logging.INFO)
+            logger.addHandler(split)
             t0, cpu0 = time.perf_counter(), time.process_time()
             run = run_drift(engine, DriftSettings(), now, current=current, reference=reference)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            logger.removeHandler(split)
             tested = sum(r.n_ref + r.n_cur for r in run.results if r.test == "acceptance")
+            level1, level2 = split.seconds, level2_seconds(engine, now, current, reference)
             lines.append(
                 f"| {label} | {name} | {'cold' if attempt == 0 else 'warm'} | {elapsed:.2f} s ({cpu:.2f} s CPU, "
                 f"load {os.getloadavg()[0]:.1f}) | "
-                f"{len(run.results)} | {tested} |"
+                f"{len(run.results)} | {tested} | {level1:.2f} s | {level2:.2f} s |"
             )
             print(lines[-1], flush=True)
     engine.dispose()
@@ -211,7 +262,7 @@ def main() -> None:
     data = generate(args.rows, args.workloads)
     print(f"generated {args.rows} rows in {time.perf_counter() - t0:.1f} s", flush=True)
     print(HEADER)
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(RULE)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
         engine = create_engine(f"sqlite:///{path}")
@@ -227,11 +278,13 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from benchmarks.results import write_section
 
-        header = f"{HEADER}\n| --- | --- | --- | --- | --- | --- |\n"
+        header = f"{HEADER}\n{RULE}\n"
         body = (
             f"{args.rows:,} stored requests, {args.workloads} workloads, one pair, 10 % holdout.\n\n"
             + header
             + "\n".join(table)
+            + "\n\n"
+            + SPLIT_NOTE
         )
         write_section("Drift run speed (benchmarks/drift_speed.py)", body)
 
