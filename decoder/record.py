@@ -47,6 +47,7 @@ COUNT_FIELDS: Final = (
 )  # fmt: skip
 MEASURE_FIELDS: Final = (
     "ttft_ms", "latency_ms", "decode_ms", "draft_ms", "verify_ms", "temperature", "top_p", "prompt_copy_share",
+    "replica_uptime_s", "kv_cache_use",
 )  # fmt: skip  # None or >= 0
 FINISH_REASONS: Final = ("stop", "length", "error")
 WORKLOAD_MAX_LENGTH: Final = 64
@@ -55,6 +56,9 @@ WORKLOAD_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$")
 OUTPUT_SPAN_EDGES: Final = (32, 128)
 OUTPUT_SPANS: Final = len(OUTPUT_SPAN_EDGES) + 1
 MAX_TEXT: Final = 512
+# A replica up for longer than ten years is a clock gone wrong, not an uptime.
+MAX_UPTIME_S: Final = 10 * 365 * 86_400.0
+UPTIME_FROM: Final = ("process", "first_sight")
 MAX_ERROR_TEXT: Final = 8192
 # Beyond any real draft length; keeps the per-position arrays and histogram rows bounded.
 MAX_SPECULATIVE_TOKENS: Final = 1024
@@ -116,11 +120,15 @@ LIMITS: Final[Mapping[str, Limit]] = MappingProxyType({
     "cached_prompt_tokens": COUNT,
     "style_hash": Limit(min_length=12, max_length=12, pattern=STYLE_HASH_PATTERN.pattern),
     "prompt_copy_share": Limit(ge=0, le=1, allow_inf_nan=False),
+    "engine_version": _TEXT,
+    "replica_uptime_s": Limit(ge=0, le=MAX_UPTIME_S, allow_inf_nan=False),
+    "uptime_from": Limit(pattern=r"^(process|first_sight)$"),
+    "kv_cache_use": Limit(ge=0, le=1, allow_inf_nan=False),
 })  # fmt: skip
 # Texts the record may carry: the store is PostgreSQL, which refuses NUL, and UTF-8, which cannot hold a lone surrogate.
 TEXT_FIELDS: Final = (
     "request_id", "workload", "target_model", "drafter", "draft_model", "target_version", "draft_version", "error",
-    "source", "prompt_hash", "replica", "style_hash",
+    "source", "prompt_hash", "replica", "style_hash", "engine_version", "uptime_from",
 )  # fmt: skip
 _REQUIRED_TEXTS: Final = ("request_id", "workload", "target_model", "drafter", "source")
 
@@ -313,6 +321,13 @@ class RequestRecord:
     cached_prompt_tokens: int | None = None
     style_hash: str | None = None
     prompt_copy_share: float | None = None
+    # What the replica last said about itself (proxy mode, monitor/proxy/engine_watch.py; None where it did not):
+    # its build, how long it had been up when the request started (``uptime_from``: its process start, or the
+    # sidecar's first sight of it), and the share of its KV cache in use (0-1).
+    engine_version: str | None = None
+    replica_uptime_s: float | None = None
+    uptime_from: str | None = None
+    kv_cache_use: float | None = None
 
     # Derived figures: computed, never stored twice.
 
@@ -373,6 +388,14 @@ class RequestRecord:
                 "holdout_reason",
                 f"{self.holdout_reason!r} needs mode holdout (got {self.mode!r}) "
                 f"and one of {', '.join(HOLDOUT_REASONS)}",
+            )
+        if (self.uptime_from is None) != (self.replica_uptime_s is None) or self.uptime_from not in (
+            None,
+            *UPTIME_FROM,
+        ):
+            raise RecordError(
+                "uptime_from",
+                f"{self.uptime_from!r} must be one of {', '.join(UPTIME_FROM)} with replica_uptime_s, null without it",
             )
         if self.style_hash is not None and not STYLE_HASH_PATTERN.fullmatch(self.style_hash):
             raise RecordError("style_hash", f"{self.style_hash!r} is not 12 lower-case hex characters")
@@ -586,7 +609,17 @@ def quick_pass(r: RequestRecord) -> bool:
         and (r.prompt_hash is None or _text_fits(r.prompt_hash, _HASH))
         and (r.replica is None or _text_fits(r.replica, _TEXT))
         and (r.style_hash is None or (type(r.style_hash) is str and _match_style(r.style_hash) is not None))
+        and (r.engine_version is None or _text_fits(r.engine_version, _TEXT))
     ):
+        return False
+    uptime = r.replica_uptime_s
+    if uptime is None:
+        if r.uptime_from is not None:
+            return False
+    elif type(uptime) is not float or not 0.0 <= uptime <= MAX_UPTIME_S or r.uptime_from not in UPTIME_FROM:
+        return False
+    value = r.kv_cache_use
+    if value is not None and (type(value) is not float or not 0.0 <= value <= 1.0):
         return False
     mode = r.mode
     finish_reason = r.finish_reason

@@ -44,6 +44,7 @@ from monitor.api.state import ApiState
 from monitor.config import Settings
 from monitor.ingest.capture.sidecar import PromptCapture
 from monitor.ingest.recorder import Recorder
+from monitor.proxy.engine_watch import watch as watch_engines
 from monitor.proxy.forward import routes as forward
 from monitor.proxy.rollout import announce_candidates, served_here
 from monitor.proxy.routing import build_router, refresh_routes
@@ -115,9 +116,18 @@ def create_app(
             state.capture = PromptCapture(settings.capture).start()
             log.info("prompt sample on: %g of requests considered, kept in %s", settings.capture.share,
                      settings.capture.path)  # fmt: skip
+        watcher: asyncio.Task[None] | None = None
         if settings.proxy.upstream:
             state.router = build_router(settings)
             routes = asyncio.create_task(refresh_routes(state.router, eng, settings.proxy.route_refresh_s))
+            if settings.proxy.engine_watch_s > 0:
+                pools = [
+                    (d.settings.kind, p)
+                    for d in state.router.deployments
+                    for p in (d.speculative, d.baseline, d.candidate)
+                ]
+                members = [(m, kind) for kind, p in pools for m in p.members]
+                watcher = asyncio.create_task(watch_engines(members, settings.proxy.engine_watch_s))
         # Where draftwatch rollout start, with settings of its own, finds the candidates this sidecar serves.
         embedded = settings.decoder.candidate if decoder is not None and decoder.candidate is not None else None
         candidates = served_here(settings.proxy, embedded)
@@ -135,6 +145,8 @@ def create_app(
                 announcing.cancel()
             if state.worker is not None:
                 await anyio.to_thread.run_sync(state.worker.stop)
+            if watcher is not None:
+                watcher.cancel()
             if state.router is not None:
                 routes.cancel()
                 await state.router.aclose()

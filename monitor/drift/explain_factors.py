@@ -60,6 +60,10 @@ MERGED: Final = "other (thin cells)"
 _LENGTH_EDGES: Final = (64, 256, 1024, 4096, 16384)
 _COPY_EDGES: Final = ((0.1, "<10 %"), (0.3, "10-30 %"), (0.6, "30-60 %"))
 _CACHED_EDGES: Final = ((0.0, "none"), (0.5, "under half"))
+# Uptime: a decay over hours (vLLM #41838) or a day (SGLang #37326) shows as the later buckets accepting less.
+_UPTIME_EDGES: Final = ((3_600.0, "under an hour"), (6 * 3_600.0, "1-6 h"), (86_400.0, "6-24 h"))
+# KV-cache use: SGLang #36537 collapses past 0.6.
+_KV_EDGES: Final = ((0.6, "under 0.6"), (0.8, "0.6-0.8"))
 
 
 class RequestFactors(NamedTuple):
@@ -78,6 +82,9 @@ class RequestFactors(NamedTuple):
     target_version: str | None
     replica: str | None
     cached_prompt_tokens: int | None = None
+    engine_version: str | None = None
+    replica_uptime_s: float | None = None
+    kv_cache_use: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,17 +145,21 @@ def _copy(share: float | None) -> str:
 
 def _version(r: RequestFactors) -> str:
     drafter = r.drafter if r.draft_model is None else f"{r.drafter} {r.draft_model}"
-    versions = [f"{name} {v}" for name, v in (("drafter", r.draft_version), ("target", r.target_version)) if v]
-    return ", ".join([drafter, *versions])
+    named = (("drafter", r.draft_version), ("target", r.target_version), ("engine", r.engine_version))
+    return ", ".join([drafter, *(f"{name} {v}" for name, v in named if v)])
 
 
 def _health(r: RequestFactors) -> str:
-    replica = f"replica {r.replica}" if r.replica else "replica unknown"
-    if r.cached_prompt_tokens is None or r.prompt_tokens <= 0:
-        return replica
-    share = r.cached_prompt_tokens / r.prompt_tokens
-    cached = next((name for edge, name in _CACHED_EDGES if share <= edge), "half or more")
-    return f"{replica}, prefix cache {cached}"
+    """The replica, how long it had been up, its KV-cache use and its prefix cache's share, where known."""
+    parts = [f"replica {r.replica}" if r.replica else "replica unknown"]
+    if r.replica_uptime_s is not None and math.isfinite(r.replica_uptime_s):
+        parts.append("up " + next((name for edge, name in _UPTIME_EDGES if r.replica_uptime_s < edge), "a day or more"))
+    if r.kv_cache_use is not None and math.isfinite(r.kv_cache_use):
+        parts.append("KV cache " + next((name for edge, name in _KV_EDGES if r.kv_cache_use < edge), "0.8 or more"))
+    if r.cached_prompt_tokens is not None and r.prompt_tokens > 0:
+        share = r.cached_prompt_tokens / r.prompt_tokens
+        parts.append("prefix cache " + next((name for edge, name in _CACHED_EDGES if share <= edge), "half or more"))
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,9 @@ _FACTOR_COLUMNS: Final = (
     "target_version",
     "replica",
     "cached_prompt_tokens",
+    "engine_version",
+    "replica_uptime_s",
+    "kv_cache_use",
 )
 
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from monitor.proxy.engine_state import EngineState
 from monitor.proxy.upstream import Headers, Upstream, UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class Member:
     up: bool = True
     # Its pool's members, itself included (set by the pool).
     peers: Sequence[Member] = field(default=(), repr=False)
+    # What it last said about itself (monitor/proxy/engine_watch.py), for its requests' records.
+    engine: EngineState = field(default_factory=EngineState, repr=False)
 
     def acquire(self) -> int:
         """Count one more request in flight; the load it starts at, itself included."""

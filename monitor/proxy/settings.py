@@ -286,6 +286,14 @@ class ProxySettings:
         10.0,
         "how often the proxy reads the routing decisions the scheduler made",
     )
+    engine_watch_s: float = setting(
+        "proxy.engine_watch_s",
+        parse_seconds,
+        30.0,
+        "how often the proxy reads each replica's version (/props, /version or /get_server_info) and /metrics "
+        "(its process start and KV-cache use), which each request's record then carries for the causes of a drop; "
+        "0 never reads them",
+    )
     kind: str = setting(
         "proxy.kind",
         parse_choice(PROXY_KINDS),

@@ -155,6 +155,10 @@ class RequestRow(Base):
     cached_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
     style_hash: Mapped[str | None] = mapped_column(String(12))
     prompt_copy_share: Mapped[float | None] = mapped_column(Float)
+    engine_version: Mapped[str | None]
+    replica_uptime_s: Mapped[float | None] = mapped_column(Float)
+    uptime_from: Mapped[str | None] = mapped_column(String(16))
+    kv_cache_use: Mapped[float | None] = mapped_column(Float)
     ingested_at: Mapped[datetime]
 
     __table_args__ = (

@@ -126,6 +126,15 @@ def test_decode_speed_leaves_prompt_reading_out() -> None:
         ({"acceptance_histogram": [0, 2, 0, 1, 0]}, "acceptance_histogram"),
         ({"acceptance_histogram": [0, 3, -1, 1]}, "acceptance_histogram"),
         ({"stopped_mid_step": True}, "output_tokens"),  # 9 tokens, but a stop inside a step leaves 8
+        # What the engine watch gives: an uptime says where it starts, and only then.
+        ({"uptime_from": "process"}, "uptime_from"),
+        ({"replica_uptime_s": 5.0}, "uptime_from"),
+        ({"replica_uptime_s": 5.0, "uptime_from": "boot"}, "uptime_from"),
+        ({"replica_uptime_s": -1.0, "uptime_from": "process"}, "replica_uptime_s"),
+        ({"replica_uptime_s": math.inf, "uptime_from": "first_sight"}, "replica_uptime_s"),
+        ({"kv_cache_use": 1.5}, "kv_cache_use"),
+        ({"kv_cache_use": math.nan}, "kv_cache_use"),
+        ({"engine_version": "b\x00"}, "engine_version"),
     ],
 )
 def test_broken_records_name_the_field(overrides: dict[str, Any], field: str) -> None:

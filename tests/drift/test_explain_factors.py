@@ -146,6 +146,20 @@ def test_bad_figures_are_left_out() -> None:
     assert unknown.labels["content"] == ["copy share unknown"] and unknown.labels["sampling"] == ["T ?, k 4"]
 
 
+def test_a_replica_that_decays_with_uptime_is_named_health() -> None:
+    """The engine watch's figures label health: a replica up for hours accepting less than when fresh."""
+    rng = np.random.default_rng(10)
+    fresh = {"replica": "r1", "replica_uptime_s": 600.0, "kv_cache_use": 0.3}
+    aged = {"replica": "r1", "replica_uptime_s": 8 * 3600.0, "kv_cache_use": 0.3}
+    parts = split(window(rng, [(800, 0.7, fresh)]), window(rng, [(800, 0.45, aged)]))
+    health = next(p for p in parts if p.cause == "health")
+    assert named(parts) == {"health"} and health.detail["lead"] == "replica r1, up 6-24 h, KV cache under 0.6"
+    full = label_requests(np.array([10.0]), np.array([5.0]), [BASE._replace(
+        engine_version="b11434", replica_uptime_s=90_000.0, kv_cache_use=0.9, cached_prompt_tokens=150)])  # fmt: skip
+    assert full.labels["health"] == ["replica r1, up a day or more, KV cache 0.8 or more, prefix cache half or more"]
+    assert full.labels["version"] == ["model m, drafter d1, target t1, engine b11434"]
+
+
 def test_same_data_same_split() -> None:
     ref, cur = copy_shift(np.random.default_rng(9), 0.7, 0.4)
     assert split(ref, cur, seed=3) == split(ref, cur, seed=3)

@@ -19,6 +19,7 @@ import pytest
 from decoder.models.fetch import fetch_preset
 from monitor.api.app import create_app
 from tests.api.conftest import make_settings, stored
+from tests.proxy.test_engine_watch import wait_read
 from tests.proxy.test_proxy import rows
 from tests.serving import serving
 from tests.stacks.llama_server import BASE_ARGS, LlamaServer, draft_args, llama_server, require_binary
@@ -57,6 +58,7 @@ def test_a_chat_through_the_proxy_is_what_llama_server_answers(
     direct = openai.OpenAI(base_url=f"{upstream.url}/v1", api_key="none")
     proxied = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
     expected = direct.chat.completions.create(model="smollm2-135m", messages=MESSAGES, max_tokens=24, temperature=0)
+    wait_read(app, lambda engine: engine.version is not None)  # the engine watch's first read, at the start
     got = proxied.chat.completions.create(
         model="smollm2-135m", messages=MESSAGES, max_tokens=24, temperature=0, extra_headers={"X-Workload": "code"}
     )
@@ -68,6 +70,10 @@ def test_a_chat_through_the_proxy_is_what_llama_server_answers(
     assert (row["num_draft_tokens"], row["num_accepted_tokens"]) == (timings["draft_n"], timings["draft_n_accepted"])
     assert timings["draft_n"] > 0
     assert (row["prompt_tokens"], row["output_tokens"]) == (got.usage.prompt_tokens, got.usage.completion_tokens)  # type: ignore[union-attr]
+    # What llama.cpp says of itself: its build (/props), no process start (first sight), no KV-cache gauge.
+    build = httpx.get(f"{upstream.url}/props", timeout=30).json()["build_info"]
+    assert (row["engine_version"], row["uptime_from"], row["kv_cache_use"]) == (build, "first_sight", None)
+    assert build.startswith("b") and 0 <= row["replica_uptime_s"] < 120
 
 
 def test_a_streamed_chat_through_the_proxy(sidecar: tuple[str, Any], upstream: LlamaServer, db_url: str) -> None:

@@ -451,6 +451,8 @@ class Exchange:
                 "upstream_inflight": self.inflight,
                 # As the upstream's URL names it (host and port), credentials left out.
                 "replica": self.route.member.upstream.netloc,
+                # Its build, uptime and KV use as last read (monitor/proxy/engine_watch.py).
+                **self.route.member.engine.fields(fields["ts_start"].timestamp()),
                 "finish_reason": finish,
                 "error": error,
                 "source": f"proxy:{self._stack_named()}",

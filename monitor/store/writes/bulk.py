@@ -137,6 +137,10 @@ def copy_line(rec: RequestRecord, ingested: str) -> str:
                 _text(None if rec.cached_prompt_tokens is None else str(rec.cached_prompt_tokens)),
                 _text(rec.style_hash),
                 _number(rec.prompt_copy_share),
+                _text(rec.engine_version),
+                _number(rec.replica_uptime_s),
+                _text(rec.uptime_from),
+                _number(rec.kv_cache_use),
                 ingested,
             )
         )
@@ -211,6 +215,10 @@ def sqlite_row(rec: RequestRecord, ingested: str) -> tuple[Any, ...]:
         rec.cached_prompt_tokens,
         rec.style_hash,
         rec.prompt_copy_share,
+        rec.engine_version,
+        rec.replica_uptime_s,
+        rec.uptime_from,
+        rec.kv_cache_use,
         ingested,
     )
 
