@@ -33,8 +33,12 @@ def auth(token: str) -> dict[str, str]:
 
 
 def make_settings(tmp_path: Path, db_url: str, **env: str) -> Settings:
+    """The app's settings for a test. The proxy's engine watch is off unless asked for: the stand-in engines
+    note every request they get, and its reads are not the traffic a test checks (tests/proxy/test_engine_watch.py
+    and the real llama-server tests turn it on)."""
     environ = {"HOME": str(tmp_path), "DRAFTWATCH_DATA_DIR": str(tmp_path / "data"), "DRAFTWATCH_API_TOKENS": TOKENS}
-    environ |= {"DRAFTWATCH_DATABASE_URL": db_url, "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0", **env}
+    environ |= {"DRAFTWATCH_DATABASE_URL": db_url, "DRAFTWATCH_DECODER_HOLDOUT_SHARE": "0"}
+    environ |= {"DRAFTWATCH_PROXY_ENGINE_WATCH_S": "0", **env}
     return Settings.from_env(environ, None)
 
 

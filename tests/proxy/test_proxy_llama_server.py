@@ -36,7 +36,10 @@ def upstream() -> Iterator[LlamaServer]:
 
 
 def serve(tmp_path: Path, db_url: str, upstream_url: str) -> Iterator[tuple[str, Any]]:
-    settings = make_settings(tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream_url, DRAFTWATCH_API_TOKENS="")
+    settings = make_settings(
+        tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream_url, DRAFTWATCH_API_TOKENS="",
+        DRAFTWATCH_PROXY_ENGINE_WATCH_S="30",
+    )  # fmt: skip
     app = create_app(settings)
     with serving(app) as url:
         yield url, app
