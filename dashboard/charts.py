@@ -328,3 +328,38 @@ def acceptance_waterfall(rows: Rows) -> ChartSpec:
     )
     rules = base.mark_rule(strokeWidth=2).encode(y="low:Q", y2="high:Q")
     return alt.layer(bars, rules).properties(height=260)
+
+
+def split_over_time_rows(history: Sequence[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per run, its named parts (the rest as one ``not named`` part), for :func:`split_over_time`.
+
+    >>> split = {"change": -0.1, "parts": [
+    ...     {"cause": "content", "workload": "x", "value": -0.08, "detail": {"named": True}},
+    ...     {"cause": "mix", "workload": None, "value": -0.02, "detail": {"named": False}}]}
+    >>> [(r["part"], round(r["value"], 3)) for r in split_over_time_rows([("t", split)])]
+    [('content · x', -0.08), ('not named', -0.02)]
+    """
+    rows = []
+    for started, split in history:
+        if split.get("change") is None:
+            continue
+        named = [p for p in split["parts"] if p["detail"].get("named") and p["value"] is not None]
+        for p in named:
+            label = p["cause"] if p["workload"] is None else f"{p['cause']} · {p['workload']}"
+            rows.append({"run": str(started), "part": label, "value": p["value"], "change": split["change"]})
+        rest = split["change"] - sum(p["value"] for p in named)
+        rows.append({"run": str(started), "part": "not named", "value": rest, "change": split["change"]})
+    return rows
+
+
+def split_over_time(rows: Rows) -> ChartSpec:
+    """Each run's change of acceptance as stacked bars of its named parts, the change itself a point."""
+    base = alt.Chart(_data(rows)).encode(x=alt.X("run:T", title="run"))
+    bars = base.mark_bar().encode(
+        y=alt.Y("value:Q", title="change of acceptance", stack="zero"),
+        color=alt.Color("part:N", legend=alt.Legend(orient="top", title=None)),
+        tooltip=[alt.Tooltip("run:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("part:N"),
+                 alt.Tooltip("value:Q", format="+.3f")],
+    )  # fmt: skip
+    points = base.mark_point(filled=True, color=REFERENCE_COLOR).encode(y="change:Q")
+    return alt.layer(bars, points).properties(height=220)

@@ -12,7 +12,7 @@ import logging
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import streamlit as st
 from sqlalchemy.engine import Engine
@@ -146,6 +146,11 @@ def latest_drift_run(url: str) -> drift_queries.StoredRun | None:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def latest_drift_results(url: str) -> list[drift_queries.StoredResult]:
     return drift_queries.latest_results(engine(url))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def split_history(url: str, start: datetime, end: datetime) -> list[tuple[datetime, dict[str, Any]]]:
+    return drift_queries.split_history(engine(url), start, end)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -133,11 +133,17 @@ def _split(split: dict[str, Any] | None, f: Filters) -> None:
     rows = charts.waterfall_rows(shown)
     if rows:
         st.altair_chart(charts.acceptance_waterfall(rows), width="stretch")
+    history = data.split_history(f.url, f.range.start, f.range.end)
+    over_time = charts.split_over_time_rows(history)
+    if over_time:
+        st.altair_chart(charts.split_over_time(over_time), width="stretch")
     st.caption(
         "From the reference window's acceptance to the current one's: the mix between workloads, each workload's "
         "own change (split by length, sampling, style, content, version and health where it is named), the rest "
         "unexplained. Red parts are named (q below the run's level, interval clear of zero, at least 0.01); the "
-        "rules are their 95 % intervals. `draftwatch drift explain` prints the same split."
+        "rules are their 95 % intervals. The second chart has each run in the range: its change as a point, its named "
+        "parts stacked. "
+        "`draftwatch drift explain` prints the latest split."
     )
 
 

@@ -63,6 +63,21 @@ def run_split(engine: Engine, run_id: str) -> dict[str, Any] | None:
     return dict(split) if split is not None else None
 
 
+def split_history(
+    engine: Engine, start: datetime, end: datetime, limit: int = 500
+) -> list[tuple[datetime, dict[str, Any]]]:
+    """The acceptance splits of the runs started in ``[start, end)``, oldest first (at most the newest ``limit``)."""
+    r = DriftRunRow
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(r.started_at, r.acceptance_split)
+            .where(r.started_at >= start, r.started_at < end, r.acceptance_split.is_not(None))
+            .order_by(r.started_at.desc(), r.id.desc())
+            .limit(limit)
+        ).all()
+    return [(started, dict(split)) for started, split in reversed(rows)]
+
+
 def latest_results(
     engine: Engine,
     *,

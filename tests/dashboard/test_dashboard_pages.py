@@ -147,6 +147,8 @@ def test_drift_page_shows_why_acceptance_changed(app: AppFactory, seeded_store: 
     # The chart's rows are dashboard.charts.waterfall_rows (its doctest); here, that the page draws it.
     specs = [c.proto.spec for c in at.get("vega_lite_chart")]
     assert sum('"field": "part"' in spec and '"field": "named"' in spec for spec in specs) == 1
+    # And the runs' splits over time: the seeded store's one run, its change a point beside its parts.
+    assert sum('"field": "part"' in spec and '"field": "change"' in spec for spec in specs) == 1
 
 
 def test_drift_page_lists_the_latest_run_and_filters(app: AppFactory, seeded_store: Store) -> None:
