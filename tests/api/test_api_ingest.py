@@ -140,13 +140,14 @@ def test_bodies_that_are_not_records(client: TestClient, count_rows: Callable[[]
 
 def test_batch_and_body_size_limits(tmp_path: Path, sqlite_url: str) -> None:
     settings = make_settings(
-        tmp_path, sqlite_url, DRAFTWATCH_API_MAX_BATCH_SIZE="3", DRAFTWATCH_API_MAX_BODY_BYTES="4096"
+        tmp_path, sqlite_url, DRAFTWATCH_API_MAX_BATCH_SIZE="3", DRAFTWATCH_API_MAX_BODY_BYTES="8192"
     )
     with TestClient(create_app(settings)) as client:
+        # Four records are about 4.5 KB: within the body limit, past the batch's.
         response = client.post("/v1/events", json={"events": bodies(records(4))}, headers=H)
         assert response.status_code == 422
         assert "at most 3 events" in response.json()["detail"][0]["msg"]
-        response = client.post("/v1/events", json={"events": bodies(records(3)), "pad": "x" * 5000}, headers=H)
+        response = client.post("/v1/events", json={"events": bodies(records(3)), "pad": "x" * 9000}, headers=H)
         assert response.status_code == 413
         assert response.json()["error"] == "body_too_large"
 
