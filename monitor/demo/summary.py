@@ -1,13 +1,15 @@
-"""The demo's closing summary: acceptance and speedup before and after, the drift finding, the alert."""
+"""The demo's closing summary: acceptance and speedup before and after, the drift finding, why, the alert."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
 from monitor.demo.receiver import Delivery
 from monitor.demo.scenario import Scenario
 from monitor.demo.traffic import Traffic
-from monitor.drift.queries import latest_results
+from monitor.drift.queries import latest_results, latest_run
 from monitor.drift.result import DriftResult
 
 
@@ -42,6 +44,30 @@ def traffic_table(scenario: Scenario, before: Traffic, after: Traffic) -> list[s
     return lines
 
 
+def split_lines(split: dict[str, Any], workload: str) -> list[str]:
+    """The latest run's acceptance split: its sentence, then each part about ``workload`` or the whole mix.
+
+    >>> split = {"detail": {"summary": "Acceptance fell 0.30 (0.60 -> 0.30): ..."}, "parts": [
+    ...     {"cause": "content", "workload": "extract", "value": -0.25, "low": -0.3, "high": -0.2,
+    ...      "detail": {"named": True, "lead": "copy share <10 %"}},
+    ...     {"cause": "unexplained", "workload": "extract", "value": -0.05, "low": -0.1, "high": 0.0,
+    ...      "detail": {"named": False}}]}
+    >>> print("\\n".join(split_lines(split, "extract")))
+      Acceptance fell 0.30 (0.60 -> 0.30): ...
+      * content      -0.250 [-0.300, -0.200]  copy share <10 %
+        unexplained  -0.050 [-0.100, +0.000]
+    """
+    lines = [f"  {split['detail']['summary']}"]
+    for p in split["parts"]:
+        if p["workload"] not in (None, workload) or p["value"] is None:
+            continue
+        interval = f"[{p['low']:+.3f}, {p['high']:+.3f}]" if p["low"] is not None and p["high"] is not None else ""
+        lead = f"  {p['detail']['lead']}" if "lead" in p["detail"] else ""
+        mark = "*" if p["detail"].get("named") else " "
+        lines.append(f"  {mark} {p['cause']:<12} {p['value']:+.3f} {interval}{lead}".rstrip())
+    return lines
+
+
 def print_summary(
     engine: Engine,
     scenario: Scenario,
@@ -63,6 +89,10 @@ def print_summary(
         print("  none yet (see `draftwatch drift run --all`)")
     for result in findings:
         print(finding_line(result))
+    run = latest_run(engine)
+    if run is not None and run.acceptance_split is not None:
+        print("\nwhy acceptance changed (the latest run's split, * named; `draftwatch drift explain` prints it too):")
+        print("\n".join(split_lines(run.acceptance_split, scenario.changed)))
     if alert is None:
         print("\nno acceptance alert arrived in time: check the sidecar log in the demo directory")
     else:
