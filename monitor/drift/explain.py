@@ -44,7 +44,7 @@ import numpy as np
 from scipy import stats as st
 
 from monitor.drift.result import benjamini_hochberg
-from monitor.drift.stats import FloatArray
+from monitor.drift.stats import FloatArray, percentile_interval
 
 # Level 1 gives mix, within and unexplained; the factor groups of a within part come as their own causes.
 Cause = Literal["mix", "within", "length", "sampling", "style", "content", "version", "health", "unexplained"]
@@ -298,12 +298,9 @@ def _deviations(s: Stratum, n_boot: int, rng: np.random.Generator) -> FloatArray
 
 
 def interval(draws: FloatArray, ci_level: float) -> tuple[float, float]:
-    tail = (1.0 - ci_level) / 2.0
+    """:func:`percentile_interval` of the finite draws (a replicate without drafts has no rate); NaN if none."""
     finite = draws[np.isfinite(draws)]
-    if len(finite) == 0:
-        return math.nan, math.nan
-    low, high = np.quantile(finite, [tail, 1.0 - tail])
-    return float(low), float(high)
+    return percentile_interval(finite, ci_level) if len(finite) else (math.nan, math.nan)
 
 
 def _mix_detail(names: list[str], good: list[int], share: FloatArray, terms: FloatArray) -> dict[str, Any]:
