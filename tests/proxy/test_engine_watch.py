@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,12 +97,18 @@ def wait_read(app: Any, until: Any) -> None:
         time.sleep(0.05)
 
 
-def test_vllm_gives_its_version_process_start_and_kv_use(tmp_path: Path, db_url: str) -> None:
-    stack = Stack("vllm")
+@contextmanager
+def watched(tmp_path: Path, db_url: str, stack: Stack, every_s: str = "0.2") -> Iterator[tuple[str, Any]]:
+    """The stand-in engine served, and the sidecar in front of it reading it every ``every_s``."""
     with (
         serving(stack.app(), log_level="warning") as engine_url,
-        sidecar(tmp_path, db_url, engine_url, DRAFTWATCH_PROXY_ENGINE_WATCH_S="0.2") as (url, app),
+        sidecar(tmp_path, db_url, engine_url, DRAFTWATCH_PROXY_ENGINE_WATCH_S=every_s) as (url, app),
     ):
+        yield url, app
+
+
+def test_vllm_gives_its_version_process_start_and_kv_use(tmp_path: Path, db_url: str) -> None:
+    with watched(tmp_path, db_url, Stack("vllm")) as (url, app):
         wait_read(app, lambda e: e.version is not None)
         before = time.time()
         ask(url)
@@ -114,10 +122,7 @@ def test_vllm_gives_its_version_process_start_and_kv_use(tmp_path: Path, db_url:
 
 def test_sglang_gives_its_version_and_kv_use_and_is_timed_from_first_sight(tmp_path: Path, db_url: str) -> None:
     stack = Stack("sglang")
-    with (
-        serving(stack.app(), log_level="warning") as engine_url,
-        sidecar(tmp_path, db_url, engine_url, DRAFTWATCH_PROXY_ENGINE_WATCH_S="0.2") as (url, app),
-    ):
+    with watched(tmp_path, db_url, stack) as (url, app):
         wait_read(app, lambda e: e.version is not None)
         seen = next(iter(app.state.api.router.members())).engine.started
         ask(url)
@@ -140,11 +145,7 @@ def test_sglang_gives_its_version_and_kv_use_and_is_timed_from_first_sight(tmp_p
 
 
 def test_no_watch_leaves_the_fields_empty(tmp_path: Path, db_url: str) -> None:
-    stack = Stack("vllm")
-    with (
-        serving(stack.app(), log_level="warning") as engine_url,
-        sidecar(tmp_path, db_url, engine_url, DRAFTWATCH_PROXY_ENGINE_WATCH_S="0") as (url, app),
-    ):
+    with watched(tmp_path, db_url, Stack("vllm"), every_s="0") as (url, app):
         ask(url)
         flushed(app)
     (row,) = rows(db_url)
