@@ -133,6 +133,14 @@ def _split(split: dict[str, Any] | None, f: Filters) -> None:
     rows = charts.waterfall_rows(shown)
     if rows:
         st.altair_chart(charts.acceptance_waterfall(rows), width="stretch")
+    # A workload tested over windows of its own (a pinned baseline, a version change) is split over those too.
+    for workload, own in split.get("workloads", {}).items():
+        if not f.shows(workload):
+            continue
+        st.markdown(f"**{workload}** over its own windows ({own['note']}): {own['detail']['summary']}")
+        rows = charts.waterfall_rows(own)
+        if any(p["detail"].get("named") for p in own["parts"]):
+            st.altair_chart(charts.acceptance_waterfall(rows), width="stretch", key=f"dw_split_{workload}")
     history = data.split_history(f.url, f.range.start, f.range.end)
     over_time = charts.split_over_time_rows(history)
     if over_time:

@@ -52,13 +52,15 @@ def register(subparsers: Any) -> None:
             "bootstrap intervals; a part is named (marked *) when Benjamini-Hochberg across the parts keeps it at "
             "q < drift.fdr_level (0.01), its interval excludes zero and it is at least 0.01. Workloads with fewer than "
             "drift.explain_min_requests drafting requests in a window are merged into 'other'; what still cannot be "
-            "split is the 'unexplained' part, which says why. The windows are drift run's default ones."
+            "split is the 'unexplained' part, which says why. The windows are drift run's default ones; with "
+            "--workload, the workload's own where drift run tests it over windows of its own (a pinned baseline, "
+            "a version change, a current window widened at low volume), as its alert does."
         ),
     )
     add_settings_arguments(explain)
     explain.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     explain.add_argument(
-        "--workload", default=None, help="show only this workload's within part and the run-wide parts (mix, rest)"
+        "--workload", default=None, help="only this workload's parts, over the windows its drift test compares"
     )
     explain.add_argument("--current", type=DURATION, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
     explain.add_argument("--reference", type=DURATION, default=None, help="reference window before it (default: 1d)")
@@ -105,10 +107,8 @@ def _explain(args: argparse.Namespace) -> int:
 
     def action(engine: Engine, settings: Settings) -> int:
         windows, explanation = explain_drift(
-            engine, settings.drift, args.now, current=args.current, reference=args.reference
+            engine, settings.drift, args.now, current=args.current, reference=args.reference, workload=args.workload
         )
-        if args.workload is not None:
-            explanation = explanation.for_workload(args.workload)
         print(json.dumps(explanation.to_json(), indent=1) if args.json else format_split(windows, explanation))
         return 0
 
@@ -126,7 +126,8 @@ def format_split(windows: Windows, e: Explanation) -> str:
 
     lines = [
         f"acceptance split  reference {windows.ref_start:%Y-%m-%d %H:%M} .. {windows.ref_end:%Y-%m-%d %H:%M}  "
-        f"current .. {windows.cur_end:%Y-%m-%d %H:%M} UTC",
+        f"current {windows.cur_start:%Y-%m-%d %H:%M} .. {windows.cur_end:%Y-%m-%d %H:%M} UTC"
+        + (f"  ({windows.note})" if windows.note else ""),
         f"  {'cause':<12} {'workload':<16} {'value':>8}  interval",
         f"  {'change':<12} {'*':<16} {number(e.change):>8}  {interval(e.low, e.high)}",
     ]

@@ -91,8 +91,11 @@ def print_summary(
         print(finding_line(result))
     run = latest_run(engine)
     if run is not None and run.acceptance_split is not None:
-        print("\nwhy acceptance changed (the latest run's split, * named; `draftwatch drift explain` prints it too):")
-        print("\n".join(split_lines(run.acceptance_split, scenario.changed)))
+        # The changed workload's reference is pinned to the traffic before the change: its own split compares that.
+        split = run.acceptance_split.get("workloads", {}).get(scenario.changed, run.acceptance_split)
+        print("\nwhy acceptance changed (the latest run's split, * named; `draftwatch drift explain "
+              f"--workload {scenario.changed}` prints it too):")  # fmt: skip
+        print("\n".join(split_lines(split, scenario.changed)))
     if alert is None:
         print("\nno acceptance alert arrived in time: check the sidecar log in the demo directory")
     else:

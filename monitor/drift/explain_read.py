@@ -10,7 +10,7 @@ drafting requests (:func:`factor_requests`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
@@ -95,9 +95,27 @@ def split_strata(conn: Connection, windows: Windows, sample_size: int, samples: 
             sample = given[k] if given is not None else None
             if sample is None:
                 sample = sample_requests(conn, workload, pair, start, end, sample_size, only_pair=only_pair)
-            drafting = sample.where((sample.mode == "speculative") & (sample.drafted > 0))
+            drafting = _drafting(sample)
             strata.append(Stratum(k, workload, drafting.drafted, drafting.accepted, n, (accepted, drafted)))
     return strata
+
+
+def sample_strata(workload: str, samples: Sequence[tuple[Sample, Sample]]) -> list[Stratum]:
+    """The strata of one workload from its (reference, current) samples alone, one pair each.
+
+    For windows of the workload's own (a pinned baseline, a version change), which the rollups'
+    minute buckets cannot cut exactly: the samples stand for the windows.
+    """
+    return [
+        Stratum(k, workload, drafting.drafted, drafting.accepted)
+        for pair_samples in samples
+        for k, sample in enumerate(pair_samples)
+        if len(drafting := _drafting(sample))
+    ]
+
+
+def _drafting(sample: Sample) -> Sample:
+    return sample.where((sample.mode == "speculative") & (sample.drafted > 0))
 
 
 def factor_requests(conn: Connection, workload: str, start: datetime, end: datetime, limit: int) -> Requests:

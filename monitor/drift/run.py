@@ -32,10 +32,10 @@ from monitor.drift.detectors.scraped import scraped_tests
 from monitor.drift.detectors.traffic_mix import TrafficMixDrift
 from monitor.drift.explain import Explanation, explain, sentence
 from monitor.drift.explain_factors import Requests, split_named
-from monitor.drift.explain_read import factor_requests, split_strata
+from monitor.drift.explain_read import factor_requests, sample_strata, split_strata
 from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.drift.result import DriftResult, apply_bh
-from monitor.drift.sampling import Sample, sample_requests, window_counts
+from monitor.drift.sampling import Sample, WindowCounts, sample_requests, window_counts
 from monitor.drift.settings import DriftSettings
 from monitor.drift.windows import Windows, rolling_windows, utc, workload_windows
 from monitor.settings.parsers import format_duration
@@ -57,6 +57,8 @@ class DriftRun:
     results: list[DriftResult] = field(default_factory=list)
     # Why pooled acceptance changed between the default windows (None: the run did not split it).
     explanation: Explanation | None = None
+    # Why acceptance changed in each workload tested over windows of its own, over those windows.
+    own_splits: dict[str, tuple[Windows, Explanation]] = field(default_factory=dict)
 
     @property
     def drifts(self) -> list[DriftResult]:
@@ -68,13 +70,27 @@ class DriftRun:
             "started_at": self.started_at.isoformat(),
             "finished_at": self.finished_at.isoformat(),
             "level": self.level,
-            "windows": {
-                "reference": [self.windows.ref_start.isoformat(), self.windows.ref_end.isoformat()],
-                "current": [self.windows.cur_start.isoformat(), self.windows.cur_end.isoformat()],
-            },
+            "windows": _windows_json(self.windows),
             "results": [r.to_json() for r in self.results],
-            "acceptance_split": self.explanation.to_json() if self.explanation is not None else None,
+            "acceptance_split": self.split_json(),
         }
+
+    def split_json(self) -> dict[str, Any] | None:
+        """The run's split as stored and served: the default windows', with ``workloads`` for those of their own."""
+        if self.explanation is None:
+            return None
+        own = {
+            workload: {**e.to_json(), "windows": _windows_json(windows), "note": windows.note}
+            for workload, (windows, e) in sorted(self.own_splits.items())
+        }
+        return {**self.explanation.to_json(), "workloads": own}
+
+
+def _windows_json(w: Windows) -> dict[str, list[str]]:
+    return {
+        "reference": [w.ref_start.isoformat(), w.ref_end.isoformat()],
+        "current": [w.cur_start.isoformat(), w.cur_end.isoformat()],
+    }
 
 
 def _seed(seed: int, *parts: object) -> int:
@@ -92,6 +108,38 @@ class _RunReads:
     plain: dict[tuple[str, datetime, datetime], Sample] = field(default_factory=dict)
     # Samples read over the default windows, by (workload, pair): the acceptance split uses them as they are.
     split: dict[tuple[str, Pair], tuple[Sample, Sample]] = field(default_factory=dict)
+    # A workload tested over windows of its own (a pinned baseline, a version change, a widened current
+    # window): those windows and each pair's samples there, split on their own so that its alert explains
+    # the finding it reports rather than a comparison it did not make.
+    own: dict[str, tuple[Windows, list[tuple[Sample, Sample]]]] = field(default_factory=dict)
+
+    def keep(self, base: Windows, workload: str, pair: Pair, windows: Windows, ref: Sample, cur: Sample) -> None:
+        if dataclasses.replace(windows, note=None) == base:
+            self.split[(workload, pair)] = (ref, cur)
+            return
+        own = self.own.setdefault(workload, (windows, []))
+        if own[0] == windows:  # a workload's other pairs over other windows (their own version change): not split
+            own[1].append((ref, cur))
+
+
+def _samples(
+    conn: Connection, config: DriftSettings, base: Windows, workload: str, pair: Pair, only_pair: bool, reads: _RunReads
+) -> tuple[Windows, Sample, Sample]:
+    """The workload's windows (``base`` adjusted, the current one widened at low volume) and its samples there."""
+    windows = workload_windows(conn, base, workload, pair, reads.windows)
+    windows, cur = _current(conn, config, windows, workload, pair, only_pair)
+    ref = sample_requests(
+        conn, workload, pair, windows.ref_start, windows.ref_end, config.sample_size, only_pair=only_pair
+    )
+    reads.keep(base, workload, pair, windows, ref, cur)
+    return windows, ref, cur
+
+
+def _pairs(counts: WindowCounts) -> list[tuple[str, Pair, bool]]:
+    """(workload, pair, whether it is the workload's only pair) of each pair that speculated in either window."""
+    keys = set(counts.ref) | set(counts.cur)
+    combos = {k for c in (counts.ref, counts.cur) for k, modes in c.items() if modes.get("speculative")}
+    return [(w, pair, all(p == pair for v, p in keys if v == w)) for w, pair in sorted(combos)]
 
 
 def _workload_tests(
@@ -104,12 +152,7 @@ def _workload_tests(
     only_pair: bool,
     reads: _RunReads,
 ) -> list[DriftResult]:
-    windows = workload_windows(conn, base, workload, pair, reads.windows)
-    windows, cur = _current(conn, config, windows, workload, pair, only_pair)
-    limit = config.sample_size
-    ref = sample_requests(conn, workload, pair, windows.ref_start, windows.ref_end, limit, only_pair=only_pair)
-    if dataclasses.replace(windows, note=None) == base:
-        reads.split[(workload, pair)] = (ref, cur)
+    windows, ref, cur = _samples(conn, config, base, workload, pair, only_pair, reads)
     common: dict[str, Any] = {"min_requests": config.min_requests, "ci_level": config.ci_level}
 
     def floor(key: str) -> float:
@@ -280,11 +323,8 @@ def run_drift(
             mix.replace(ref_start=base.ref_start, ref_end=base.ref_end, cur_start=base.cur_start, cur_end=base.cur_end)
         )
         # Pairs that speculated in either window; plain and holdout traffic is read through them.
-        keys = set(counts.ref) | set(counts.cur)
-        combos = {k for c in (counts.ref, counts.cur) for k, modes in c.items() if modes.get("speculative")}
         reads = _RunReads()
-        for workload, pair in sorted(combos):
-            only_pair = all(p == pair for w, p in keys if w == workload)
+        for workload, pair, only_pair in _pairs(counts):
             results += _workload_tests(conn, config, base, workload, pair, seed, only_pair, reads)
             if detectors:
                 cap = config.detector_batch
@@ -293,12 +333,21 @@ def run_drift(
         results += scraped_tests(conn, config, base)
         split_started = time.perf_counter()
         explanation = _explain(conn, config, base, seed, reads.split)
+        own = {
+            workload: (windows, _explain_own(conn, config, workload, windows, samples, seed))
+            for workload, (windows, samples) in reads.own.items()
+        }
         split_s = time.perf_counter() - split_started
         said = sentence(explanation)
-        # The acceptance alert's description is built from its results: each carries the split's sentence.
-        results = [_with(r, said) if r.metric.startswith("acceptance_rate") else r for r in results]
+        said_own = {workload: own_sentence(workload, windows, e) for workload, (windows, e) in own.items()}
+        # The acceptance alert's description is built from its results: each carries the split's sentence,
+        # over the windows its own test compared.
+        results = [
+            _with(r, said_own.get(str(r.workload), said)) if r.metric.startswith("acceptance_rate") else r
+            for r in results
+        ]
         results = apply_bh(results, config.fdr_level)
-        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.fdr_level, results, explanation)
+        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.fdr_level, results, explanation, own)
         if store:
             _store(conn, run, config)
         if fence is not None:
@@ -327,6 +376,36 @@ def _explain(
         seed=_seed(seed, "acceptance_split"),
         fdr_level=config.fdr_level,
     )
+    return _named(conn, config, windows, explanation, seed)
+
+
+def _explain_own(
+    conn: Connection,
+    config: DriftSettings,
+    workload: str,
+    windows: Windows,
+    samples: list[tuple[Sample, Sample]],
+    seed: int,
+) -> Explanation:
+    """One workload's split over its own windows: its within part is the whole change, then Level 2."""
+    explanation = explain(
+        sample_strata(workload, samples),
+        min_requests=config.explain_min_requests,
+        n_boot=config.n_boot,
+        seed=_seed(seed, "acceptance_split", "own", workload),
+        fdr_level=config.fdr_level,
+    )
+    return _named(conn, config, windows, explanation, seed)
+
+
+def own_sentence(workload: str, windows: Windows, e: Explanation) -> str:
+    """The split's sentence, and which windows it compared: the workload's own, not the run's."""
+    return f"{sentence(e)} Over {workload}'s own windows: {windows.note}."
+
+
+def _named(
+    conn: Connection, config: DriftSettings, windows: Windows, explanation: Explanation, seed: int
+) -> Explanation:
     # Level 2, only where a workload's own rate moved clear of noise: its within part over the factor groups.
     bounds = ((windows.ref_start, windows.ref_end), (windows.cur_start, windows.cur_end))
 
@@ -356,13 +435,28 @@ def explain_drift(
     current: timedelta | None = None,
     reference: timedelta | None = None,
     seed: int = 0,
+    workload: str | None = None,
 ) -> tuple[Windows, Explanation]:
-    """The acceptance split of a drift run over the same windows (``run_drift``'s arguments), without the tests."""
+    """The acceptance split of a drift run over the same windows (``run_drift``'s arguments), without the tests.
+
+    With ``workload``, its parts only; a workload a run tests over windows of its own (a pinned
+    baseline, a version change, a widened current window) is split over those, as its alert is.
+    """
     config = config or DriftSettings()
     now = utc(now) if now is not None else datetime.now(UTC)
     windows = rolling_windows(now, current or config.current_window, reference or config.reference_window)
     with engine.connect() as conn:
-        return windows, _explain(conn, config, windows, seed, {})
+        if workload is None:
+            return windows, _explain(conn, config, windows, seed, {})
+        reads = _RunReads()
+        counts = window_counts(conn, windows.ref_start, windows.cur_start, windows.cur_end)
+        for name, pair, only_pair in _pairs(counts):
+            if name == workload:
+                _samples(conn, config, windows, workload, pair, only_pair, reads)
+        if workload in reads.own:
+            own, samples = reads.own[workload]
+            return own, _explain_own(conn, config, workload, own, samples, seed)
+        return windows, _explain(conn, config, windows, seed, dict(reads.split)).for_workload(workload)
 
 
 def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:
@@ -379,7 +473,7 @@ def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:
             level=run.level,
             n_results=len(run.results),
             n_drift=len(run.drifts),
-            acceptance_split=run.explanation.to_json() if run.explanation is not None else None,
+            acceptance_split=run.split_json(),
             params={
                 "current_window_s": (w.cur_end - w.cur_start).total_seconds(),
                 "reference_window_s": (w.ref_end - w.ref_start).total_seconds(),

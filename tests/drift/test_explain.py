@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.models import AlertRow
 from monitor.drift.explain import NOT_SPLIT, Explanation, Stratum, explain, sentence
+from monitor.drift.queries import latest_run, pin_baseline
 from monitor.drift.run import explain_drift, run_drift
 from tests.alerting import make_settings
 from tests.drift.conftest import store
@@ -303,3 +304,46 @@ def test_drift_run_names_a_mix_shift(engine: Engine) -> None:
     assert run.explanation is not None and named(run.explanation) == {("mix", None)}
     # Code, the workload that accepts most, lost most of its share: the largest term of the mix.
     assert "from the mix moving away from code (25 % -> 5 % of drafts)" in sentence(run.explanation)
+
+
+def test_a_pinned_workload_is_split_over_its_own_windows(engine: Engine, tmp_path: Path) -> None:
+    # Code falls from 0.8 to 0.6 six hours in; its baseline is pinned to those six hours. The rolling
+    # reference (the whole day) is mostly after the fall: split over it, code would have barely moved.
+    fall = T0 + timedelta(hours=6)
+    records = window_stream(T0, fall, 300, workload="code", alpha=0.8, answer_tokens=100)
+    records += window_stream(fall, NOW, 1500, workload="code", alpha=0.6, seed=1, answer_tokens=100)
+    records += window_stream(T0, NOW, 1500, workload="chat", alpha=0.5, seed=2, answer_tokens=100)
+    store(engine, records)
+    pin_baseline(engine, "code", at=fall, length=timedelta(hours=6))
+    settings = make_settings(tmp_path, engine.url.render_as_string(hide_password=False))
+    run = run_drift(engine, settings.drift, NOW, current=timedelta(hours=1), reference=timedelta(hours=24))
+
+    def rate(start: datetime, end: datetime) -> float:
+        kept = [r for r in records if r.workload == "code" and start <= r.ts_start < end]
+        return sum(r.num_accepted_tokens for r in kept) / sum(r.num_draft_tokens for r in kept)
+
+    windows, own = run.own_splits["code"]
+    assert (windows.ref_start, windows.ref_end, windows.cur_start) == (T0, fall, CUR)
+    assert own.rate_ref is not None and abs(own.rate_ref - rate(T0, fall)) < 1e-9
+    assert own.change is not None and own.change < -0.15 and named(own) == {("unexplained", "code")}
+    # The run's own split over the rolling windows stays what it was: chat is not split over code's windows.
+    assert run.explanation is not None and run.explanation.rate_ref is not None
+    assert abs(own.rate_ref - run.explanation.rate_ref) > 0.1
+    stored = latest_run(engine)
+    assert stored is not None and stored.acceptance_split is not None
+    code = stored.acceptance_split["workloads"]["code"]
+    assert code["windows"]["reference"] == [T0.isoformat(), fall.isoformat()] and code["note"].startswith("pinned")
+    assert code["change"] == pytest.approx(own.change)
+    # The command, asked about code, compares what its drift test compares.
+    again_windows, again = explain_drift(engine, settings.drift, NOW, current=timedelta(hours=1), workload="code")
+    assert again_windows == windows and again.to_json() == own.to_json()
+    _, chat = explain_drift(engine, settings.drift, NOW, current=timedelta(hours=1), workload="chat")
+    assert {p.workload for p in chat.parts} <= {None, "chat"} and chat.rate_ref == run.explanation.rate_ref
+    evaluate_alerts(engine, settings.alert_config, run.results, now=NOW)
+    with engine.connect() as conn:
+        rows = conn.execute(select(AlertRow.labels, AlertRow.annotations).where(AlertRow.rule == "acceptance_drop"))
+        descriptions = [annotations["description"] for labels, annotations in rows if labels["workload"] == "code"]
+    assert descriptions
+    for description in descriptions:
+        assert f"({own.rate_ref:.2f} -> {own.rate_cur:.2f})" in description
+        assert "Over code's own windows: pinned baseline" in description
