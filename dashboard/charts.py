@@ -280,7 +280,7 @@ def rollout_speed(rows: Rows) -> ChartSpec:
 
 
 def waterfall_rows(split: dict[str, Any]) -> list[dict[str, Any]]:
-    """The split's parts as waterfall steps from the reference window's acceptance to the current one's.
+    """The split's parts as waterfall steps from the reference window's figure to the current one's.
 
     Each step runs from the total before it to the total after it, its interval around its own end;
     a Level 2 part is labelled with its workload (``content · extract``).
@@ -313,11 +313,11 @@ def waterfall_rows(split: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def acceptance_waterfall(rows: Rows) -> ChartSpec:
+def split_waterfall(rows: Rows, title: str = "acceptance") -> ChartSpec:
     """:func:`waterfall_rows` as bars (red: named, grey: within noise) with each part's interval as a rule."""
     base = alt.Chart(_data(rows)).encode(x=alt.X("part:N", sort=alt.SortField("order"), title=None))
     bars = base.mark_bar().encode(
-        y=alt.Y("start:Q", title="acceptance", scale=alt.Scale(zero=False)),
+        y=alt.Y("start:Q", title=title, scale=alt.Scale(zero=False)),
         y2="end:Q",
         color=alt.Color(
             "named:N",

@@ -120,6 +120,7 @@ def body(f: Filters) -> None:
         table(shown), hide_index=True, column_config=COLUMNS, key="drift_table", placeholder=components.MISSING
     )
     _split(run.acceptance_split, f)
+    _speed_split(run.speed_split, f)
     _history(f, latest)
 
 
@@ -128,19 +129,7 @@ def _split(split: dict[str, Any] | None, f: Filters) -> None:
     if split is None:
         st.info("This run kept no acceptance split (it was stored before draftwatch kept them).")
         return
-    st.markdown(split["detail"]["summary"])
-    shown = {**split, "parts": [p for p in split["parts"] if p["workload"] is None or f.shows(p["workload"])]}
-    rows = charts.waterfall_rows(shown)
-    if rows:
-        st.altair_chart(charts.acceptance_waterfall(rows), width="stretch")
-    # A workload tested over windows of its own (a pinned baseline, a version change) is split over those too.
-    for workload, own in split.get("workloads", {}).items():
-        if not f.shows(workload):
-            continue
-        st.markdown(f"**{workload}** over its own windows ({own['note']}): {own['detail']['summary']}")
-        rows = charts.waterfall_rows(own)
-        if any(p["detail"].get("named") for p in own["parts"]):
-            st.altair_chart(charts.acceptance_waterfall(rows), width="stretch", key=f"dw_split_{workload}")
+    _waterfalls(split, f, "acceptance")
     history = data.split_history(f.url, f.range.start, f.range.end)
     over_time = charts.split_over_time_rows(history)
     if over_time:
@@ -153,6 +142,37 @@ def _split(split: dict[str, Any] | None, f: Filters) -> None:
         "parts stacked. "
         "`draftwatch drift explain` prints the latest split."
     )
+
+
+def _speed_split(split: dict[str, Any] | None, f: Filters) -> None:
+    if split is None:
+        return  # a run stored before draftwatch kept it
+    st.subheader("Why decode speed changed")
+    _waterfalls(split, f, "decode ms per token")
+    st.caption(
+        "The same split of the speculative requests' decode time per token (ms over output tokens after the first), "
+        "its shares of decode tokens; inside a workload the load (requests in flight at the engine) and the "
+        "requests' own acceptance are causes too. A part is named from 1 % of the reference's ms per token. "
+        "`draftwatch drift explain --metric speed` prints it."
+    )
+
+
+def _waterfalls(split: dict[str, Any], f: Filters, title: str) -> None:
+    """The run's split (sentence and waterfall), then each workload's over windows of its own."""
+    st.markdown(split["detail"]["summary"])
+    shown = {**split, "parts": [p for p in split["parts"] if p["workload"] is None or f.shows(p["workload"])]}
+    rows = charts.waterfall_rows(shown)
+    if rows:
+        st.altair_chart(charts.split_waterfall(rows, title), width="stretch", key=f"dw_split_{title}")
+    # A workload tested over windows of its own (a pinned baseline, a version change) is split over those too.
+    for workload, own in split.get("workloads", {}).items():
+        if not f.shows(workload):
+            continue
+        st.markdown(f"**{workload}** over its own windows ({own['note']}): {own['detail']['summary']}")
+        rows = charts.waterfall_rows(own)
+        if any(p["detail"].get("named") for p in own["parts"]):
+            chart = charts.split_waterfall(rows, title)
+            st.altair_chart(chart, width="stretch", key=f"dw_split_{title}_{workload}")
 
 
 components.live(body)

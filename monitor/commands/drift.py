@@ -62,6 +62,13 @@ def register(subparsers: Any) -> None:
     explain.add_argument(
         "--workload", default=None, help="only this workload's parts, over the windows its drift test compares"
     )
+    explain.add_argument(
+        "--metric",
+        choices=("acceptance", "speed"),
+        default="acceptance",
+        help="split acceptance (default) or decode time per token (ms, speculative requests; its Level 2 adds the "
+        "load, in-flight requests at the engine, and the requests' own acceptance)",
+    )
     explain.add_argument("--current", type=DURATION, default=None, help="current window, e.g. 15m, 6h (default: 1h)")
     explain.add_argument("--reference", type=DURATION, default=None, help="reference window before it (default: 1d)")
     explain.add_argument("--now", type=iso_time, default=None, help="end of the current window (default: now)")
@@ -106,8 +113,16 @@ def _explain(args: argparse.Namespace) -> int:
     from monitor.drift.run import explain_drift
 
     def action(engine: Engine, settings: Settings) -> int:
+        from monitor.drift.explain import ACCEPTANCE, DECODE_SPEED
+
         windows, explanation = explain_drift(
-            engine, settings.drift, args.now, current=args.current, reference=args.reference, workload=args.workload
+            engine,
+            settings.drift,
+            args.now,
+            current=args.current,
+            reference=args.reference,
+            workload=args.workload,
+            metric=DECODE_SPEED if args.metric == "speed" else ACCEPTANCE,
         )
         print(json.dumps(explanation.to_json(), indent=1) if args.json else format_split(windows, explanation))
         return 0
@@ -125,7 +140,8 @@ def format_split(windows: Windows, e: Explanation) -> str:
         return f"[{low:+.3f}, {high:+.3f}]" if low is not None and high is not None and low == low else ""
 
     lines = [
-        f"acceptance split  reference {windows.ref_start:%Y-%m-%d %H:%M} .. {windows.ref_end:%Y-%m-%d %H:%M}  "
+        f"{e.metric.title.lower()} split  "
+        f"reference {windows.ref_start:%Y-%m-%d %H:%M} .. {windows.ref_end:%Y-%m-%d %H:%M}  "
         f"current {windows.cur_start:%Y-%m-%d %H:%M} .. {windows.cur_end:%Y-%m-%d %H:%M} UTC"
         + (f"  ({windows.note})" if windows.note else ""),
         f"  {'cause':<12} {'workload':<16} {'value':>8}  interval",

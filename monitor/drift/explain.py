@@ -46,12 +46,39 @@ from scipy import stats as st
 from monitor.drift.result import benjamini_hochberg
 from monitor.drift.stats import FloatArray, percentile_interval
 
-# Level 1 gives mix, within and unexplained; the factor groups of a within part come as their own causes.
-Cause = Literal["mix", "within", "length", "sampling", "style", "content", "version", "health", "unexplained"]
+# Level 1 gives mix, within and unexplained; the factor groups of a within part come as their own causes
+# (``load`` and ``acceptance`` in a split of decode speed only).
+Cause = Literal[
+    "mix", "within", "length", "sampling", "style", "content", "version", "health", "load", "acceptance", "unexplained"
+]
 OTHER: Final = "other"
 # Parts smaller than this are never named: a true 0.004 is not what a person paged at night needs.
 NAMED_FLOOR: Final = 0.01
 NOT_SPLIT: Final = "not enough data to split"
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """What a split divides: a ratio of per-request sums (numerator / tokens), and how it is said.
+
+    The same exact split holds for any such ratio: acceptance is accepted / drafted tokens, its
+    shares are of drafts; decode time per token is decode ms / (output tokens − 1), its shares are
+    of decode tokens, and a rise is the bad direction.
+    """
+
+    key: str
+    title: str  # the sentence's subject
+    tokens: str  # what a cell's share is a share of
+    bounded: bool  # the numerator never exceeds the tokens (acceptance)
+    places: int
+    unit: str
+    floor: float  # a smaller part is never named; relative: times the reference window's rate
+    relative_floor: bool
+
+
+ACCEPTANCE: Final = Metric("acceptance", "Acceptance", "drafts", True, 2, "", NAMED_FLOOR, False)
+# 1 % of the reference's ms per token: a 0.2 ms move of a 20 ms token is not what anyone needs paged about.
+DECODE_SPEED: Final = Metric("ms_per_token", "Decode time per token", "decode tokens", False, 1, " ms", 0.01, True)
 # Strata up to this many requests are resampled request by request; larger ones from the normal limit.
 EXACT_UP_TO: Final = 256
 
@@ -107,6 +134,8 @@ class Explanation:
     rate_cur: float | None
     parts: tuple[Part, ...]
     requests: tuple[int, int] = (0, 0)
+    metric: Metric = ACCEPTANCE
+    floor: float = NAMED_FLOOR  # the smallest part named, in the metric's units
 
     @property
     def named(self) -> list[Part]:
@@ -114,8 +143,7 @@ class Explanation:
 
     def for_workload(self, workload: str) -> Explanation:
         """The parts about ``workload``: its within part and the run-wide ones (mix, unexplained)."""
-        kept = tuple(p for p in self.parts if p.workload in (None, workload))
-        return Explanation(self.change, self.low, self.high, self.rate_ref, self.rate_cur, kept, self.requests)
+        return replace(self, parts=tuple(p for p in self.parts if p.workload in (None, workload)))
 
     def with_split(self, within: Part, parts: Sequence[Part]) -> Explanation:
         """``within`` replaced by its Level 2 parts (they add up to it), each holding it in ``detail["within"]``."""
@@ -126,6 +154,7 @@ class Explanation:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "metric": self.metric.key,
             "change": _finite(self.change),
             "low": _finite(self.low),
             "high": _finite(self.high),
@@ -145,11 +174,12 @@ def not_split(
     change: float | None = None,
     rates: tuple[float | None, float | None] = (None, None),
     requests: tuple[int, int] = (0, 0),
+    metric: Metric = ACCEPTANCE,
 ) -> Explanation:
     """No split: the whole change (if known) is one ``unexplained`` part that says why."""
     value = change if change is not None else math.nan
     part = Part("unexplained", None, value, None, None, detail={"reason": f"{NOT_SPLIT}: {reason}"})
-    return Explanation(change, None, None, rates[0], rates[1], (part,), requests)
+    return Explanation(change, None, None, rates[0], rates[1], (part,), requests, metric)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,23 +201,30 @@ def explain(
     seed: int,
     fdr_level: float,
     ci_level: float = 0.95,
-    floor: float = NAMED_FLOOR,
+    metric: Metric = ACCEPTANCE,
 ) -> Explanation:
-    """Split the change of pooled acceptance between window 0 and window 1 (see the module docstring)."""
-    clean = [_clean(s) for s in strata]
+    """Split the change of the pooled ratio between window 0 and window 1 (see the module docstring).
+
+    A stratum's ``drafted`` and ``accepted`` are the ratio's tokens and numerator: for ``DECODE_SPEED``,
+    decode tokens and decode milliseconds.
+    """
+    clean = [_clean(s, metric.bounded) for s in strata]
     requests = tuple(sum(len(s.drafted) for s in clean if s.window == k) for k in (0, 1))
     totals = [sum(_totals(s)[1] for s in clean if s.window == k) for k in (0, 1)]
     for k, name in ((0, "reference"), (1, "current")):
         if totals[k] <= 0:
-            return not_split(f"no drafted tokens in the {name} window", requests=(requests[0], requests[1]))
+            reason = f"no {metric.tokens} in the {name} window"
+            return not_split(reason, requests=(requests[0], requests[1]), metric=metric)
     cells = _resample(_merge_thin(clean, min_requests), n_boot, seed)
     good = [i for i, name in enumerate(cells.names) if cells.requests[:, i].min() >= min_requests]
     rate = cells.accepted.sum(axis=1) / cells.drafted.sum(axis=1)  # (2, replicates)
     change = rate[1] - rate[0]
     rates = (float(rate[0, 0]), float(rate[1, 0]))
     pair = (requests[0], requests[1])
+    floor = metric.floor * (rates[0] if metric.relative_floor else 1.0)
     if not good:
-        return not_split(f"every workload has fewer than {min_requests} requests in a window", change[0], rates, pair)
+        reason = f"every workload has fewer than {min_requests} requests in a window"
+        return not_split(reason, change[0], rates, pair, metric)
     share = cells.drafted / cells.drafted.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         cell_rate = cells.accepted / cells.drafted
@@ -220,15 +257,16 @@ def explain(
         low, high = interval(rest[1:], ci_level)
         parts.append(Part("unexplained", None, float(rest[0]), low, high, detail={"reason": reason}))
     low, high = interval(change[1:], ci_level)
-    return Explanation(float(change[0]), low, high, rates[0], rates[1], tuple(parts), pair)
+    return Explanation(float(change[0]), low, high, rates[0], rates[1], tuple(parts), pair, metric, floor)
 
 
-def _clean(s: Stratum) -> Stratum:
-    """Requests with a finite, positive draft count and a finite accepted count in [0, drafted]."""
+def _clean(s: Stratum, bounded: bool = True) -> Stratum:
+    """Requests with a finite, positive token count and a finite numerator in [0, tokens] ([0, ∞) unbounded)."""
     d, a = np.asarray(s.drafted, dtype=float), np.asarray(s.accepted, dtype=float)
-    keep = np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & (a <= d)
+    keep = np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & ((a <= d) | (not bounded))
     totals = s.totals
-    if totals is not None and not (all(map(math.isfinite, totals)) and totals[1] > 0 and 0 <= totals[0] <= totals[1]):
+    fits = totals is not None and all(map(math.isfinite, totals)) and totals[1] > 0 and totals[0] >= 0
+    if totals is not None and not (fits and (totals[0] <= totals[1] or not bounded)):
         totals = None  # figures that cannot be a stratum's sums: the sample stands for it
     population = s.population if totals is not None else None
     return Stratum(s.window, s.cell, d[keep], a[keep], population, totals)
@@ -331,23 +369,24 @@ def _within_detail(cells: _Cells, i: int, share: FloatArray, rate: FloatArray) -
 
 def sentence(e: Explanation) -> str:
     """One or two sentences naming the parts clear of noise, e.g. "Acceptance fell 0.12 (0.61 -> 0.49): ..."."""
+    m = e.metric
     if e.change is None or not math.isfinite(e.change) or e.rate_ref is None or e.rate_cur is None:
         reasons = [str(p.detail.get("reason")) for p in e.parts if "reason" in p.detail]
-        return f"Acceptance change: {reasons[0] if reasons else NOT_SPLIT}."
+        return f"{m.title} change: {reasons[0] if reasons else NOT_SPLIT}."
     verb = "fell" if e.change < 0 else "rose"
-    head = f"Acceptance {verb} {abs(e.change):.2f} ({e.rate_ref:.2f} -> {e.rate_cur:.2f})"
+    head = f"{m.title} {verb} {_number_of(abs(e.change), m)} ({_rates(e.rate_ref, e.rate_cur, m)})"
     # (value, phrase) of each named Level 1 part; a split workload's within part says its named causes.
     said: list[tuple[float, str]] = []
     for p in e.parts:
         if p.cause in ("mix", "within") and p.named:
-            said.append((p.value, _phrase(p, e.change)))
+            said.append((p.value, _phrase(p, e.change, m)))
     for workload, parts in _split_workloads(e).items():
         within = parts[0].detail["within"]
         if not within["named"]:
             continue
-        phrase = _within_phrase(within["value"], workload, within, e.change)
+        phrase = _within_phrase(within["value"], workload, within, e.change, m)
         named = [p for p in sorted(parts, key=lambda p: -abs(p.value)) if p.named and p.cause != "unexplained"]
-        causes = [_cause_phrase(p, within["value"]) for p in named]
+        causes = [_cause_phrase(p, within["value"], m) for p in named]
         said.append((within["value"], phrase + (f", of which {', '.join(causes)}" if causes else "")))
     if not said:
         reasons = [str(p.detail["reason"]) for p in e.parts if "reason" in p.detail]
@@ -355,8 +394,8 @@ def sentence(e: Explanation) -> str:
         return f"{head}: {tail}."
     phrases = [phrase for _, phrase in sorted(said, key=lambda s: -abs(s[0]))]
     rest = e.change - sum(value for value, _ in said)
-    if abs(rest) >= 0.005:
-        phrases.append(f"{_amount(rest, e.change)} unexplained")
+    if abs(rest) >= e.floor / 2:
+        phrases.append(f"{_amount(rest, e.change, m)} unexplained")
     return f"{head}: {', '.join(phrases)}."
 
 
@@ -368,42 +407,52 @@ def _split_workloads(e: Explanation) -> dict[str, list[Part]]:
     return split
 
 
-def _amount(value: float, change: float) -> str:
+def _number_of(value: float, m: Metric) -> str:
+    return f"{value:.{m.places}f}{m.unit}"
+
+
+def _rates(ref: float, cur: float, m: Metric) -> str:
+    return f"{ref:.{m.places}f} -> {cur:.{m.places}f}{m.unit}"
+
+
+def _amount(value: float, change: float, m: Metric) -> str:
     # A part against the direction of the change is said as such, not as a bare negative number.
     if (value < 0) == (change < 0):
-        return f"{abs(value):.2f}"
-    return f"a {abs(value):.2f} {'rise' if value > 0 else 'fall'}"
+        return _number_of(abs(value), m)
+    return f"a {_number_of(abs(value), m)} {'rise' if value > 0 else 'fall'}"
 
 
-def _phrase(p: Part, change: float) -> str:
+def _phrase(p: Part, change: float, m: Metric) -> str:
     if p.cause == "mix":
         w = str(p.detail["workload"])
         ref, cur = p.detail["shares"][w]
         direction = "to" if p.detail["toward"] else "away from"
-        return f"{_amount(p.value, change)} from the mix moving {direction} {w} ({_pct(ref)} -> {_pct(cur)} of drafts)"
-    return _within_phrase(p.value, p.workload if p.workload is not None else "the other workloads", p.detail, change)
+        moved = f"{_pct(ref)} -> {_pct(cur)} of {m.tokens}"
+        return f"{_amount(p.value, change, m)} from the mix moving {direction} {w} ({moved})"
+    workload = p.workload if p.workload is not None else "the other workloads"
+    return _within_phrase(p.value, workload, p.detail, change, m)
 
 
-def _within_phrase(value: float, workload: str, detail: dict[str, Any], change: float) -> str:
-    return f"{_amount(value, change)} within {workload} ({detail['rate_ref']:.2f} -> {detail['rate_cur']:.2f})"
+def _within_phrase(value: float, workload: str, detail: dict[str, Any], change: float, m: Metric) -> str:
+    return f"{_amount(value, change, m)} within {workload} ({_rates(detail['rate_ref'], detail['rate_cur'], m)})"
 
 
-def _cause_phrase(p: Part, within: float) -> str:
+def _cause_phrase(p: Part, within: float, m: Metric) -> str:
     """A Level 2 part: the cause, the cell that moved most, and as much causality as the data shows."""
-    amount = _amount(p.value, within)
+    amount = _amount(p.value, within, m)
     lead = str(p.detail["lead"])
     cell = p.detail["cells"][lead]
     if p.detail.get("same_window") and p.cause in ("version", "health"):
         versus = str(p.detail["versus"])
         other = p.detail["cells"][versus]
         return (
-            f"{amount} from {p.cause}: {lead} at {cell['rate_cur']:.2f} against {other['rate_cur']:.2f} "
-            f"for {versus} in the same window"
+            f"{amount} from {p.cause}: {lead} at {_number_of(cell['rate_cur'], m)} against "
+            f"{_number_of(other['rate_cur'], m)} for {versus} in the same window"
         )
-    moved = f"{lead} {_pct(cell['share_ref'])} -> {_pct(cell['share_cur'])} of drafts"
+    moved = f"{lead} {_pct(cell['share_ref'])} -> {_pct(cell['share_cur'])} of {m.tokens}"
     if p.cause in ("version", "health"):
         return f"{amount} coinciding with a change of {p.cause} ({moved}, not side by side)"
-    return f"{amount} from {p.cause} ({moved}, acceptance {cell['rate']:.2f} there)"
+    return f"{amount} from {p.cause} ({moved}, {m.title.lower()} {_number_of(cell['rate'], m)} there)"
 
 
 def _pct(share: float) -> str:

@@ -13,8 +13,9 @@ system prompt, still has one). v(∅) = 0. Each group's part is its Shapley valu
     φ_g = Σ_{S ∌ g} |S|! (G − |S| − 1)! / G! · (v(S ∪ {g}) − v(S)),
 
 which does not depend on an order of the groups (Das Gupta's many-factor decomposition is this split);
-Σ_g φ_g = v(every group), and the rest, rates moving inside the finest cells, is ``unexplained``. Cells
-with fewer than ``min_requests`` requests over both windows are merged into one, for every S.
+Σ_g φ_g = v(every group), and the rest, rates moving inside the finest cells, is ``unexplained``. A cell
+with fewer than ``min_requests`` requests over both windows is merged with the thin cells that share its
+labels of the least fragmenting groups (:func:`_cells_of`), for every S.
 
 Causality is said only where the data shows it: a version (or replica) part is an effect when its
 cells served side by side in the current window; after a full switch it only coincides with it.
@@ -44,7 +45,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 import numpy as np
 from scipy import sparse
@@ -55,6 +56,8 @@ from monitor.drift.result import benjamini_hochberg
 from monitor.drift.stats import FloatArray
 
 GROUPS: Final[tuple[Cause, ...]] = ("length", "sampling", "style", "content", "version", "health")
+# Decode speed moves with the load on the engine and with acceptance itself (fewer accepted drafts, more passes).
+SPEED_GROUPS: Final[tuple[Cause, ...]] = (*GROUPS, "load", "acceptance")
 MERGED: Final = "other (thin cells)"
 # Token-count buckets: powers of four read well ("prompt 256-1023") and keep the cells few.
 _LENGTH_EDGES: Final = (64, 256, 1024, 4096, 16384)
@@ -64,6 +67,9 @@ _CACHED_EDGES: Final = ((0.0, "none"), (0.5, "under half"))
 _UPTIME_EDGES: Final = ((3_600.0, "under an hour"), (6 * 3_600.0, "1-6 h"), (86_400.0, "6-24 h"))
 # KV-cache use: SGLang #36537 collapses past 0.6.
 _KV_EDGES: Final = ((0.6, "under 0.6"), (0.8, "0.6-0.8"))
+# Requests in flight at the engine when this one was sent: doubling buckets, as batch sizes grow.
+_INFLIGHT_EDGES: Final = ((2, "1"), (4, "2-3"), (8, "4-7"), (16, "8-15"), (32, "16-31"))
+_ACCEPTED_EDGES: Final = ((0.25, "under 0.25"), (0.5, "0.25-0.5"), (0.75, "0.5-0.75"))
 
 
 class RequestFactors(NamedTuple):
@@ -85,11 +91,17 @@ class RequestFactors(NamedTuple):
     engine_version: str | None = None
     replica_uptime_s: float | None = None
     kv_cache_use: float | None = None
+    upstream_inflight: int | None = None
+    accepted: int | None = None  # the request's accepted draft tokens, for a split of decode speed
+    drafted: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Requests:
-    """One window's drafting requests of a workload: tokens, and one label per request and group."""
+    """One window's requests of a workload: the ratio's tokens and numerator, one label per request and group.
+
+    For acceptance, drafted and accepted tokens; for decode speed, decode tokens and decode ms.
+    """
 
     drafted: FloatArray
     accepted: FloatArray
@@ -99,20 +111,42 @@ class Requests:
         return len(self.drafted)
 
 
-def label_requests(drafted: FloatArray, accepted: FloatArray, rows: Sequence[RequestFactors]) -> Requests:
-    """Each request's label per group; requests without a usable draft count are left out."""
+def label_requests(
+    drafted: FloatArray,
+    accepted: FloatArray,
+    rows: Sequence[RequestFactors],
+    groups: Sequence[Cause] = GROUPS,
+    bounded: bool = True,
+) -> Requests:
+    """Each request's label per group; requests without a usable token count are left out.
+
+    ``bounded``: the numerator never exceeds the tokens (acceptance; not decode ms).
+    """
     d, a = np.asarray(drafted, dtype=float), np.asarray(accepted, dtype=float)
-    keep = np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & (a <= d)
+    keep = np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & ((a <= d) | (not bounded))
     kept = [r for r, k in zip(rows, keep, strict=True) if k]
-    labels = {
-        "length": [f"prompt {_tokens(r.prompt_tokens)}, output {_tokens(r.output_tokens)}" for r in kept],
-        "sampling": [_sampling(r) for r in kept],
-        "style": [f"system prompt {r.style_hash}" if r.style_hash else "no template" for r in kept],
-        "content": [_copy(r.copy_share) for r in kept],
-        "version": [_version(r) for r in kept],
-        "health": [_health(r) for r in kept],
-    }
-    return Requests(d[keep], a[keep], labels)
+    return Requests(d[keep], a[keep], {group: [_LABEL[group](r) for r in kept] for group in groups})
+
+
+def _length(r: RequestFactors) -> str:
+    return f"prompt {_tokens(r.prompt_tokens)}, output {_tokens(r.output_tokens)}"
+
+
+def _style(r: RequestFactors) -> str:
+    return f"system prompt {r.style_hash}" if r.style_hash else "no template"
+
+
+def _load(r: RequestFactors) -> str:
+    n = r.upstream_inflight
+    if n is None:
+        return "in flight unknown"
+    return "in flight " + next((name for edge, name in _INFLIGHT_EDGES if n < edge), "32 or more")
+
+
+def _acceptance(r: RequestFactors) -> str:
+    if not r.drafted or r.accepted is None:
+        return "no drafts"
+    return "acceptance " + next((name for edge, name in _ACCEPTED_EDGES if r.accepted / r.drafted < edge), "0.75+")
 
 
 def _tokens(n: int) -> str:
@@ -135,6 +169,10 @@ def _temperature(t: float) -> str:
     if t <= 1e-6:
         return "0"
     return "0-0.5" if t <= 0.5 else "0.5-1" if t <= 1.0 else "> 1"
+
+
+def _content(r: RequestFactors) -> str:
+    return _copy(r.copy_share)
 
 
 def _copy(share: float | None) -> str:
@@ -160,6 +198,18 @@ def _health(r: RequestFactors) -> str:
         share = r.cached_prompt_tokens / r.prompt_tokens
         parts.append("prefix cache " + next((name for edge, name in _CACHED_EDGES if share <= edge), "half or more"))
     return ", ".join(parts)
+
+
+_LABEL: Final[dict[Cause, Callable[[RequestFactors], str]]] = {
+    "length": _length,
+    "sampling": _sampling,
+    "style": _style,
+    "content": _content,
+    "version": _version,
+    "health": _health,
+    "load": _load,
+    "acceptance": _acceptance,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +243,9 @@ def split_within(
     """
     if min(len(w) for w in windows) == 0:
         return []
+    groups = list(windows[0].labels)
     sums = _sums(windows, n_boot, seed)
-    varying = [g for g in range(len(GROUPS)) if len(np.unique(sums.codes[:, g])) > 1]
+    varying = [g for g in range(len(groups)) if len(np.unique(sums.codes[:, g])) > 1]
     value = {0: np.zeros(1 + n_boot)}
     for size in range(1, len(varying) + 1):
         for subset in combinations(varying, size):
@@ -214,13 +265,13 @@ def split_within(
         draws[-1] += total - draws[:, 0].sum()
     z = draws[:, 0] / np.maximum(draws[:, 1:].std(axis=1), 1e-300)
     qs = benjamini_hochberg(list(2 * st.norm.sf(np.abs(z))))
-    unvarying = [GROUPS[g] for g in range(len(GROUPS)) if g not in varying]
+    unvarying = [groups[g] for g in range(len(groups)) if g not in varying]
     parts = []
     for j, (q, row) in enumerate(zip(qs, draws, strict=True)):
         low, high = interval(row[1:], ci_level)
         named = q < fdr_level and (low > 0 or high < 0) and abs(row[0]) >= floor
         if j < len(varying):
-            cause, detail = GROUPS[varying[j]], _detail(sums, varying[j], float(row[0]), min_requests)
+            cause, detail = cast(Cause, groups[varying[j]]), _detail(sums, varying[j], float(row[0]), min_requests)
         else:
             cause = "unexplained"
             detail = {
@@ -252,6 +303,7 @@ def split_named(
             n_boot=n_boot,
             seed=seed_of(part.workload),
             fdr_level=fdr_level,
+            floor=explanation.floor,
             total=part.value,
         )
         if parts:
@@ -266,7 +318,7 @@ def _mask(groups: Sequence[int]) -> int:
 def _sums(windows: tuple[Requests, Requests], n_boot: int, seed: int) -> _Sums:
     names: list[list[str]] = []
     columns = []
-    for group in GROUPS:
+    for group in windows[0].labels:
         uniq, inverse = np.unique(np.array(windows[0].labels[group] + windows[1].labels[group]), return_inverse=True)
         names.append([str(u) for u in uniq])
         columns.append(inverse.astype(np.int64))
@@ -292,17 +344,39 @@ def _sums(windows: tuple[Requests, Requests], n_boot: int, seed: int) -> _Sums:
     return _Sums(cells.astype(np.int64), names, out_a, out_d, requests)
 
 
-def _cells_of(sums: _Sums, groups: Sequence[int], min_requests: int) -> tuple[np.ndarray[Any, Any], int, bool]:
-    """Each finest cell's cell under ``groups``, how many cells, and whether the last is thin ones merged."""
-    _, inverse = np.unique(sums.codes[:, list(groups)], axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    size = np.bincount(inverse, weights=sums.requests.sum(axis=0))
-    thin = size < min_requests
-    if thin.sum() < 2:  # one thin cell merged with nothing is the same thin cell
-        return inverse, len(size), False
-    kept = np.cumsum(~thin) - 1
-    merged = int((~thin).sum())
-    return np.where(thin[inverse], merged, kept[inverse]), merged + 1, True
+def _cells_of(
+    sums: _Sums, groups: Sequence[int], min_requests: int
+) -> tuple[np.ndarray[Any, Any], int, np.ndarray[Any, np.dtype[np.bool_]]]:
+    """Each finest cell's cell under ``groups``, how many cells, and which cells are thin ones merged.
+
+    A thin joint cell is not thrown into one ``other`` cell for all: it keeps its labels of the groups
+    with the fewest values and is merged with the other thin cells that share them, dropping the most
+    fragmenting group first, until the merged cell is big enough (at last: every group dropped). Thrown
+    together, thin cells of a busy and an idle replica, say, would lose the one label that explains
+    them, and every group that fragments the cells would seem to take part of the change back.
+    """
+    counts = sums.requests.sum(axis=0)
+    order = sorted(groups, key=lambda g: (-len(np.unique(sums.codes[:, g])), g))
+    columns = list(groups)
+    key = np.full((len(counts), len(columns)), -1, dtype=np.int64)
+    pending = np.arange(len(counts))
+    for dropped in range(len(columns) + 1):
+        active = [j for j, g in enumerate(columns) if g not in order[:dropped]]
+        trial = np.full((len(pending), len(columns)), -1, dtype=np.int64)
+        chosen = np.array([columns[j] for j in active], dtype=np.int64)
+        trial[:, active] = sums.codes[np.ix_(pending, chosen)]
+        _, inverse = np.unique(trial, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        big = np.bincount(inverse, weights=counts[pending])[inverse] >= min_requests
+        if dropped == len(columns):
+            big[:] = True
+        key[pending[big]] = trial[big]
+        pending = pending[~big]
+        if not len(pending):
+            break
+    cells, cell = np.unique(key, axis=0, return_inverse=True)
+    merged = (cells == -1).any(axis=1) if len(columns) else np.zeros(len(cells), dtype=bool)
+    return cell.reshape(-1), len(cells), merged
 
 
 def _aggregate(sums: _Sums, cell: np.ndarray[Any, Any], count: int) -> tuple[FloatArray, FloatArray]:
@@ -331,7 +405,7 @@ def _detail(sums: _Sums, g: int, value: float, min_requests: int) -> dict[str, A
     cell, count, merged = _cells_of(sums, (g,), min_requests)
     names = [MERGED] * count
     for finest, c in enumerate(cell):
-        if not (merged and c == count - 1):
+        if not merged[c]:
             names[c] = sums.names[g][sums.codes[finest, g]]
     a, d = (x[:, :, 0] for x in _aggregate(sums, cell, count))  # (2, cells)
     n = np.stack([np.bincount(cell, weights=sums.requests[k], minlength=count) for k in (0, 1)])

@@ -33,6 +33,8 @@ class DriftRunRow(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     # The acceptance split's JSON (monitor/drift/explain.py), NULL for runs stored before migration 0020.
     acceptance_split: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The same split of decode time per token, NULL for runs stored before migration 0022.
+    speed_split: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class DriftResultRow(Base):

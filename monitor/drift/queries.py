@@ -29,7 +29,8 @@ class StoredRun:
     n_results: int
     n_drift: int
     level: float
-    acceptance_split: dict[str, Any] | None = None  # Explanation.to_json() of the run
+    acceptance_split: dict[str, Any] | None = None  # DriftRun.split_json() of the run
+    speed_split: dict[str, Any] | None = None  # DriftRun.speed_json()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +50,30 @@ def latest_run(engine: Engine) -> StoredRun | None:
     r = DriftRunRow
     with engine.connect() as conn:
         row = conn.execute(
-            select(r.run_id, r.started_at, r.finished_at, r.n_results, r.n_drift, r.level, r.acceptance_split)
+            select(
+                r.run_id,
+                r.started_at,
+                r.finished_at,
+                r.n_results,
+                r.n_drift,
+                r.level,
+                r.acceptance_split,
+                r.speed_split,
+            )
             .order_by(r.started_at.desc(), r.id.desc())
             .limit(1)
         ).first()
     return StoredRun(*row) if row else None
 
 
-def run_split(engine: Engine, run_id: str) -> dict[str, Any] | None:
-    """The acceptance split stored with run ``run_id``; None for an unknown run or one stored before it was kept."""
+def run_splits(engine: Engine, run_id: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The acceptance and decode-speed splits stored with run ``run_id``; None for an unknown run or one
+    stored before they were kept."""
+    r = DriftRunRow
     with engine.connect() as conn:
-        split = conn.execute(select(DriftRunRow.acceptance_split).where(DriftRunRow.run_id == run_id)).scalar()
-    return dict(split) if split is not None else None
+        row = conn.execute(select(r.acceptance_split, r.speed_split).where(r.run_id == run_id)).first()
+    acceptance, speed = row if row is not None else (None, None)
+    return (dict(acceptance) if acceptance is not None else None, dict(speed) if speed is not None else None)
 
 
 def split_history(

@@ -30,7 +30,7 @@ from monitor.drift.detectors.online import update_detector
 from monitor.drift.detectors.prompt_length import PromptLengthShift
 from monitor.drift.detectors.scraped import scraped_tests
 from monitor.drift.detectors.traffic_mix import TrafficMixDrift
-from monitor.drift.explain import Explanation, explain, sentence
+from monitor.drift.explain import ACCEPTANCE, DECODE_SPEED, Explanation, Metric, explain, sentence
 from monitor.drift.explain_factors import Requests, split_named
 from monitor.drift.explain_read import factor_requests, sample_strata, split_strata
 from monitor.drift.models import DriftResultRow, DriftRunRow
@@ -59,6 +59,9 @@ class DriftRun:
     explanation: Explanation | None = None
     # Why acceptance changed in each workload tested over windows of its own, over those windows.
     own_splits: dict[str, tuple[Windows, Explanation]] = field(default_factory=dict)
+    # The same for decode time per token (speculative requests), over the same windows.
+    speed: Explanation | None = None
+    own_speed: dict[str, tuple[Windows, Explanation]] = field(default_factory=dict)
 
     @property
     def drifts(self) -> list[DriftResult]:
@@ -73,17 +76,26 @@ class DriftRun:
             "windows": _windows_json(self.windows),
             "results": [r.to_json() for r in self.results],
             "acceptance_split": self.split_json(),
+            "speed_split": self.speed_json(),
         }
 
     def split_json(self) -> dict[str, Any] | None:
         """The run's split as stored and served: the default windows', with ``workloads`` for those of their own."""
-        if self.explanation is None:
-            return None
-        own = {
-            workload: {**e.to_json(), "windows": _windows_json(windows), "note": windows.note}
-            for workload, (windows, e) in sorted(self.own_splits.items())
-        }
-        return {**self.explanation.to_json(), "workloads": own}
+        return _split_json(self.explanation, self.own_splits)
+
+    def speed_json(self) -> dict[str, Any] | None:
+        """The split of decode time per token, as :meth:`split_json`."""
+        return _split_json(self.speed, self.own_speed)
+
+
+def _split_json(explanation: Explanation | None, own: dict[str, tuple[Windows, Explanation]]) -> dict[str, Any] | None:
+    if explanation is None:
+        return None
+    workloads = {
+        workload: {**e.to_json(), "windows": _windows_json(windows), "note": windows.note}
+        for workload, (windows, e) in sorted(own.items())
+    }
+    return {**explanation.to_json(), "workloads": workloads}
 
 
 def _windows_json(w: Windows) -> dict[str, list[str]]:
@@ -332,22 +344,17 @@ def run_drift(
                 results.append(found.replace(workload=workload, pair=pair.label))
         results += scraped_tests(conn, config, base)
         split_started = time.perf_counter()
-        explanation = _explain(conn, config, base, seed, reads.split)
-        own = {
-            workload: (windows, _explain_own(conn, config, workload, windows, samples, seed))
-            for workload, (windows, samples) in reads.own.items()
-        }
+        explanation, own = _splits(conn, config, base, seed, reads, ACCEPTANCE)
+        speed, own_speed = _splits(conn, config, base, seed, reads, DECODE_SPEED)
         split_s = time.perf_counter() - split_started
-        said = sentence(explanation)
-        said_own = {workload: own_sentence(workload, windows, e) for workload, (windows, e) in own.items()}
-        # The acceptance alert's description is built from its results: each carries the split's sentence,
-        # over the windows its own test compared.
-        results = [
-            _with(r, said_own.get(str(r.workload), said)) if r.metric.startswith("acceptance_rate") else r
-            for r in results
-        ]
+        # An alert's description is built from its results: each acceptance (decode speed) result carries
+        # the sentence of its split, over the windows its own test compared.
+        said = {ACCEPTANCE: _sentences(explanation, own), DECODE_SPEED: _sentences(speed, own_speed)}
+        results = [_with(r, said) for r in results]
         results = apply_bh(results, config.fdr_level)
-        run = DriftRun(str(uuid.uuid4()), started, clock(), base, config.fdr_level, results, explanation, own)
+        run = DriftRun(
+            str(uuid.uuid4()), started, clock(), base, config.fdr_level, results, explanation, own, speed, own_speed
+        )
         if store:
             _store(conn, run, config)
         if fence is not None:
@@ -355,10 +362,31 @@ def run_drift(
             fence(conn)
     elapsed = time.perf_counter() - t0
     log.info(
-        "drift run %s: %d results, %d drift, %.2f s (the acceptance split %.2f s of it)",
+        "drift run %s: %d results, %d drift, %.2f s (the acceptance and speed splits %.2f s of it)",
         run.run_id, len(results), len(run.drifts), elapsed, split_s,
     )  # fmt: skip
     return run
+
+
+def _splits(
+    conn: Connection, config: DriftSettings, base: Windows, seed: int, reads: _RunReads, metric: Metric
+) -> tuple[Explanation, dict[str, tuple[Windows, Explanation]]]:
+    """The run's split of ``metric`` over its windows, and each workload's over windows of its own."""
+    explanation = _explain(conn, config, base, seed, reads.split, metric)
+    own = {
+        workload: (windows, _explain_own(conn, config, workload, windows, samples, seed, metric))
+        for workload, (windows, samples) in reads.own.items()
+    }
+    return explanation, own
+
+
+def _sentences(explanation: Explanation, own: dict[str, tuple[Windows, Explanation]]) -> dict[str | None, str]:
+    """The sentence a workload's result carries (None: a workload of the run's windows)."""
+    return {None: sentence(explanation)} | {w: own_sentence(w, windows, e) for w, (windows, e) in own.items()}
+
+
+def _split_seed(seed: int, metric: Metric, *parts: str) -> int:
+    return _seed(seed, "acceptance_split" if metric == ACCEPTANCE else f"{metric.key}_split", *parts)
 
 
 def _explain(
@@ -367,14 +395,16 @@ def _explain(
     windows: Windows,
     seed: int,
     samples: dict[tuple[str, Pair], tuple[Sample, Sample]],
+    metric: Metric = ACCEPTANCE,
 ) -> Explanation:
-    strata = split_strata(conn, windows, config.sample_size, samples)
+    strata = split_strata(conn, windows, config.sample_size, samples, metric)
     explanation = explain(
         strata,
         min_requests=config.explain_min_requests,
         n_boot=config.n_boot,
-        seed=_seed(seed, "acceptance_split"),
+        seed=_split_seed(seed, metric),
         fdr_level=config.fdr_level,
+        metric=metric,
     )
     return _named(conn, config, windows, explanation, seed)
 
@@ -386,14 +416,16 @@ def _explain_own(
     windows: Windows,
     samples: list[tuple[Sample, Sample]],
     seed: int,
+    metric: Metric = ACCEPTANCE,
 ) -> Explanation:
     """One workload's split over its own windows: its within part is the whole change, then Level 2."""
     explanation = explain(
-        sample_strata(workload, samples),
+        sample_strata(workload, samples, metric),
         min_requests=config.explain_min_requests,
         n_boot=config.n_boot,
-        seed=_seed(seed, "acceptance_split", "own", workload),
+        seed=_split_seed(seed, metric, "own", workload),
         fdr_level=config.fdr_level,
+        metric=metric,
     )
     return _named(conn, config, windows, explanation, seed)
 
@@ -410,7 +442,8 @@ def _named(
     bounds = ((windows.ref_start, windows.ref_end), (windows.cur_start, windows.cur_end))
 
     def requests_of(workload: str) -> tuple[Requests, Requests]:
-        ref, cur = (factor_requests(conn, workload, start, end, config.sample_size) for start, end in bounds)
+        size, metric = config.sample_size, explanation.metric
+        ref, cur = (factor_requests(conn, workload, start, end, size, metric) for start, end in bounds)
         return ref, cur
 
     return split_named(
@@ -418,12 +451,19 @@ def _named(
         requests_of,
         min_requests=config.explain_min_requests,
         n_boot=config.n_boot,
-        seed_of=lambda workload: _seed(seed, "acceptance_split", workload),
+        seed_of=lambda workload: _split_seed(seed, explanation.metric, workload),
         fdr_level=config.fdr_level,
     )
 
 
-def _with(result: DriftResult, explanation: str) -> DriftResult:
+def _with(result: DriftResult, said: dict[Metric, dict[str | None, str]]) -> DriftResult:
+    """``result`` with the sentence of its metric's split, where it has one."""
+    metric = ACCEPTANCE if result.metric.startswith("acceptance_rate") else None
+    metric = DECODE_SPEED if result.metric == "ms_per_token" else metric
+    if metric is None:
+        return result
+    sentences = said[metric]
+    explanation = sentences.get(result.workload, sentences[None])
     return result.replace(detail={**result.detail, "explanation": explanation})
 
 
@@ -436,8 +476,9 @@ def explain_drift(
     reference: timedelta | None = None,
     seed: int = 0,
     workload: str | None = None,
+    metric: Metric = ACCEPTANCE,
 ) -> tuple[Windows, Explanation]:
-    """The acceptance split of a drift run over the same windows (``run_drift``'s arguments), without the tests.
+    """The split of ``metric`` a drift run makes over the same windows (``run_drift``'s arguments), without the tests.
 
     With ``workload``, its parts only; a workload a run tests over windows of its own (a pinned
     baseline, a version change, a widened current window) is split over those, as its alert is.
@@ -447,7 +488,7 @@ def explain_drift(
     windows = rolling_windows(now, current or config.current_window, reference or config.reference_window)
     with engine.connect() as conn:
         if workload is None:
-            return windows, _explain(conn, config, windows, seed, {})
+            return windows, _explain(conn, config, windows, seed, {}, metric)
         reads = _RunReads()
         counts = window_counts(conn, windows.ref_start, windows.cur_start, windows.cur_end)
         for name, pair, only_pair in _pairs(counts):
@@ -455,8 +496,8 @@ def explain_drift(
                 _samples(conn, config, windows, workload, pair, only_pair, reads)
         if workload in reads.own:
             own, samples = reads.own[workload]
-            return own, _explain_own(conn, config, workload, own, samples, seed)
-        return windows, _explain(conn, config, windows, seed, dict(reads.split)).for_workload(workload)
+            return own, _explain_own(conn, config, workload, own, samples, seed, metric)
+        return windows, _explain(conn, config, windows, seed, dict(reads.split), metric).for_workload(workload)
 
 
 def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:
@@ -474,6 +515,7 @@ def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:
             n_results=len(run.results),
             n_drift=len(run.drifts),
             acceptance_split=run.split_json(),
+            speed_split=run.speed_json(),
             params={
                 "current_window_s": (w.cur_end - w.cur_start).total_seconds(),
                 "reference_window_s": (w.ref_end - w.ref_start).total_seconds(),

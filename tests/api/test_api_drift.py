@@ -32,7 +32,7 @@ def test_drift_endpoint_serves_the_latest_run(tmp_path: Path, db_url: str) -> No
         for i in range(80)
     ]
     with TestClient(create_app(settings)) as client:
-        empty = {"run_id": None, "results": [], "acceptance_split": None}
+        empty = {"run_id": None, "results": [], "acceptance_split": None, "speed_split": None}
         assert client.get("/v1/drift", headers=auth(READ)).json() == empty
         engine = create_engine(db_url)
         with engine.begin() as conn:
@@ -46,9 +46,10 @@ def test_drift_endpoint_serves_the_latest_run(tmp_path: Path, db_url: str) -> No
         # The run's acceptance split, as stored with it (one workload: its within part is the whole change).
         assert run.explanation is not None and body["acceptance_split"] == run.split_json()
         assert body["acceptance_split"]["workloads"] == {}
+        assert body["speed_split"] == run.speed_json() and body["speed_split"]["metric"] == "ms_per_token"
         assert "within code (" in body["acceptance_split"]["detail"]["summary"]
         unknown = client.get("/v1/drift", params={"run_id": "no-such-run"}, headers=auth(READ)).json()
-        assert unknown == {"run_id": "no-such-run", "results": [], "acceptance_split": None}
+        assert unknown == {"run_id": "no-such-run", "results": [], "acceptance_split": None, "speed_split": None}
         drifting = client.get("/v1/drift", params={"decision": "drift"}, headers=auth(READ)).json()["results"]
         assert drifting and all(r["decision"] == "drift" for r in drifting)
         assert client.get("/v1/drift", params={"decision": "maybe"}, headers=auth(READ)).status_code == 422

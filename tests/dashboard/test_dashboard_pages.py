@@ -151,7 +151,14 @@ def test_drift_page_shows_why_acceptance_changed(app: AppFactory, seeded_store: 
     own = run.acceptance_split["workloads"]
     assert own and all(o["detail"]["summary"] in texts(at) and o["note"] in texts(at) for o in own.values())
     waterfalls = 1 + sum(any(p["detail"]["named"] for p in o["parts"]) for o in own.values())
-    assert sum('"field": "part"' in spec and '"field": "named"' in spec for spec in specs) == waterfalls
+    acceptance = [spec for spec in specs if '"field": "named"' in spec and '"title": "acceptance"' in spec]
+    assert len(acceptance) == waterfalls
+    # The split of decode speed beside it, drawn the same way.
+    speed = run.speed_split
+    assert speed is not None and speed["metric"] == "ms_per_token"
+    assert "Why decode speed changed" in [s.value for s in at.subheader] and speed["detail"]["summary"] in texts(at)
+    waterfalls = 1 + sum(any(p["detail"]["named"] for p in o["parts"]) for o in speed["workloads"].values())
+    assert sum('"title": "decode ms per token"' in spec for spec in specs) == waterfalls
     # And the runs' splits over time: the seeded store's one run, its change a point beside its parts.
     assert sum('"field": "part"' in spec and '"field": "change"' in spec for spec in specs) == 1
 

@@ -203,11 +203,11 @@ def test_thin_workloads_are_merged_into_other() -> None:
 @pytest.mark.parametrize(
     ("strata", "reason"),
     [
-        ([], "no drafted tokens in the reference window"),
-        ([Stratum(0, "chat", np.full(50, 10.0), np.full(50, 5.0))], "no drafted tokens in the current window"),
+        ([], "no drafts in the reference window"),
+        ([Stratum(0, "chat", np.full(50, 10.0), np.full(50, 5.0))], "no drafts in the current window"),
         (
             [Stratum(0, "chat", np.full(50, 10.0), np.full(50, 5.0)), Stratum(1, "chat", np.zeros(50), np.zeros(50))],
-            "no drafted tokens in the current window",
+            "no drafts in the current window",
         ),
         (
             [Stratum(k, c, np.full(9, 10.0), np.full(9, 5.0)) for k in (0, 1) for c in ("chat", "code")],

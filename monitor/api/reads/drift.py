@@ -1,4 +1,4 @@
-"""``GET /v1/drift``: the latest (or one) drift run's results, filtered, and its acceptance split; ``read`` scope."""
+"""``GET /v1/drift`` (``read`` scope): the latest (or one) run's results, filtered, its acceptance and speed splits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from monitor.api.auth import GuardedRoute, require
 from monitor.api.state import api_state
-from monitor.drift.queries import latest_results, latest_run, run_split
+from monitor.drift.queries import latest_results, latest_run, run_splits
 
 router = APIRouter(tags=["drift"], route_class=GuardedRoute)
 guard = require("read")
@@ -31,10 +31,11 @@ def get_drift(
     if run_id is None:  # resolve the run once, so that the id and the results agree
         newest = latest_run(engine)
         if newest is None:
-            return {"run_id": None, "results": [], "acceptance_split": None}
+            return {"run_id": None, "results": [], "acceptance_split": None, "speed_split": None}
         run_id = newest.run_id
     results = latest_results(
         engine, run_id=run_id, workload=workload, test=test, metric=metric, pair=pair, decision=decision
     )
     results_json = [stored.to_json() for stored in results]
-    return {"run_id": run_id, "results": results_json, "acceptance_split": run_split(engine, run_id)}
+    acceptance, speed = run_splits(engine, run_id)
+    return {"run_id": run_id, "results": results_json, "acceptance_split": acceptance, "speed_split": speed}
