@@ -1,4 +1,4 @@
-"""Why acceptance fell, staged on a real engine: a new system prompt in one workload behind the proxy.
+"""Why acceptance fell, staged on a real engine: a new system prompt in one workload behind the proxy; a mix shift.
 
 One real llama-server (smollm2-135m, the greedy n-gram drafter of test_engine_verdict.py) behind the
 sidecar. Two workloads of chat requests, each asking to repeat a list of words under a system prompt:
@@ -23,6 +23,7 @@ from decoder.models.fetch import fetch_preset
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.queries import list_alerts
 from monitor.api.app import create_app
+from monitor.drift.explain import sentence
 from monitor.drift.run import run_drift
 from monitor.store.engine import create_engine
 from tests.api.conftest import make_settings
@@ -103,5 +104,60 @@ def test_a_new_system_prompt_is_named_as_the_cause(tmp_path: Path) -> None:
         description = alert.annotations["description"]
         assert alert.labels["workload"] == "extract" and "within extract" in description, description
         assert f"from style ({new} 0 % -> " in description, description
+    finally:
+        engine.dispose()
+
+
+def test_a_mix_shift_is_named_as_the_mix(tmp_path: Path) -> None:
+    """(a) in the issue: the traffic moves towards a workload that accepts little, each workload's own rate stays.
+
+    ``lists`` asks to repeat a list (its drafts accepted), ``stories`` for a story (nearly none): 3 to 1 in
+    the reference window, 1 to 3 in the current one. The fall is the mix's, named as such and nothing within.
+    """
+    binary = require_binary()
+    model = fetch_preset("smollm2-135m", progress=False)
+    db_url = f"sqlite:///{tmp_path / 'draftwatch.db'}"
+    many = 21  # and a third as many of the other workload: 7, over drift.explain_min_requests (6)
+    with llama_server(model, *BASE_ARGS, *GREEDY_NGRAM, binary=binary) as engine_server:
+        settings = make_settings(
+            tmp_path,
+            db_url,
+            DRAFTWATCH_API_TOKENS="",
+            DRAFTWATCH_PROXY_UPSTREAM=engine_server.url,
+            DRAFTWATCH_DECODER_HOLDOUT_SHARE="0",
+            DRAFTWATCH_DRIFT_MIN_REQUESTS="6",
+            DRAFTWATCH_DRIFT_EXPLAIN_MIN_REQUESTS="6",
+        )
+        app = create_app(settings)
+        with serving(app) as url, httpx.Client(timeout=120) as client:
+            started = datetime.now(UTC)
+            for i in range(many):
+                ask(client, url, "lists", COPY, i)
+                if i % 3 == 0:
+                    ask(client, url, "stories", STORY, i)
+            boundary = next_minute(datetime.now(UTC))
+            time.sleep(max(0.0, (boundary - datetime.now(UTC)).total_seconds()) + 0.5)
+            for i in range(many):
+                ask(client, url, "stories", STORY, i)
+                if i % 3 == 0:
+                    ask(client, url, "lists", COPY, i)
+            assert app.state.api.recorder.flush(10)
+            ended = datetime.now(UTC)
+
+    engine = create_engine(db_url)
+    try:
+        current = next_minute(ended) - boundary
+        reference = boundary - started.replace(second=0, microsecond=0)
+        now = boundary + current - timedelta(seconds=1)
+        run = run_drift(engine, settings.drift, now, current=current, reference=reference)
+        e = run.explanation
+        assert e is not None and e.change is not None and e.change < -0.1, e
+        said = [(p.cause, p.workload, round(p.value, 3), p.named) for p in e.parts]
+        assert {(p.cause, p.workload) for p in e.named} == {("mix", None)}, said
+        mix = next(p for p in e.parts if p.cause == "mix")
+        assert mix.value / e.change > 0.7, said
+        # The sentence names the workload whose share moved the pooled rate most, either side of the move.
+        said_mix = sentence(e)
+        assert "from the mix moving away from lists (" in said_mix or "from the mix moving to stories (" in said_mix
     finally:
         engine.dispose()
