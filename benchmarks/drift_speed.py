@@ -8,10 +8,10 @@ on SQLite, COPY on PostgreSQL (a fresh database on 127.0.0.1:5432, dropped after
 per-minute rollups the run reads are then built in SQL from ``requests`` (``rollup_bins`` is not
 filled: drift runs do not read it). Two runs are timed per database: windows covering all rows
 (``--current 1d --reference 6d``: the worst case, every row is in a window) and the defaults
-(1h against the day before). Beside each, the acceptance split's share of the run (from the run's
-own log line; Level 1 only, since nothing changes in these streams), and what Level 2 costs for one
-workload (its factor read of both windows and its split), which a run pays for each workload whose
-within part is named.
+(1h against the day before). Beside each, the acceptance and speed splits' share of the run (from the
+run's own log line; Level 1 only, since nothing changes in these streams), and what Level 2 costs for
+one workload (its factor read of both windows and its split, of acceptance and of decode speed),
+which a run pays for each workload whose within part is named.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generated_rows import WITHOUT_SPANS
+from monitor.drift.explain import ACCEPTANCE, DECODE_SPEED, Metric
 from monitor.drift.explain_factors import split_within
 from monitor.drift.explain_read import factor_requests
 from monitor.drift.run import run_drift
@@ -50,13 +51,14 @@ from monitor.store.migrate import upgrade
 START = datetime(2026, 3, 1, tzinfo=UTC)
 HEADER = (
     "| database | windows | cache | run time (CPU of this process, load avg) | results | sampled (acceptance) "
-    "| of it the acceptance split | Level 2, a workload more |"
+    "| of it the acceptance and speed splits | Level 2, a workload more (acceptance / speed) |"
 )
 RULE = "| --- | --- | --- | --- | --- | --- | --- | --- |"
 SPLIT_NOTE = (
-    '"Of it the acceptance split": the split\'s seconds inside the run (its log line), Level 1 only, since nothing '
-    'changes in these streams. "Level 2, a workload more": its factor read of both windows and its split for one '
-    "workload, which a run adds for each workload whose within part is named."
+    '"Of it the acceptance and speed splits": their seconds inside the run (its log line), Level 1 only, since '
+    'nothing changes in these streams. "Level 2, a workload more": its factor read of both windows and its split '
+    "for one workload, of acceptance and of decode speed, which a run adds for each workload whose within part is "
+    "named."
 )
 DAYS = 7
 COLUMNS = WITHOUT_SPANS
@@ -196,19 +198,21 @@ def load_postgresql(dsn: str, data: dict[str, Any]) -> None:
 
 
 class SplitSeconds(logging.Handler):
-    """The acceptance split's seconds, from the drift run's own log line."""
+    """The acceptance and speed splits' seconds, from the drift run's own log line."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seconds = math.nan
 
     def emit(self, record: logging.LogRecord) -> None:
-        found = re.search(r"the acceptance split ([0-9.]+) s", record.getMessage())
+        found = re.search(r"the acceptance and speed splits ([0-9.]+) s", record.getMessage())
         if found:
             self.seconds = float(found.group(1))
 
 
-def level2_seconds(engine: Engine, now: datetime, current: timedelta | None, reference: timedelta | None) -> float:
+def level2_seconds(
+    engine: Engine, now: datetime, current: timedelta | None, reference: timedelta | None, metric: Metric
+) -> float:
     """Level 2 for one workload over the run's windows, as a run pays it for each workload whose within part is
     named (none is here: the stored streams do not change): its factor read of both windows and its split."""
     settings = DriftSettings()
@@ -216,7 +220,7 @@ def level2_seconds(engine: Engine, now: datetime, current: timedelta | None, ref
     t0 = time.perf_counter()
     with engine.connect() as conn:
         bounds = ((windows.ref_start, windows.ref_end), (windows.cur_start, windows.cur_end))
-        ref, cur = (factor_requests(conn, "wl00", a, b, settings.sample_size) for a, b in bounds)
+        ref, cur = (factor_requests(conn, "wl00", a, b, settings.sample_size, metric) for a, b in bounds)
     split_within((ref, cur), "wl00", 0.05, min_requests=30, n_boot=settings.n_boot, seed=0, fdr_level=0.01)
     return time.perf_counter() - t0
 
@@ -239,11 +243,12 @@ def time_runs(url: str, label: str) -> list[str]:
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             logger.removeHandler(split)
             tested = sum(r.n_ref + r.n_cur for r in run.results if r.test == "acceptance")
-            level1, level2 = split.seconds, level2_seconds(engine, now, current, reference)
+            level1 = split.seconds
+            level2 = [level2_seconds(engine, now, current, reference, metric) for metric in (ACCEPTANCE, DECODE_SPEED)]
             lines.append(
                 f"| {label} | {name} | {'cold' if attempt == 0 else 'warm'} | {elapsed:.2f} s ({cpu:.2f} s CPU, "
                 f"load {os.getloadavg()[0]:.1f}) | "
-                f"{len(run.results)} | {tested} | {level1:.2f} s | {level2:.2f} s |"
+                f"{len(run.results)} | {tested} | {level1:.2f} s | {level2[0]:.2f} s / {level2[1]:.2f} s |"
             )
             print(lines[-1], flush=True)
     engine.dispose()

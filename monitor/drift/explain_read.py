@@ -82,13 +82,20 @@ def drafting_totals(conn: Connection, ref_start: datetime, cur_start: datetime, 
 
 
 def split_strata(
-    conn: Connection, windows: Windows, sample_size: int, samples: Samples, metric: Metric = ACCEPTANCE
+    conn: Connection,
+    windows: Windows,
+    sample_size: int,
+    samples: Samples,
+    metric: Metric = ACCEPTANCE,
+    totals: Totals | None = None,
 ) -> list[Stratum]:
     """Every stratum with drafts in the windows; samples not in ``samples`` are read here.
 
     Acceptance strata carry the rollups' exact sums; decode-speed strata are their samples alone.
+    ``totals``: the windows' :func:`drafting_totals`, where the caller has read them for another split.
     """
-    totals = drafting_totals(conn, windows.ref_start, windows.cur_start, windows.cur_end)
+    if totals is None:
+        totals = drafting_totals(conn, windows.ref_start, windows.cur_start, windows.cur_end)
     keys = sorted({(workload, pair) for _, workload, pair in totals})
     pairs_of: dict[str, set[Pair]] = {}
     for workload, pair in keys:

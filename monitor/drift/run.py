@@ -32,7 +32,7 @@ from monitor.drift.detectors.scraped import scraped_tests
 from monitor.drift.detectors.traffic_mix import TrafficMixDrift
 from monitor.drift.explain import ACCEPTANCE, DECODE_SPEED, Explanation, Metric, explain, sentence
 from monitor.drift.explain_factors import Requests, split_named
-from monitor.drift.explain_read import factor_requests, sample_strata, split_strata
+from monitor.drift.explain_read import Totals, drafting_totals, factor_requests, sample_strata, split_strata
 from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, WindowCounts, sample_requests, window_counts
@@ -120,6 +120,8 @@ class _RunReads:
     plain: dict[tuple[str, datetime, datetime], Sample] = field(default_factory=dict)
     # Samples read over the default windows, by (workload, pair): the acceptance split uses them as they are.
     split: dict[tuple[str, Pair], tuple[Sample, Sample]] = field(default_factory=dict)
+    # The rollups' drafting sums over the default windows, read once for both splits.
+    totals: Totals | None = None
     # A workload tested over windows of its own (a pinned baseline, a version change, a widened current
     # window): those windows and each pair's samples there, split on their own so that its alert explains
     # the finding it reports rather than a comparison it did not make.
@@ -372,7 +374,9 @@ def _splits(
     conn: Connection, config: DriftSettings, base: Windows, seed: int, reads: _RunReads, metric: Metric
 ) -> tuple[Explanation, dict[str, tuple[Windows, Explanation]]]:
     """The run's split of ``metric`` over its windows, and each workload's over windows of its own."""
-    explanation = _explain(conn, config, base, seed, reads.split, metric)
+    if reads.totals is None:
+        reads.totals = drafting_totals(conn, base.ref_start, base.cur_start, base.cur_end)
+    explanation = _explain(conn, config, base, seed, reads.split, metric, reads.totals)
     own = {
         workload: (windows, _explain_own(conn, config, workload, windows, samples, seed, metric))
         for workload, (windows, samples) in reads.own.items()
@@ -396,8 +400,9 @@ def _explain(
     seed: int,
     samples: dict[tuple[str, Pair], tuple[Sample, Sample]],
     metric: Metric = ACCEPTANCE,
+    totals: Totals | None = None,
 ) -> Explanation:
-    strata = split_strata(conn, windows, config.sample_size, samples, metric)
+    strata = split_strata(conn, windows, config.sample_size, samples, metric, totals)
     explanation = explain(
         strata,
         min_requests=config.explain_min_requests,

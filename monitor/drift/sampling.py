@@ -22,7 +22,6 @@ import numpy as np
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
-from decoder.record import decode_ms_per_token
 from monitor.drift.stats import FloatArray
 from monitor.store.models import RequestRow, RollupMinuteRow
 from monitor.store.reads.results import Pair
@@ -87,21 +86,25 @@ class Sample:
 
     @property
     def decode_ms_per_token(self) -> FloatArray:
-        """Per request, :func:`decoder.record.decode_ms_per_token`; NaN where it is undefined."""
-        values = []
-        columns = (self.latency_ms, self.ttft_ms, self.output_tokens, self.decode_ms)
-        for latency, ttft, output, decode in zip(*columns, strict=True):
-            value = decode_ms_per_token(_known(latency), _known(ttft), int(output), _known(decode))
-            values.append(np.nan if value is None else value)
-        return np.array(values, dtype=float)
+        """Per request, :func:`decoder.record.decode_ms_per_token` over whole arrays; NaN where it is undefined.
+
+        >>> nan = float("nan")
+        >>> s = Sample(*(np.array(v) for v in (["speculative"] * 4, [0.0] * 4, [0.0] * 4, [9.0, 9.0, 1.0, 9.0],
+        ...     [10.0] * 4, [100.0, 50.0, 100.0, nan], [60.0, 80.0, 60.0, 10.0], [nan, nan, nan, 16.0], [nan] * 4)))
+        >>> [None if np.isnan(v) else float(v) for v in s.decode_ms_per_token]
+        [5.0, 0.0, None, 2.0]
+        >>> from decoder.record import decode_ms_per_token  # the same figure, request by request
+        >>> [decode_ms_per_token(100.0, 60.0, 9), decode_ms_per_token(50.0, 80.0, 9)]
+        [5.0, 0.0]
+        """
+        tokens = self.output_tokens - 1
+        spent = np.where(np.isnan(self.decode_ms), np.maximum(self.latency_ms - self.ttft_ms, 0.0), self.decode_ms)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.asarray(np.where(tokens >= 1, spent / tokens, np.nan), dtype=float)
 
     def where(self, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Sample:
         index = np.flatnonzero(mask)
         return Sample(**{name: getattr(self, name)[index] for name in self.__dataclass_fields__})
-
-
-def _known(value: float) -> float | None:
-    return None if np.isnan(value) else float(value)
 
 
 _COLUMNS = (
