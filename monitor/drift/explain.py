@@ -450,8 +450,11 @@ def _cause_phrase(p: Part, within: float, m: Metric) -> str:
             f"{_number_of(other['rate_cur'], m)} for {versus} in the same window"
         )
     moved = f"{lead} {_pct(cell['share_ref'])} -> {_pct(cell['share_cur'])} of {m.tokens}"
-    if p.cause in ("version", "health"):
-        return f"{amount} coinciding with a change of {p.cause} ({moved}, not side by side)"
+    if p.cause == "version":
+        return f"{amount} coinciding with a change of version ({moved}, not side by side)"
+    if p.cause == "health":
+        # Not identified: no other replica, nor the same one restarted, served beside it to tell age from load.
+        return f"{amount} coinciding with uptime and KV use together ({moved}, no replica beside it to tell them apart)"
     return f"{amount} from {p.cause} ({moved}, {m.title.lower()} {_number_of(cell['rate'], m)} there)"
 
 

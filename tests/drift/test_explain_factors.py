@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sqlalchemy.engine import Engine
 
-from monitor.drift.explain import Part, sentence
+from monitor.drift.explain import Explanation, Part, sentence
 from monitor.drift.explain_factors import RequestFactors, Requests, label_requests, split_within
 from monitor.drift.run import run_drift
 from tests.drift.conftest import store
@@ -102,8 +102,6 @@ def test_a_full_switch_of_version_only_coincides() -> None:
     # Every request of each window has one version: the whole drop sits in the version's cells.
     assert named(parts) == {"version"} and not version.detail["same_window"]
     within = Part("within", "code", version.value, None, None, True, 0.0, {"rate_ref": 0.66, "rate_cur": 0.45})
-    from monitor.drift.explain import Explanation
-
     e = Explanation(version.value, None, None, 0.66, 0.45, (within,)).with_split(within, parts)
     said = sentence(e)
     assert "coinciding with a change of version (model m, drafter d" in said and "same window" not in said
@@ -154,6 +152,16 @@ def test_a_replica_that_decays_with_uptime_is_named_health() -> None:
     parts = split(window(rng, [(800, 0.7, fresh)]), window(rng, [(800, 0.45, aged)]))
     health = next(p for p in parts if p.cause == "health")
     assert named(parts) == {"health"} and health.detail["lead"] == "replica r1, up 6-24 h, KV cache under 0.6"
+    # One replica, aged from one window to the next: not identified, so said as uptime and KV use together.
+    within = Part("within", "code", health.value, None, None, True, 0.0, {"rate_ref": 0.7, "rate_cur": 0.45})
+    said = sentence(Explanation(health.value, None, None, 0.7, 0.45, (within,)).with_split(within, parts))
+    assert "coinciding with uptime and KV use together (replica r1, up 6-24 h, KV cache under 0.6 0 % -> 100 %" in said
+    # The same replica restarted beside its aged self in the current window: identified, said as an effect.
+    cur = window(rng, [(500, 0.45, aged), (500, 0.7, fresh)])
+    parts = split(window(rng, [(800, 0.7, fresh)]), cur)
+    health = next(p for p in parts if p.cause == "health")
+    said = sentence(Explanation(health.value, None, None, 0.7, 0.6, (within,)).with_split(within, parts))
+    assert health.detail["same_window"] and "from health: replica r1, up 6-24 h, KV cache under 0.6 at 0.4" in said
     full = label_requests(np.array([10.0]), np.array([5.0]), [BASE._replace(
         engine_version="b11434", replica_uptime_s=90_000.0, kv_cache_use=0.9, cached_prompt_tokens=150)])  # fmt: skip
     assert full.labels["health"] == ["replica r1, up a day or more, KV cache 0.8 or more, prefix cache half or more"]
