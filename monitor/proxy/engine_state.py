@@ -17,6 +17,8 @@ class EngineState:
     started_from: UptimeFrom | None = None
     kv_use: float | None = None
     answering: bool = False
+    # The stack whose endpoint named the version last: asked first next time, not after the others' 404s.
+    version_from: str | None = None
 
     def fields(self, at: float) -> dict[str, Any]:
         """The record's fields for a request that started at ``at`` (seconds since the epoch)."""

@@ -7,7 +7,8 @@ engine does not give stays empty.
 
 * **Version**: llama.cpp ``GET /props`` (``build_info``, e.g. ``b11434-unknown``), vLLM ``GET /version``
   (``version``), SGLang ``GET /get_server_info`` (``version``): the configured stack's first (with
-  ``proxy.kind = auto`` the one the member's answers were read as), then the others until one answers.
+  ``proxy.kind = auto`` the one the member's answers were read as), then the others until one answers;
+  the one that answered is asked first from then on.
 * **Start**: ``process_start_time_seconds`` of the replica's ``/metrics`` (prometheus_client's process
   collector, which vLLM and SGLang expose; ``uptime_from = process``); where it is absent (llama.cpp),
   the first time this sidecar read the replica (``first_sight``), taken again after the replica stopped
@@ -51,12 +52,14 @@ async def read_member(client: httpx.AsyncClient, member: Member, kind: str, now:
     """Read one member's version and /metrics into ``member.engine``; False when it answered neither."""
     base = member.upstream.url.rstrip("/")
     stack = kind if kind != "auto" else member.stack
-    # The stack first, then the others: SGLang's OpenAI answers read as vLLM's, and only its own endpoint names it.
-    order = sorted(VERSIONS, key=lambda name: name != stack)
+    # The endpoint that answered last, then the stack's, then the others: SGLang's OpenAI answers read as
+    # vLLM's, and only its own endpoint names it.
+    order = sorted(VERSIONS, key=lambda name: (name != member.engine.version_from, name != stack))
     version = None
     for name in order:
         version = await _version(client, base, name)
         if version is not None:
+            member.engine.version_from = name
             break
     start, kv_use, metrics = await _metrics(client, base)
     if version is None and not metrics:

@@ -40,6 +40,7 @@ class Stack:
         self.version = "0.11.2" if kind == "vllm" else "0.5.1"
         self.down = False
         self.answered = 0
+        self.asked_version = 0  # GET /version, vLLM's endpoint
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -58,6 +59,7 @@ class Stack:
                              "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})  # fmt: skip
 
     async def _version(self, _request: Request) -> Response:
+        self.asked_version += 1
         if self.down or self.kind != "vllm":
             return Response(status_code=404 if not self.down else 503)
         return JSONResponse({"version": self.version})
@@ -134,6 +136,11 @@ def test_sglang_gives_its_version_and_kv_use_and_is_timed_from_first_sight(tmp_p
         wait_read(app, lambda e: e.version == "0.5.2")
         ask(url)
         assert next(iter(app.state.api.router.members())).up
+        # SGLang's own endpoint named it: the reads after the first ask it first, not vLLM's /version before it.
+        asked = stack.asked_version
+        wait_read(app, lambda e: e.version_from == "sglang")
+        time.sleep(1.0)  # five reads more
+        assert stack.asked_version == asked
         flushed(app)
     first, gone, back = sorted(rows(db_url), key=lambda r: r["ts_start"])
     assert (first["engine_version"], first["uptime_from"], first["kv_cache_use"]) == ("0.5.1", "first_sight", 0.7)
