@@ -75,6 +75,10 @@ class Metric:
     floor: float  # a smaller part is never named; relative: times the reference window's rate
     relative_floor: bool
 
+    def floor_at(self, rate_ref: float | None) -> float:
+        """The smallest part named, in the metric's units, for a reference window at ``rate_ref``."""
+        return self.floor * (rate_ref if self.relative_floor and rate_ref is not None else 1.0)
+
 
 ACCEPTANCE: Final = Metric("acceptance", "Acceptance", "drafts", True, 2, "", NAMED_FLOOR, False)
 # 1 % of the reference's ms per token: a 0.2 ms move of a 20 ms token is not what anyone needs paged about.
@@ -135,7 +139,11 @@ class Explanation:
     parts: tuple[Part, ...]
     requests: tuple[int, int] = (0, 0)
     metric: Metric = ACCEPTANCE
-    floor: float = NAMED_FLOOR  # the smallest part named, in the metric's units
+
+    @property
+    def floor(self) -> float:
+        """The smallest part named, in the metric's units."""
+        return self.metric.floor_at(self.rate_ref)
 
     @property
     def named(self) -> list[Part]:
@@ -221,7 +229,7 @@ def explain(
     change = rate[1] - rate[0]
     rates = (float(rate[0, 0]), float(rate[1, 0]))
     pair = (requests[0], requests[1])
-    floor = metric.floor * (rates[0] if metric.relative_floor else 1.0)
+    floor = metric.floor_at(rates[0])
     if not good:
         reason = f"every workload has fewer than {min_requests} requests in a window"
         return not_split(reason, change[0], rates, pair, metric)
@@ -257,13 +265,18 @@ def explain(
         low, high = interval(rest[1:], ci_level)
         parts.append(Part("unexplained", None, float(rest[0]), low, high, detail={"reason": reason}))
     low, high = interval(change[1:], ci_level)
-    return Explanation(float(change[0]), low, high, rates[0], rates[1], tuple(parts), pair, metric, floor)
+    return Explanation(float(change[0]), low, high, rates[0], rates[1], tuple(parts), pair, metric)
+
+
+def usable(d: FloatArray, a: FloatArray, bounded: bool) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Requests with a finite, positive token count ``d`` and a finite numerator ``a`` in [0, d] ([0, ∞) unbounded)."""
+    return np.asarray(np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & ((a <= d) | (not bounded)))
 
 
 def _clean(s: Stratum, bounded: bool = True) -> Stratum:
-    """Requests with a finite, positive token count and a finite numerator in [0, tokens] ([0, ∞) unbounded)."""
+    """The stratum's :func:`usable` requests; its totals only where they can be its sums."""
     d, a = np.asarray(s.drafted, dtype=float), np.asarray(s.accepted, dtype=float)
-    keep = np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & ((a <= d) | (not bounded))
+    keep = usable(d, a, bounded)
     totals = s.totals
     fits = totals is not None and all(map(math.isfinite, totals)) and totals[1] > 0 and totals[0] >= 0
     if totals is not None and not (fits and (totals[0] <= totals[1] or not bounded)):

@@ -51,7 +51,7 @@ import numpy as np
 from scipy import sparse
 from scipy import stats as st
 
-from monitor.drift.explain import NAMED_FLOOR, Cause, Explanation, Part, interval
+from monitor.drift.explain import NAMED_FLOOR, Cause, Explanation, Part, interval, usable
 from monitor.drift.result import benjamini_hochberg
 from monitor.drift.stats import FloatArray
 
@@ -123,7 +123,7 @@ def label_requests(
     ``bounded``: the numerator never exceeds the tokens (acceptance; not decode ms).
     """
     d, a = np.asarray(drafted, dtype=float), np.asarray(accepted, dtype=float)
-    keep = np.isfinite(d) & np.isfinite(a) & (d > 0) & (a >= 0) & ((a <= d) | (not bounded))
+    keep = usable(d, a, bounded)
     kept = [r for r, k in zip(rows, keep, strict=True) if k]
     return Requests(d[keep], a[keep], {group: [_LABEL[group](r) for r in kept] for group in groups})
 
@@ -245,7 +245,7 @@ def split_within(
         return []
     groups = list(windows[0].labels)
     sums = _sums(windows, n_boot, seed)
-    varying = [g for g in range(len(groups)) if len(np.unique(sums.codes[:, g])) > 1]
+    varying = [g for g in range(len(groups)) if len(sums.names[g]) > 1]
     value = {0: np.zeros(1 + n_boot)}
     for size in range(1, len(varying) + 1):
         for subset in combinations(varying, size):
@@ -356,7 +356,7 @@ def _cells_of(
     them, and every group that fragments the cells would seem to take part of the change back.
     """
     counts = sums.requests.sum(axis=0)
-    order = sorted(groups, key=lambda g: (-len(np.unique(sums.codes[:, g])), g))
+    order = sorted(groups, key=lambda g: (-len(sums.names[g]), g))
     columns = list(groups)
     key = np.full((len(counts), len(columns)), -1, dtype=np.int64)
     pending = np.arange(len(counts))

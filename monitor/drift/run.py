@@ -390,7 +390,7 @@ def _sentences(explanation: Explanation, own: dict[str, tuple[Windows, Explanati
 
 
 def _split_seed(seed: int, metric: Metric, *parts: str) -> int:
-    return _seed(seed, "acceptance_split" if metric == ACCEPTANCE else f"{metric.key}_split", *parts)
+    return _seed(seed, f"{metric.key}_split", *parts)
 
 
 def _explain(
