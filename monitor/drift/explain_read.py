@@ -10,19 +10,18 @@ drafting requests (:func:`factor_requests`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
 import numpy as np
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.engine import Connection
 
-from decoder.record import decode_ms_per_token
 from monitor.drift.explain import ACCEPTANCE, DECODE_SPEED, Metric, Stratum
 from monitor.drift.explain_factors import SPEED_GROUPS, RequestFactors, Requests, label_requests
-from monitor.drift.sampling import HASH_MODULUS, HASH_MULTIPLIER, Sample, sample_requests
+from monitor.drift.sampling import HASH_MODULUS, HASH_MULTIPLIER, Sample, decode_ms_per_token_of, sample_requests
+from monitor.drift.stats import FloatArray
 from monitor.drift.windows import Windows
 from monitor.store.models import RequestRow, RollupMinuteRow
 from monitor.store.reads.results import Pair
@@ -82,25 +81,19 @@ def drafting_totals(conn: Connection, ref_start: datetime, cur_start: datetime, 
 
 
 def split_strata(
-    conn: Connection,
-    windows: Windows,
-    sample_size: int,
-    samples: Samples,
-    metric: Metric = ACCEPTANCE,
-    totals: Totals | None = None,
-) -> list[Stratum]:
-    """Every stratum with drafts in the windows; samples not in ``samples`` are read here.
+    conn: Connection, windows: Windows, sample_size: int, samples: Samples, metrics: Sequence[Metric]
+) -> dict[Metric, list[Stratum]]:
+    """Every stratum with drafts in the windows, for each of ``metrics``; samples not in ``samples`` are
+    read here, once for all of them.
 
     Acceptance strata carry the rollups' exact sums; decode-speed strata are their samples alone.
-    ``totals``: the windows' :func:`drafting_totals`, where the caller has read them for another split.
     """
-    if totals is None:
-        totals = drafting_totals(conn, windows.ref_start, windows.cur_start, windows.cur_end)
+    totals = drafting_totals(conn, windows.ref_start, windows.cur_start, windows.cur_end)
     keys = sorted({(workload, pair) for _, workload, pair in totals})
     pairs_of: dict[str, set[Pair]] = {}
     for workload, pair in keys:
         pairs_of.setdefault(workload, set()).add(pair)
-    strata = []
+    strata: dict[Metric, list[Stratum]] = {metric: [] for metric in metrics}
     for workload, pair in keys:
         given = samples.get((workload, pair))
         bounds = ((windows.ref_start, windows.ref_end), (windows.cur_start, windows.cur_end))
@@ -112,11 +105,9 @@ def split_strata(
             sample = given[k] if given is not None else None
             if sample is None:
                 sample = sample_requests(conn, workload, pair, start, end, sample_size, only_pair=only_pair)
-            if metric == DECODE_SPEED:
-                strata.append(_speed_stratum(k, workload, sample))
-                continue
-            drafting = _drafting(sample)
-            strata.append(Stratum(k, workload, drafting.drafted, drafting.accepted, n, (accepted, drafted)))
+            for metric in metrics:
+                exact = (n, (accepted, drafted)) if metric == ACCEPTANCE else (None, None)
+                strata[metric].append(Stratum(k, workload, *ratio(sample, metric), *exact))
     return strata
 
 
@@ -126,29 +117,21 @@ def sample_strata(
     """The strata of one workload from its (reference, current) samples alone, one pair each.
 
     For windows of the workload's own (a pinned baseline, a version change), which the rollups'
-    minute buckets cannot cut exactly, and for decode speed, which the rollups do not sum per
-    request: the samples stand for the windows.
+    minute buckets cannot cut exactly: the samples stand for the windows.
     """
-    strata = []
-    for pair_samples in samples:
-        for k, sample in enumerate(pair_samples):
-            if metric == DECODE_SPEED:
-                strata.append(_speed_stratum(k, workload, sample))
-            else:
-                drafting = _drafting(sample)
-                strata.append(Stratum(k, workload, drafting.drafted, drafting.accepted))
+    strata = [Stratum(k, workload, *ratio(sample, metric)) for pair in samples for k, sample in enumerate(pair)]
     return [s for s in strata if len(s.drafted)]
 
 
-def _speed_stratum(window: int, workload: str, sample: Sample) -> Stratum:
-    """Decode tokens (output − 1) and decode ms of the sample's speculative requests (NaN where unknown)."""
-    spec = sample.where(sample.mode == "speculative")
-    tokens = spec.output_tokens - 1
-    return Stratum(window, workload, tokens, spec.decode_ms_per_token * tokens)
-
-
-def _drafting(sample: Sample) -> Sample:
-    return sample.where((sample.mode == "speculative") & (sample.drafted > 0))
+def ratio(sample: Sample, metric: Metric) -> tuple[FloatArray, FloatArray]:
+    """The requests of ``sample`` that ``metric`` counts, as (tokens, numerator): drafting requests' drafted
+    and accepted tokens, or speculative requests' decode tokens (output − 1) and decode ms (NaN where unknown)."""
+    if metric == DECODE_SPEED:
+        spec = sample.where(sample.mode == "speculative")
+        tokens = spec.output_tokens - 1
+        return tokens, spec.decode_ms_per_token * tokens
+    drafting = sample.where((sample.mode == "speculative") & (sample.drafted > 0))
+    return drafting.drafted, drafting.accepted
 
 
 def factor_requests(
@@ -165,7 +148,8 @@ def factor_requests(
     r = RequestRow
     hashed = ((r.id % HASH_MODULUS) * HASH_MULTIPLIER) % HASH_MODULUS
     speed = metric == DECODE_SPEED
-    measured = (r.output_tokens >= 2, r.latency_ms.is_not(None)) if speed else (r.num_draft_tokens > 0,)
+    timed = or_(r.latency_ms.is_not(None), r.decode_ms.is_not(None))
+    measured = (r.output_tokens >= 2, timed) if speed else (r.num_draft_tokens > 0,)
     kept = (
         r.workload == workload,
         r.ts_start >= start,
@@ -183,9 +167,7 @@ def factor_requests(
         drafted = np.array([f.drafted for f in factors], dtype=float)
         accepted = np.array([f.accepted for f in factors], dtype=float)
         return label_requests(drafted, accepted, factors)
-    tokens = np.array([f.output_tokens - 1 for f in factors], dtype=float)
-    per_token = [
-        decode_ms_per_token(row[0], row[1], f.output_tokens, row[2]) for row, f in zip(rows, factors, strict=True)
-    ]
-    ms = np.array([math.nan if v is None else v for v in per_token], dtype=float) * tokens
-    return label_requests(tokens, ms, factors, SPEED_GROUPS, bounded=False)
+    latency, ttft, decode = (np.array([row[i] for row in rows], dtype=float) for i in range(3))  # None: NaN
+    output = np.array([f.output_tokens for f in factors], dtype=float)
+    ms = decode_ms_per_token_of(latency, ttft, output, decode) * (output - 1)
+    return label_requests(output - 1, ms, factors, SPEED_GROUPS, bounded=False)

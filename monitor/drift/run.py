@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,9 +30,9 @@ from monitor.drift.detectors.online import update_detector
 from monitor.drift.detectors.prompt_length import PromptLengthShift
 from monitor.drift.detectors.scraped import scraped_tests
 from monitor.drift.detectors.traffic_mix import TrafficMixDrift
-from monitor.drift.explain import ACCEPTANCE, DECODE_SPEED, Explanation, Metric, explain, sentence
+from monitor.drift.explain import ACCEPTANCE, DECODE_SPEED, Explanation, Metric, Stratum, explain, sentence
 from monitor.drift.explain_factors import Requests, split_named
-from monitor.drift.explain_read import Totals, drafting_totals, factor_requests, sample_strata, split_strata
+from monitor.drift.explain_read import factor_requests, sample_strata, split_strata
 from monitor.drift.models import DriftResultRow, DriftRunRow
 from monitor.drift.result import DriftResult, apply_bh
 from monitor.drift.sampling import Sample, WindowCounts, sample_requests, window_counts
@@ -120,8 +120,6 @@ class _RunReads:
     plain: dict[tuple[str, datetime, datetime], Sample] = field(default_factory=dict)
     # Samples read over the default windows, by (workload, pair): the acceptance split uses them as they are.
     split: dict[tuple[str, Pair], tuple[Sample, Sample]] = field(default_factory=dict)
-    # The rollups' drafting sums over the default windows, read once for both splits.
-    totals: Totals | None = None
     # A workload tested over windows of its own (a pinned baseline, a version change, a widened current
     # window): those windows and each pair's samples there, split on their own so that its alert explains
     # the finding it reports rather than a comparison it did not make.
@@ -346,8 +344,7 @@ def run_drift(
                 results.append(found.replace(workload=workload, pair=pair.label))
         results += scraped_tests(conn, config, base)
         split_started = time.perf_counter()
-        explanation, own = _splits(conn, config, base, seed, reads, ACCEPTANCE)
-        speed, own_speed = _splits(conn, config, base, seed, reads, DECODE_SPEED)
+        (explanation, own), (speed, own_speed) = _splits(conn, config, base, seed, reads, (ACCEPTANCE, DECODE_SPEED))
         split_s = time.perf_counter() - split_started
         # An alert's description is built from its results: each acceptance (decode speed) result carries
         # the sentence of its split, over the windows its own test compared.
@@ -371,17 +368,20 @@ def run_drift(
 
 
 def _splits(
-    conn: Connection, config: DriftSettings, base: Windows, seed: int, reads: _RunReads, metric: Metric
-) -> tuple[Explanation, dict[str, tuple[Windows, Explanation]]]:
-    """The run's split of ``metric`` over its windows, and each workload's over windows of its own."""
-    if reads.totals is None:
-        reads.totals = drafting_totals(conn, base.ref_start, base.cur_start, base.cur_end)
-    explanation = _explain(conn, config, base, seed, reads.split, metric, reads.totals)
-    own = {
-        workload: (windows, _explain_own(conn, config, workload, windows, samples, seed, metric))
-        for workload, (windows, samples) in reads.own.items()
-    }
-    return explanation, own
+    conn: Connection, config: DriftSettings, base: Windows, seed: int, reads: _RunReads, metrics: Sequence[Metric]
+) -> list[tuple[Explanation, dict[str, tuple[Windows, Explanation]]]]:
+    """Per metric, the run's split over its windows and each workload's over windows of its own."""
+    strata = split_strata(conn, base, config.sample_size, reads.split, metrics)
+    return [
+        (
+            _explain(conn, config, base, seed, strata[metric], metric),
+            {
+                workload: (windows, _explain_own(conn, config, workload, windows, samples, seed, metric))
+                for workload, (windows, samples) in reads.own.items()
+            },
+        )
+        for metric in metrics
+    ]
 
 
 def _sentences(explanation: Explanation, own: dict[str, tuple[Windows, Explanation]]) -> dict[str | None, str]:
@@ -394,15 +394,9 @@ def _split_seed(seed: int, metric: Metric, *parts: str) -> int:
 
 
 def _explain(
-    conn: Connection,
-    config: DriftSettings,
-    windows: Windows,
-    seed: int,
-    samples: dict[tuple[str, Pair], tuple[Sample, Sample]],
-    metric: Metric = ACCEPTANCE,
-    totals: Totals | None = None,
+    conn: Connection, config: DriftSettings, windows: Windows, seed: int, strata: list[Stratum], metric: Metric
 ) -> Explanation:
-    strata = split_strata(conn, windows, config.sample_size, samples, metric, totals)
+    """The split of ``metric`` over the strata, then Level 2 where a workload's within part is named."""
     explanation = explain(
         strata,
         min_requests=config.explain_min_requests,
@@ -493,7 +487,8 @@ def explain_drift(
     windows = rolling_windows(now, current or config.current_window, reference or config.reference_window)
     with engine.connect() as conn:
         if workload is None:
-            return windows, _explain(conn, config, windows, seed, {}, metric)
+            strata = split_strata(conn, windows, config.sample_size, {}, (metric,))[metric]
+            return windows, _explain(conn, config, windows, seed, strata, metric)
         reads = _RunReads()
         counts = window_counts(conn, windows.ref_start, windows.cur_start, windows.cur_end)
         for name, pair, only_pair in _pairs(counts):
@@ -502,7 +497,8 @@ def explain_drift(
         if workload in reads.own:
             own, samples = reads.own[workload]
             return own, _explain_own(conn, config, workload, own, samples, seed, metric)
-        return windows, _explain(conn, config, windows, seed, dict(reads.split), metric).for_workload(workload)
+        strata = split_strata(conn, windows, config.sample_size, reads.split, (metric,))[metric]
+        return windows, _explain(conn, config, windows, seed, strata, metric).for_workload(workload)
 
 
 def _store(conn: Connection, run: DriftRun, config: DriftSettings) -> None:

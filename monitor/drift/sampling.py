@@ -86,25 +86,32 @@ class Sample:
 
     @property
     def decode_ms_per_token(self) -> FloatArray:
-        """Per request, :func:`decoder.record.decode_ms_per_token` over whole arrays; NaN where it is undefined.
-
-        >>> nan = float("nan")
-        >>> s = Sample(*(np.array(v) for v in (["speculative"] * 4, [0.0] * 4, [0.0] * 4, [9.0, 9.0, 1.0, 9.0],
-        ...     [10.0] * 4, [100.0, 50.0, 100.0, nan], [60.0, 80.0, 60.0, 10.0], [nan, nan, nan, 16.0], [nan] * 4)))
-        >>> [None if np.isnan(v) else float(v) for v in s.decode_ms_per_token]
-        [5.0, 0.0, None, 2.0]
-        >>> from decoder.record import decode_ms_per_token  # the same figure, request by request
-        >>> [decode_ms_per_token(100.0, 60.0, 9), decode_ms_per_token(50.0, 80.0, 9)]
-        [5.0, 0.0]
-        """
-        tokens = self.output_tokens - 1
-        spent = np.where(np.isnan(self.decode_ms), np.maximum(self.latency_ms - self.ttft_ms, 0.0), self.decode_ms)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.asarray(np.where(tokens >= 1, spent / tokens, np.nan), dtype=float)
+        """Per request, :func:`decode_ms_per_token_of`; NaN where it is undefined."""
+        return decode_ms_per_token_of(self.latency_ms, self.ttft_ms, self.output_tokens, self.decode_ms)
 
     def where(self, mask: np.ndarray[Any, np.dtype[np.bool_]]) -> Sample:
         index = np.flatnonzero(mask)
         return Sample(**{name: getattr(self, name)[index] for name in self.__dataclass_fields__})
+
+
+def decode_ms_per_token_of(
+    latency_ms: FloatArray, ttft_ms: FloatArray, output_tokens: FloatArray, decode_ms: FloatArray
+) -> FloatArray:
+    """:func:`decoder.record.decode_ms_per_token` over whole arrays (NaN for an unknown figure); NaN where undefined.
+
+    >>> nan = float("nan")
+    >>> ms = decode_ms_per_token_of(*(np.array(v) for v in ([100.0, 50.0, 100.0, nan], [60.0, 80.0, 60.0, 10.0],
+    ...                                                        [9.0, 9.0, 1.0, 9.0], [nan, nan, nan, 16.0])))
+    >>> [None if np.isnan(v) else float(v) for v in ms]
+    [5.0, 0.0, None, 2.0]
+    >>> from decoder.record import decode_ms_per_token  # the same figure, request by request
+    >>> [decode_ms_per_token(100.0, 60.0, 9), decode_ms_per_token(50.0, 80.0, 9)]
+    [5.0, 0.0]
+    """
+    tokens = output_tokens - 1
+    spent = np.where(np.isnan(decode_ms), np.maximum(latency_ms - ttft_ms, 0.0), decode_ms)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(np.where(tokens >= 1, spent / tokens, np.nan), dtype=float)
 
 
 _COLUMNS = (

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,9 +16,11 @@ from sqlalchemy.engine import Engine
 
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.models import AlertRow
+from monitor.drift import explain_read
 from monitor.drift.explain import NOT_SPLIT, Explanation, Stratum, explain, sentence
 from monitor.drift.queries import latest_run, pin_baseline
 from monitor.drift.run import explain_drift, run_drift
+from monitor.drift.sampling import sample_requests
 from tests.alerting import make_settings
 from tests.drift.conftest import store
 from tests.drift.records import window_stream
@@ -306,7 +309,9 @@ def test_drift_run_names_a_mix_shift(engine: Engine) -> None:
     assert "from the mix moving away from code (25 % -> 5 % of drafts)" in sentence(run.explanation)
 
 
-def test_a_pinned_workload_is_split_over_its_own_windows(engine: Engine, tmp_path: Path) -> None:
+def test_a_pinned_workload_is_split_over_its_own_windows(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Code falls from 0.8 to 0.6 six hours in; its baseline is pinned to those six hours. The rolling
     # reference (the whole day) is mostly after the fall: split over it, code would have barely moved.
     fall = T0 + timedelta(hours=6)
@@ -316,7 +321,17 @@ def test_a_pinned_workload_is_split_over_its_own_windows(engine: Engine, tmp_pat
     store(engine, records)
     pin_baseline(engine, "code", at=fall, length=timedelta(hours=6))
     settings = make_settings(tmp_path, engine.url.render_as_string(hide_password=False))
+    # The run-wide splits (acceptance and decode speed) read code's samples over the run's windows, which its
+    # own tests did not: once for both, one per window.
+    read: list[tuple[str | None, datetime]] = []
+
+    def counted(conn: Any, workload: str | None, pair: Any, start: datetime, *args: Any, **kwargs: Any) -> Any:
+        read.append((workload, start))
+        return sample_requests(conn, workload, pair, start, *args, **kwargs)
+
+    monkeypatch.setattr(explain_read, "sample_requests", counted)
     run = run_drift(engine, settings.drift, NOW, current=timedelta(hours=1), reference=timedelta(hours=24))
+    assert sorted(read) == [("code", T0), ("code", CUR)]
 
     def rate(start: datetime, end: datetime) -> float:
         kept = [r for r in records if r.workload == "code" and start <= r.ts_start < end]
