@@ -13,18 +13,23 @@ and name nothing about steady. The windows are cut at a minute boundary, as the 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
+from sqlalchemy.engine import Engine
 
 from decoder.models.fetch import fetch_preset
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.alerts.queries import list_alerts
 from monitor.api.app import create_app
+from monitor.config import Settings
 from monitor.drift.explain import sentence
-from monitor.drift.run import run_drift
+from monitor.drift.run import DriftRun, run_drift
 from monitor.store.engine import create_engine
 from tests.api.conftest import make_settings
 from tests.proxy.test_engine_verdict import GREEDY_NGRAM, WORDS
@@ -50,11 +55,24 @@ def next_minute(t: datetime) -> datetime:
     return t.replace(second=0, microsecond=0) + timedelta(minutes=1)
 
 
-def test_a_new_system_prompt_is_named_as_the_cause(tmp_path: Path) -> None:
-    binary = require_binary()
+# One request to send: (workload, system prompt, index of the list's last word).
+Ask = tuple[str, str, int]
+
+
+class Staged(NamedTuple):
+    run: DriftRun
+    engine: Engine
+    settings: Settings
+    now: datetime
+
+
+@contextmanager
+def staged(tmp_path: Path, before: Sequence[Ask], after: Sequence[Ask], min_requests: int) -> Iterator[Staged]:
+    """``before`` and then ``after`` sent through the sidecar to a real llama-server, either side of a minute
+    boundary (the rollups' cut); the drift run over exactly those two windows, and its store."""
     model = fetch_preset("smollm2-135m", progress=False)
     db_url = f"sqlite:///{tmp_path / 'draftwatch.db'}"
-    with llama_server(model, *BASE_ARGS, *GREEDY_NGRAM, binary=binary) as engine_server:
+    with llama_server(model, *BASE_ARGS, *GREEDY_NGRAM, binary=require_binary()) as engine_server:
         settings = make_settings(
             tmp_path,
             db_url,
@@ -62,29 +80,38 @@ def test_a_new_system_prompt_is_named_as_the_cause(tmp_path: Path) -> None:
             DRAFTWATCH_PROXY_UPSTREAM=engine_server.url,
             DRAFTWATCH_DECODER_HOLDOUT_SHARE="0",
             # Lowered from 30 so that one short run decides; each window holds this run alone.
-            DRAFTWATCH_DRIFT_MIN_REQUESTS="10",
-            DRAFTWATCH_DRIFT_EXPLAIN_MIN_REQUESTS="8",
+            DRAFTWATCH_DRIFT_MIN_REQUESTS=str(min_requests),
+            DRAFTWATCH_DRIFT_EXPLAIN_MIN_REQUESTS=str(min_requests),
         )
         app = create_app(settings)
         with serving(app) as url, httpx.Client(timeout=120) as client:
             started = datetime.now(UTC)
-            for i in range(PER_PHASE):
-                ask(client, url, "extract", COPY, i)
-                ask(client, url, "steady", COPY, i)
+            for request in before:
+                ask(client, url, *request)
             boundary = next_minute(datetime.now(UTC))
             time.sleep(max(0.0, (boundary - datetime.now(UTC)).total_seconds()) + 0.5)
-            for i in range(PER_PHASE):
-                ask(client, url, "extract", COPY if i % 3 == 2 else STORY, i)
-                ask(client, url, "steady", COPY, i)
+            for request in after:
+                ask(client, url, *request)
             assert app.state.api.recorder.flush(10)
             ended = datetime.now(UTC)
-
     engine = create_engine(db_url)
     try:
         current = next_minute(ended) - boundary
         reference = boundary - started.replace(second=0, microsecond=0)
         now = boundary + current - timedelta(seconds=1)
         run = run_drift(engine, settings.drift, now, current=current, reference=reference)
+        yield Staged(run, engine, settings, now)
+    finally:
+        engine.dispose()
+
+
+def test_a_new_system_prompt_is_named_as_the_cause(tmp_path: Path) -> None:
+    before = [(workload, COPY, i) for i in range(PER_PHASE) for workload in ("extract", "steady")]
+    # In the current window two of every three extract requests carry the new system prompt.
+    after = [
+        (w, COPY if w == "steady" or i % 3 == 2 else STORY, i) for i in range(PER_PHASE) for w in ("extract", "steady")
+    ]
+    with staged(tmp_path, before, after, min_requests=8) as (run, engine, settings, now):
         e = run.explanation
         assert e is not None and e.change is not None and e.change < -0.1, e
         parts = {(p.cause, p.workload): p for p in e.parts}
@@ -104,8 +131,6 @@ def test_a_new_system_prompt_is_named_as_the_cause(tmp_path: Path) -> None:
         description = alert.annotations["description"]
         assert alert.labels["workload"] == "extract" and "within extract" in description, description
         assert f"from style ({new} 0 % -> " in description, description
-    finally:
-        engine.dispose()
 
 
 def test_a_mix_shift_is_named_as_the_mix(tmp_path: Path) -> None:
@@ -114,42 +139,11 @@ def test_a_mix_shift_is_named_as_the_mix(tmp_path: Path) -> None:
     ``lists`` asks to repeat a list (its drafts accepted), ``stories`` for a story (nearly none): 3 to 1 in
     the reference window, 1 to 3 in the current one. The fall is the mix's, named as such and nothing within.
     """
-    binary = require_binary()
-    model = fetch_preset("smollm2-135m", progress=False)
-    db_url = f"sqlite:///{tmp_path / 'draftwatch.db'}"
-    many = 21  # and a third as many of the other workload: 7, over drift.explain_min_requests (6)
-    with llama_server(model, *BASE_ARGS, *GREEDY_NGRAM, binary=binary) as engine_server:
-        settings = make_settings(
-            tmp_path,
-            db_url,
-            DRAFTWATCH_API_TOKENS="",
-            DRAFTWATCH_PROXY_UPSTREAM=engine_server.url,
-            DRAFTWATCH_DECODER_HOLDOUT_SHARE="0",
-            DRAFTWATCH_DRIFT_MIN_REQUESTS="6",
-            DRAFTWATCH_DRIFT_EXPLAIN_MIN_REQUESTS="6",
-        )
-        app = create_app(settings)
-        with serving(app) as url, httpx.Client(timeout=120) as client:
-            started = datetime.now(UTC)
-            for i in range(many):
-                ask(client, url, "lists", COPY, i)
-                if i % 3 == 0:
-                    ask(client, url, "stories", STORY, i)
-            boundary = next_minute(datetime.now(UTC))
-            time.sleep(max(0.0, (boundary - datetime.now(UTC)).total_seconds()) + 0.5)
-            for i in range(many):
-                ask(client, url, "stories", STORY, i)
-                if i % 3 == 0:
-                    ask(client, url, "lists", COPY, i)
-            assert app.state.api.recorder.flush(10)
-            ended = datetime.now(UTC)
-
-    engine = create_engine(db_url)
-    try:
-        current = next_minute(ended) - boundary
-        reference = boundary - started.replace(second=0, microsecond=0)
-        now = boundary + current - timedelta(seconds=1)
-        run = run_drift(engine, settings.drift, now, current=current, reference=reference)
+    # 21 of one workload and 7 of the other a window: over drift.explain_min_requests (6) both.
+    lists, stories = ("lists", COPY), ("stories", STORY)
+    before = [(*w, i) for i in range(21) for w in ([lists, stories] if i % 3 == 0 else [lists])]
+    after = [(*w, i) for i in range(21) for w in ([stories, lists] if i % 3 == 0 else [stories])]
+    with staged(tmp_path, before, after, min_requests=6) as (run, _, _, _):
         e = run.explanation
         assert e is not None and e.change is not None and e.change < -0.1, e
         said = [(p.cause, p.workload, round(p.value, 3), p.named) for p in e.parts]
@@ -159,5 +153,3 @@ def test_a_mix_shift_is_named_as_the_mix(tmp_path: Path) -> None:
         # The sentence names the workload whose share moved the pooled rate most, either side of the move.
         said_mix = sentence(e)
         assert "from the mix moving away from lists (" in said_mix or "from the mix moving to stories (" in said_mix
-    finally:
-        engine.dispose()
