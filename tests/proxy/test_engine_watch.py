@@ -41,6 +41,7 @@ class Stack:
         self.down = False
         self.answered = 0
         self.asked_version = 0  # GET /version, vLLM's endpoint
+        self.asked_info = 0  # GET /get_server_info, SGLang's
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -65,6 +66,7 @@ class Stack:
         return JSONResponse({"version": self.version})
 
     async def _server_info(self, _request: Request) -> Response:
+        self.asked_info += 1
         if self.down or self.kind != "sglang":
             return Response(status_code=404 if not self.down else 503)
         return JSONResponse({"model_path": "m", "tp_size": 1, "version": self.version, "internal_states": [{}]})
@@ -137,9 +139,9 @@ def test_sglang_gives_its_version_and_kv_use_and_is_timed_from_first_sight(tmp_p
         ask(url)
         assert next(iter(app.state.api.router.members())).up
         # SGLang's own endpoint named it: the reads after the first ask it first, not vLLM's /version before it.
-        asked = stack.asked_version
         wait_read(app, lambda e: e.version_from == "sglang")
-        time.sleep(1.0)  # five reads more
+        asked, reads = stack.asked_version, stack.asked_info
+        wait_read(app, lambda _: stack.asked_info >= reads + 3)  # three reads more
         assert stack.asked_version == asked
         flushed(app)
     first, gone, back = sorted(rows(db_url), key=lambda r: r["ts_start"])
