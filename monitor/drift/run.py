@@ -386,7 +386,7 @@ def _splits(
 
 def _sentences(explanation: Explanation, own: dict[str, tuple[Windows, Explanation]]) -> dict[str | None, str]:
     """The sentence a workload's result carries (None: a workload of the run's windows)."""
-    return {None: sentence(explanation)} | {w: own_sentence(w, windows, e) for w, (windows, e) in own.items()}
+    return {None: sentence(explanation)} | {w: _own_sentence(w, windows, e) for w, (windows, e) in own.items()}
 
 
 def _split_seed(seed: int, metric: Metric, *parts: str) -> int:
@@ -429,7 +429,7 @@ def _explain_own(
     return _named(conn, config, windows, explanation, seed)
 
 
-def own_sentence(workload: str, windows: Windows, e: Explanation) -> str:
+def _own_sentence(workload: str, windows: Windows, e: Explanation) -> str:
     """The split's sentence, and which windows it compared: the workload's own, not the run's."""
     return f"{sentence(e)} Over {workload}'s own windows: {windows.note}."
 
