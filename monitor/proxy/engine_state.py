@@ -16,6 +16,7 @@ class EngineState:
     started: float | None = None  # the replica's start, seconds since the epoch
     started_from: UptimeFrom | None = None
     kv_use: float | None = None
+    drafter: str | None = None  # as the engine names its speculative configuration
     answering: bool = False
     # The stack whose endpoint named the version last: asked first next time, not after the others' 404s.
     version_from: str | None = None
@@ -28,11 +29,21 @@ class EngineState:
             "replica_uptime_s": uptime,
             "uptime_from": self.started_from if uptime is not None else None,
             "kv_cache_use": self.kv_use,
+            "draft_version": self.drafter,
         }
 
-    def update(self, version: str | None, process_start: float | None, kv_use: float | None, now: float) -> None:
-        """A successful read: a process start when the engine gives one, else first sight, taken anew on a restart."""
+    def update(
+        self, version: str | None, process_start: float | None, kv_use: float | None, now: float,
+        drafter: str | None = None,
+    ) -> None:  # fmt: skip
+        """A successful read: a process start when the engine gives one, else first sight, taken anew on a restart.
+
+        A drafter not named this time (llama.cpp's, until a slot has served) is the last one named, unless the
+        replica restarted: then it is unknown until named again.
+        """
         restarted = not self.answering or (version is not None and self.version not in (None, version))
+        if drafter is not None or restarted:
+            self.drafter = drafter
         if process_start is not None:
             self.started, self.started_from = process_start, "process"
         elif restarted or self.started_from != "first_sight":

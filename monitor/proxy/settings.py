@@ -290,9 +290,9 @@ class ProxySettings:
         "proxy.engine_watch_s",
         parse_seconds,
         30.0,
-        "how often the proxy reads each replica's version (/props, /version or /get_server_info) and /metrics "
-        "(its process start and KV-cache use), which each request's record then carries for the causes of a drop; "
-        "0 never reads them",
+        "how often the proxy reads each replica's version (/props, /version or /get_server_info), its drafter "
+        "(llama.cpp /slots, SGLang's server arguments) and /metrics (its process start and KV-cache use), which each "
+        "request's record then carries for the causes of a drop; 0 never reads them",
     )
     kind: str = setting(
         "proxy.kind",

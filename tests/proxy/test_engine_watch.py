@@ -28,7 +28,7 @@ from monitor.proxy.engine_state import EngineState
 from tests.proxy.engine import flushed, rows, sidecar
 from tests.serving import serving
 
-STATE = ("engine_version", "replica_uptime_s", "uptime_from", "kv_cache_use")
+STATE = ("engine_version", "replica_uptime_s", "uptime_from", "kv_cache_use", "draft_version")
 STARTED = 1_780_000_000.0  # the stand-in vLLM's process start, seconds since the epoch
 
 
@@ -69,7 +69,12 @@ class Stack:
         self.asked_info += 1
         if self.down or self.kind != "sglang":
             return Response(status_code=404 if not self.down else 503)
-        return JSONResponse({"model_path": "m", "tp_size": 1, "version": self.version, "internal_states": [{}]})
+        # Its server arguments as SGLang's ServerArgs names them (python/sglang/srt/server_args.py).
+        drafting = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/eagle3-m",
+                    "speculative_draft_model_revision": None, "speculative_num_steps": 3,
+                    "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}  # fmt: skip
+        return JSONResponse({"model_path": "m", "tp_size": 1, **drafting, "version": self.version,
+                             "internal_states": [{}]})  # fmt: skip
 
     async def _metrics(self, _request: Request) -> Response:
         if self.down:
@@ -146,6 +151,7 @@ def test_sglang_gives_its_version_and_kv_use_and_is_timed_from_first_sight(tmp_p
         flushed(app)
     first, gone, back = sorted(rows(db_url), key=lambda r: r["ts_start"])
     assert (first["engine_version"], first["uptime_from"], first["kv_cache_use"]) == ("0.5.1", "first_sight", 0.7)
+    assert first["draft_version"] == "EAGLE3 eagle3-m steps=3 topk=1 draft=4"
     assert 0 <= first["replica_uptime_s"] < 10 and seen is not None
     assert gone["kv_cache_use"] is None and gone["engine_version"] == "0.5.1"
     # Answering again, with a new version: a restart as far as the sidecar can tell, timed from its new sight.
@@ -164,16 +170,17 @@ def test_no_watch_leaves_the_fields_empty(tmp_path: Path, db_url: str) -> None:
 def test_the_state_keeps_a_process_start_and_takes_first_sight_anew_on_a_restart() -> None:
     state = EngineState()
     assert state.fields(100.0) == {"engine_version": None, "replica_uptime_s": None, "uptime_from": None,
-                                   "kv_cache_use": None}  # fmt: skip
-    state.update("b1", None, None, now=100.0)
-    state.update("b1", None, 0.3, now=130.0)  # the same build answering again: the same sight
+                                   "kv_cache_use": None, "draft_version": None}  # fmt: skip
+    state.update("b1", None, None, now=100.0, drafter="ngram-simple")
+    state.update("b1", None, 0.3, now=130.0)  # the same build answering again, its drafter not named this time
     assert state.fields(160.0) == {"engine_version": "b1", "replica_uptime_s": 60.0, "uptime_from": "first_sight",
-                                   "kv_cache_use": 0.3}  # fmt: skip
-    state.update("b2", None, None, now=200.0)  # a new build: restarted
-    assert state.fields(210.0)["replica_uptime_s"] == 10.0
+                                   "kv_cache_use": 0.3, "draft_version": "ngram-simple"}  # fmt: skip
+    state.update("b2", None, None, now=200.0)  # a new build: restarted, its drafter unknown until named
+    assert state.fields(210.0)["replica_uptime_s"] == 10.0 and state.fields(210.0)["draft_version"] is None
+    state.update("b2", None, None, now=205.0, drafter="ngram-mod")
     state.lost()
     state.update("b2", None, None, now=300.0)  # back after not answering: restarted
-    assert state.fields(301.0)["replica_uptime_s"] == 1.0
+    assert state.fields(301.0)["replica_uptime_s"] == 1.0 and state.fields(301.0)["draft_version"] is None
     state.update("b2", 250.0, None, now=400.0)  # a process start given: it is the start
     assert state.fields(400.0) == {"engine_version": "b2", "replica_uptime_s": 150.0, "uptime_from": "process",
-                                   "kv_cache_use": None}  # fmt: skip
+                                   "kv_cache_use": None, "draft_version": None}  # fmt: skip

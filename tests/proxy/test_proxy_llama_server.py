@@ -38,7 +38,7 @@ def upstream() -> Iterator[LlamaServer]:
 def serve(tmp_path: Path, db_url: str, upstream_url: str) -> Iterator[tuple[str, Any]]:
     settings = make_settings(
         tmp_path, db_url, DRAFTWATCH_PROXY_UPSTREAM=upstream_url, DRAFTWATCH_API_TOKENS="",
-        DRAFTWATCH_PROXY_ENGINE_WATCH_S="30",
+        DRAFTWATCH_PROXY_ENGINE_WATCH_S="0.5",
     )  # fmt: skip
     app = create_app(settings)
     with serving(app) as url:
@@ -61,7 +61,8 @@ def test_a_chat_through_the_proxy_is_what_llama_server_answers(
     direct = openai.OpenAI(base_url=f"{upstream.url}/v1", api_key="none")
     proxied = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
     expected = direct.chat.completions.create(model="smollm2-135m", messages=MESSAGES, max_tokens=24, temperature=0)
-    wait_read(app, lambda engine: engine.version is not None)  # the engine watch's first read, at the start
+    # The engine watch's read after a slot has served: llama.cpp's /slots names the drafter from then on.
+    wait_read(app, lambda engine: engine.drafter is not None)
     got = proxied.chat.completions.create(
         model="smollm2-135m", messages=MESSAGES, max_tokens=24, temperature=0, extra_headers={"X-Workload": "code"}
     )
@@ -77,6 +78,8 @@ def test_a_chat_through_the_proxy_is_what_llama_server_answers(
     build = httpx.get(f"{upstream.url}/props", timeout=30).json()["build_info"]
     assert (row["engine_version"], row["uptime_from"], row["kv_cache_use"]) == (build, "first_sight", None)
     assert build.startswith("b") and 0 <= row["replica_uptime_s"] < 120
+    # Its drafter, as /slots names it (draft_args: a draft model).
+    assert row["draft_version"] == "draft-simple", row["draft_version"]
 
 
 def test_a_streamed_chat_through_the_proxy(sidecar: tuple[str, Any], upstream: LlamaServer, db_url: str) -> None:
