@@ -115,14 +115,15 @@ class LlamaServer:
 
 @contextmanager
 def llama_server(
-    model: Path, *args: str, binary: Path | None = None, ready_timeout: float = 180.0
+    model: Path, *args: str, binary: Path | None = None, ready_timeout: float = 180.0, port: int | None = None
 ) -> Iterator[LlamaServer]:
     """Start llama-server on ``model`` with ``args`` on a free loopback port; stop it on exit.
 
-    Ready means ``GET /health`` answers 200 (it answers 503 while the model loads).
+    Ready means ``GET /health`` answers 200 (it answers 503 while the model loads). ``port``: the port of
+    a server stopped before, for a replica restarted at the same address.
     """
     binary = binary or require_binary()
-    port = free_port()
+    port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="draftwatch-llama-server-") as tmp:
         log = Path(tmp) / "llama-server.log"
         command = [str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port), *args]
