@@ -291,7 +291,9 @@ def main() -> None:
             + "\n\n"
             + SPLIT_NOTE
         )
-        write_section("Drift run speed (benchmarks/drift_speed.py)", body)
+        # 1M is the section every change reruns; another size keeps a section of its own beside it.
+        size = "" if args.rows == 1_000_000 else f", {args.rows:,} requests"
+        write_section(f"Drift run speed{size} (benchmarks/drift_speed.py)", body)
 
 
 def _postgresql(data: dict[str, Any]) -> list[str]:
