@@ -128,7 +128,11 @@ def render_httproute(
     active rollout, if any; weighed only with a candidate Service), as a Kubernetes object."""
     # A workload routed by load goes plain only while its speculative replica is busy, which no weight can follow:
     # the gateway keeps it on the default split, where the sidecar's own load routing acts.
-    routed = {w for w, event in decisions.items() if event.routed and event.above is None} if spec.baseline else set()
+    routed = (
+        {w for w, event in decisions.items() if event.routed and event.above_inflight is None}
+        if spec.baseline
+        else set()
+    )
     proxied = rollout is not None and rollout.active and rollout.of_proxy  # not an embedded decoder's
     staged = rollout if spec.candidate is not None and proxied else None
 

@@ -76,14 +76,14 @@ def decide_routes(
             record_switch(conn, event)
     for event in switches:
         where = "the plain baseline" if event.routed else "the speculative pool"
-        where += f" from {event.above} in flight" if event.above is not None else ""
+        where += f" from {event.above_inflight} in flight" if event.above_inflight is not None else ""
         log.warning("routing: workload %s now goes to %s (%s)", event.workload, where, event.reason)
     return switches
 
 
 def _decide(v: Verdict, last: RoutingEvent | None, curve: Curve | None, now: datetime) -> RoutingEvent | None:
     """The switch one workload's verdict and curve call for, if any (module docstring)."""
-    routed, above = bool(last and last.routed), last.above if last is not None else None
+    routed, above = bool(last and last.routed), last.above_inflight if last is not None else None
     crossover = curve.crossover if curve is not None else None
     if crossover is not None and (not routed or above != crossover.inflight):
         why = load_reason(crossover.inflight, curve.note if curve else "")

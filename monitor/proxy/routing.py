@@ -301,8 +301,8 @@ def _decisions(conn: Connection) -> tuple[dict[str, RoutingEvent], dict[str, Rol
 
 def _take_decisions(router: Router, decisions: tuple[dict[str, RoutingEvent], dict[str, Rollout]]) -> None:
     latest, rollouts = decisions
-    routed = frozenset(w for w, event in latest.items() if event.routed and event.above is None)
-    above = {w: event.above for w, event in latest.items() if event.above is not None}
+    routed = frozenset(w for w, event in latest.items() if event.routed and event.above_inflight is None)
+    above = {w: event.above_inflight for w, event in latest.items() if event.above_inflight is not None}
     if routed != router.routed:
         log.info("routing: workloads served by the plain baseline now: %s", ", ".join(sorted(routed)) or "none")
     if above != router.above:

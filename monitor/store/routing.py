@@ -34,7 +34,7 @@ class RoutingEventRow(Base):
     speedup: Mapped[float | None] = mapped_column(Float)
     ci_low: Mapped[float | None] = mapped_column(Float)
     ci_high: Mapped[float | None] = mapped_column(Float)
-    above: Mapped[int | None] = mapped_column("above_inflight", Integer)
+    above_inflight: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (Index("ix_routing_events_workload_ts", "workload", "ts"),)
 
@@ -51,7 +51,7 @@ class RoutingEvent:
     ci_high: float | None
     # Routed by load: to the baseline from this many requests in flight on the speculative replica (the request
     # included), to speculation below. None: not routed, or routed whole (every request but the probes plain).
-    above: int | None = None
+    above_inflight: int | None = None
 
 
 def load_reason(above: int, why: str) -> str:

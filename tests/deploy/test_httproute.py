@@ -208,7 +208,7 @@ def test_the_share_becomes_weights_the_crd_accepts(
 
 def test_a_workload_routed_by_load_stays_on_the_default_split_which_no_weight_could_follow() -> None:
     by_load = RoutingEvent(
-        T0, "chat", "qwen-1.5b", True, load_reason(4, "loses from 4 in flight"), 0.6, 0.5, 0.7, above=4
+        T0, "chat", "qwen-1.5b", True, load_reason(4, "loses from 4 in flight"), 0.6, 0.5, 0.7, above_inflight=4
     )
     route = render_httproute(SPEC, {**switched("qa"), "chat": by_load})
     check_against_crd(route)

@@ -244,7 +244,7 @@ def test_a_workload_routed_by_load_stays_on_the_speculative_deployment_whose_sid
     with draftwatch.engine.begin() as conn:
         record_switch(conn, RoutingEvent(t, "qa", "smol", True, "net loss", 0.6, 0.5, 0.7))
         record_switch(
-            conn, RoutingEvent(t, "chat", "smol", True, load_reason(4, "loses from 4"), 0.9, 0.8, 1.0, above=4)
+            conn, RoutingEvent(t, "chat", "smol", True, load_reason(4, "loses from 4"), 0.9, 0.8, 1.0, above_inflight=4)
         )
     gate = Gate(draftwatch.settings())
     refreshed(gate, lambda g: bool(g.routed))

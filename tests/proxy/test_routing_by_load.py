@@ -47,7 +47,7 @@ LATER = END + timedelta(days=1)  # past any dwell
 def load_router(above: int, margin: int = 1) -> Router:
     d = deployment(spec=("http://127.0.0.1:9",))
     r = Router(dataclasses.replace(d, settings=ProxySettings(route_load_margin=margin)), POLICY)
-    event = RoutingEvent(T0, "qa", "m", True, load_reason(above, "measured"), 0.9, 0.8, 1.0, above=above)
+    event = RoutingEvent(T0, "qa", "m", True, load_reason(above, "measured"), 0.9, 0.8, 1.0, above_inflight=above)
     _take_decisions(r, ({"qa": event}, {}))
     return r
 
@@ -102,9 +102,9 @@ def test_the_scheduler_routes_a_crossing_workload_by_load_and_the_alert_names_th
     # The verdict over all loads pays: the crossover routes it by load all the same.
     pays = verdict("pays", 1.2, (1.1, 1.3), workload="chat")
     (event,) = decide_routes(engine, settings(), [pays], LATER, curves)
-    assert (event.routed, event.above) == (True, 4) and event.reason.startswith("route above 4 in flight: ")
+    assert (event.routed, event.above_inflight) == (True, 4) and event.reason.startswith("route above 4 in flight: ")
     stored = latest_routing(engine)["chat"]
-    assert stored.above == 4
+    assert stored.above_inflight == 4
     (signal,) = [s for s in health_signals(engine, make_settings(tmp_path, db_url), LATER) if s.test == "routing"]
     assert signal.decision == "drift" and signal.note is not None and "route above 4 in flight" in signal.note
     window = {"since": START.isoformat(), "until": END.isoformat()}
@@ -115,7 +115,7 @@ def test_the_scheduler_routes_a_crossing_workload_by_load_and_the_alert_names_th
     assert decide_routes(engine, settings(), [pays], LATER + timedelta(days=1), curves) == []
     moved = {"chat": _with_crossover(curves["chat"], 2)}
     (event,) = decide_routes(engine, settings(), [pays], LATER + timedelta(days=2), moved)
-    assert event.above == 2
+    assert event.above_inflight == 2
 
 
 def _with_crossover(curve: Curve, inflight: int) -> Curve:
@@ -128,14 +128,15 @@ def test_a_workload_losing_at_every_load_is_routed_whole_as_before(engine: Engin
     assert curves["chat"].crossover is None
     loss = verdict("net_loss", 0.7, (0.6, 0.8), workload="chat")
     (event,) = decide_routes(engine, settings(), [loss], LATER, curves)
-    assert (event.routed, event.above) == (True, None) and event.reason.startswith("net loss established")
+    assert (event.routed, event.above_inflight) == (True, None) and event.reason.startswith("net loss established")
     # Routed by load earlier, and now speculation loses at every load: routed whole.
     with engine.begin() as conn:
         record_switch(
-            conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0, above=4)
+            conn,
+            RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0, above_inflight=4),
         )
     (whole,) = decide_routes(engine, settings(), [loss], LATER + timedelta(days=1), curves)
-    assert (whole.routed, whole.above) == (True, None) and "every load" in whole.reason
+    assert (whole.routed, whole.above_inflight) == (True, None) and "every load" in whole.reason
 
 
 def test_no_crossover_routes_nothing_by_load_and_returns_a_load_route(engine: Engine) -> None:
@@ -148,12 +149,13 @@ def test_no_crossover_routes_nothing_by_load_and_returns_a_load_route(engine: En
     # all loads is inconclusive (which alone would hold a whole route).
     with engine.begin() as conn:
         record_switch(
-            conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0, above=4)
+            conn,
+            RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(4, "x"), 0.9, 0.8, 1.0, above_inflight=4),
         )
     unsure = verdict("inconclusive", 1.05, (0.9, 1.2), workload="chat")
     (back,) = decide_routes(engine, settings(), [unsure], LATER + timedelta(days=1), curves)
-    assert (back.routed, back.above) == (False, None)
-    assert latest_routing(engine)["chat"].above is None
+    assert (back.routed, back.above_inflight) == (False, None)
+    assert latest_routing(engine)["chat"].above_inflight is None
 
 
 def test_a_load_route_holds_while_its_loads_go_unmeasured(engine: Engine) -> None:
@@ -163,7 +165,8 @@ def test_a_load_route_holds_while_its_loads_go_unmeasured(engine: Engine) -> Non
     assert curves["chat"].crossover is None and curves["chat"].measured[-1].inflight_high == 7
     with engine.begin() as conn:
         record_switch(
-            conn, RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(8, "x"), 0.9, 0.8, 1.0, above=8)
+            conn,
+            RoutingEvent(LATER, "chat", "qwen-coder-1.5b", True, load_reason(8, "x"), 0.9, 0.8, 1.0, above_inflight=8),
         )
     pays = verdict("pays", 1.5, (1.3, 1.7), workload="chat")
     assert decide_routes(engine, settings(), [pays], LATER + timedelta(days=1), curves) == []
@@ -194,7 +197,9 @@ def test_the_proxy_sends_plain_what_would_run_at_the_crossover_on_real_http(
     engine: Engine, tmp_path: Path, db_url: str
 ) -> None:
     with engine.begin() as conn:  # the scheduler's decision: plain from 4 in flight
-        record_switch(conn, RoutingEvent(LATER, "qa", "m", True, load_reason(4, "measured"), 0.9, 0.8, 1.0, above=4))
+        record_switch(
+            conn, RoutingEvent(LATER, "qa", "m", True, load_reason(4, "measured"), 0.9, 0.8, 1.0, above_inflight=4)
+        )
     # The speculative stand-in slows with its load (50 ms per request it holds); the plain one answers at once.
     spec, plain = LoadedEngine(0.05), StandIn()
     spec.number_answers = plain.number_answers = True

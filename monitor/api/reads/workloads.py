@@ -137,7 +137,7 @@ def _verdict_fields(workload: str, verdicts: list[Verdict], routes: dict[str, Ro
         "verdicts": [v.to_json() for v in mine],
         "routed_to_baseline": bool(route and route.routed),
         # Routed by load: plain from this many in flight on the speculative replica, speculative below (else null).
-        "routed_above_inflight": route.above if route is not None else None,
+        "routed_above_inflight": route.above_inflight if route is not None else None,
     }
 
 
@@ -167,12 +167,7 @@ async def routes(request: Request) -> RoutesOut:
     """
     engine = api_state(request).engine
     latest = await anyio.to_thread.run_sync(lambda: latest_routing(engine))
-    return RoutesOut(
-        routes=[
-            RouteOut(**{**dataclasses.asdict(event), "above_inflight": event.above})
-            for _, event in sorted(latest.items())
-        ]
-    )
+    return RoutesOut(routes=[RouteOut(**dataclasses.asdict(event)) for _, event in sorted(latest.items())])
 
 
 @router.get("/v1/workloads/{tag}/series", dependencies=read, response_model=SeriesOut, responses=READ_ERRORS)
