@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,16 @@ from starlette.types import ASGIApp
 from tests.api.conftest import TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(
+    condition: Callable[[], object], what: str | Callable[[], object], within_s: float = 30.0, every_s: float = 0.05
+) -> None:
+    """Poll ``condition`` until it holds; after ``within_s`` fail, saying ``what`` (called then, if callable)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within_s:g} s: {what() if callable(what) else what}"
+        time.sleep(every_s)
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,7 +50,7 @@ from monitor.store.scrape import ScrapeIntervalRow
 from monitor.store.types import Fence
 from tests.api.conftest import INGEST, READ, TOKENS, auth, bodies
 from tests.drift.records import window_stream
-from tests.serving import free_port, serve_process
+from tests.serving import free_port, serve_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs/grafana/draftwatch.json"
@@ -245,11 +245,8 @@ def start_prometheus(tmp: Path, sidecar_port: int) -> tuple[subprocess.Popen[byt
         time.sleep(0.1)
 
 
-def wait_for(what: str, ready: Callable[[], object], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"Prometheus never saw {what}"
-        time.sleep(0.25)
+def seen(prom: Prometheus, query: str, what: str) -> None:
+    wait_for(lambda: prom.query(query), f"Prometheus never saw {what}", every_s=0.25)
 
 
 @pytest.fixture(scope="module")
@@ -281,12 +278,12 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         stage_rollouts(db_url)
         stuck = spool_for_two_minutes(tmp / "data" / "spool", live(datetime.now(UTC), seed=20)[0])
         post(sidecar, live(datetime.now(UTC), seed=10))
-        wait_for("the first live records", lambda: prom.query("sum(draftwatch_requests_total) > 500"))
+        seen(prom, "sum(draftwatch_requests_total) > 500", "the first live records")
         post(sidecar, live(datetime.now(UTC), seed=12))
-        wait_for("the second live records", lambda: prom.query("sum(draftwatch_requests_total) >= 600"))
+        seen(prom, "sum(draftwatch_requests_total) >= 600", "the second live records")
         # Every health check active: failures, stale drift runs, dead letters, the old spool segment, the scrape,
         # a workload routed to plain, a rollout's step and kept workload, another's promotion.
-        wait_for("every health check active", lambda: prom.query("count(draftwatch_health_signal == 1) == 9"))
+        seen(prom, "count(draftwatch_health_signal == 1) == 9", "every health check active")
         yield prom
     finally:
         process.send_signal(signal.SIGTERM)

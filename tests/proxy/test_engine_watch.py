@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from monitor.proxy.engine_state import EngineState
 from tests.proxy.engine import flushed, rows, sidecar
-from tests.serving import serving
+from tests.serving import serving, wait_for
 
 STATE = ("engine_version", "replica_uptime_s", "uptime_from", "kv_cache_use", "draft_version")
 STARTED = 1_780_000_000.0  # the stand-in vLLM's process start, seconds since the epoch
@@ -100,10 +100,7 @@ def ask(url: str) -> None:
 def wait_read(app: Any, until: Any) -> None:
     """Until the watcher's read of the (only) replica satisfies ``until``."""
     member = next(iter(app.state.api.router.members()))
-    deadline = time.monotonic() + 10
-    while not until(member.engine):
-        assert time.monotonic() < deadline, member.engine
-        time.sleep(0.05)
+    wait_for(lambda: until(member.engine), lambda: member.engine, within_s=10)
 
 
 @contextmanager

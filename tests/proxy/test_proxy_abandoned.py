@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from tests.proxy.engine import Engine, flushed, rows, serving, sidecar
 from tests.proxy.upstream import Upstream, proxy_sidecar
+from tests.serving import wait_for
 
 STREAMS = 100
 
@@ -41,14 +41,6 @@ def inflight(app: FastAPI) -> list[int]:
     return [m.inflight for m in app.state.api.router.members()]
 
 
-def wait_for(condition: Any, what: str, within_s: float = 60) -> None:
-    """Poll ``condition`` until it holds: the abandoned requests end on the server's own time."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_a_hundred_abandoned_streams_give_a_hundred_error_records_and_release_the_replica(
     tmp_path: Path, db_url: str, engine: Engine, engine_url: str
 ) -> None:
@@ -67,8 +59,8 @@ def test_a_hundred_abandoned_streams_give_a_hundred_error_records_and_release_th
 
     with sidecar(tmp_path, db_url, engine_url) as (url, app):
         asyncio.run(abandon(url))
-        wait_for(lambda: engine.cut_streams == STREAMS, f"the engine stopped {engine.cut_streams} streams")
-        wait_for(lambda: inflight(app) == [0], f"in flight: {inflight(app)}")
+        wait_for(lambda: engine.cut_streams == STREAMS, lambda: f"the engine stopped {engine.cut_streams} streams", 60)
+        wait_for(lambda: inflight(app) == [0], lambda: f"in flight: {inflight(app)}", 60)
         flushed(app)
     stored = rows(db_url)
     assert len(stored) == STREAMS
@@ -92,11 +84,11 @@ def test_a_client_leaving_before_the_answer_starts_or_while_it_is_read_cancels_i
     with sidecar(tmp_path, db_url, engine_url) as (url, app):
         engine.header_pause_s = 3.0  # no answer yet: a stream's headers never came
         asyncio.run(leave(url, "/v1/chat/completions", {"model": "m", "messages": [], "stream": True}, 1))
-        wait_for(lambda: inflight(app) == [0], f"in flight: {inflight(app)}")
+        wait_for(lambda: inflight(app) == [0], lambda: f"in flight: {inflight(app)}", 60)
         engine.header_pause_s, engine.event_pause_s = 0.0, 30.0  # a whole body that started, then stalls
         asyncio.run(leave(url, "/v1/completions", {"model": "m", "prompt": "hi"}, 2))
-        wait_for(lambda: engine.cut_streams == 1, "the engine's body was never stopped")
-        wait_for(lambda: inflight(app) == [0], f"in flight: {inflight(app)}")
+        wait_for(lambda: engine.cut_streams == 1, "the engine's body was never stopped", 60)
+        wait_for(lambda: inflight(app) == [0], lambda: f"in flight: {inflight(app)}", 60)
         flushed(app)
     stored = rows(db_url)
     assert [(r["finish_reason"], r["error"]) for r in stored] == [("error", "client disconnected")] * 2
