@@ -35,8 +35,8 @@ from monitor.drift.run import DriftRun, run_drift
 from monitor.store.engine import create_engine
 from tests.api.conftest import make_settings
 from tests.proxy.test_engine_verdict import GREEDY_NGRAM, WORDS
-from tests.serving import serving
-from tests.stacks.llama_server import BASE_ARGS, llama_server, require_binary
+from tests.serving import serving, wait_for
+from tests.stacks.llama_server import BASE_ARGS, build_number, llama_server, require_binary
 
 pytestmark = pytest.mark.models
 
@@ -112,7 +112,7 @@ def staged(
         app = create_app(settings)
         with serving(app) as url, httpx.Client(timeout=120) as client:
             # Every record carries what the watch read of its replica: the first requests wait for a first read.
-            until(lambda: all(m.engine.answering for m in app.state.api.router.members()))
+            wait_for(lambda: all(m.engine.answering for m in app.state.api.router.members()), "a first read")
             started = datetime.now(UTC)
             for request in before:
                 ask(client, url, *request)
@@ -132,13 +132,6 @@ def staged(
         yield Staged(run, engine, settings, now)
     finally:
         engine.dispose()
-
-
-def until(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "not done in time"
-        time.sleep(WATCH_S / 4)
 
 
 def test_a_new_system_prompt_is_named_as_the_cause(tmp_path: Path) -> None:
@@ -217,14 +210,15 @@ def one_replica_redrafted(model: Path) -> Iterator[Replicas]:
         a = stack.enter_context(llama_server(model, *BASE_ARGS, *GREEDY_NGRAM, binary=binary))
         first_b = stack.enter_context(ExitStack())
         b = first_b.enter_context(llama_server(model, *BASE_ARGS, *GREEDY_NGRAM, binary=binary))
-        warm(a.url), warm(b.url)
+        for server in (a, b):
+            warm(server.url)
 
         def redraft(app: Any) -> None:
             first_b.close()
             port = urlsplit(b.url).port
             warm(stack.enter_context(llama_server(model, *BASE_ARGS, *REDRAFTED, binary=binary, port=port)).url)
             member = next(m for m in app.state.api.router.members() if m.upstream.url.rstrip("/") == b.url)
-            until(lambda: member.engine.drafter == "ngram-mod")
+            wait_for(lambda: member.engine.drafter == "ngram-mod", lambda: member.engine, every_s=WATCH_S / 4)
 
         yield Replicas(f"{a.url},{b.url}", redraft)
 
@@ -246,13 +240,20 @@ def test_a_drafter_changed_on_one_of_two_replicas_is_named_as_a_version(tmp_path
         version = parts[("version", "lists")]
         assert {(p.cause, p.workload) for p in e.named} <= {("within", "lists"), ("version", "lists")}, said
         assert version.named and version.value / version.detail["within"]["value"] > 0.7, said
-        assert version.detail["lead"].startswith("upstream, drafter ngram-mod, engine b11434"), version.detail
+        # The engine's build as llama.cpp names it (/props build_info): "b<build>-unknown" for this source build.
+        new = f"upstream, drafter ngram-mod, engine b{build_number(require_binary())}"
+        assert version.detail["lead"].startswith(new), version.detail
         assert version.detail["same_window"], version.detail
         evaluate_alerts(engine, settings.alert_config, run.results, now=now)
         (alert,) = [a for a in list_alerts(engine) if a.rule == "acceptance_drop"]
         description = alert.annotations["description"]
-        assert "from version: upstream, drafter ngram-mod, engine b11434" in description, description
-        assert "against 0.9" in description and "for upstream, drafter ngram-simple" in description, description
+        assert f"from version: {new}" in description, description
+        # Beside the old drafter, as measured in the same window on the replica left as it was.
+        versus = version.detail["versus"]
+        old = version.detail["cells"][versus]["rate_cur"]
+        assert versus.startswith("upstream, drafter ngram-simple"), version.detail
+        assert old > version.detail["cells"][version.detail["lead"]]["rate_cur"] + 0.1, version.detail
+        assert f"against {old:.2f} for {versus} in the same window" in description, description
 
 
 def test_longer_prompts_are_named_as_length(tmp_path: Path) -> None:
