@@ -5,7 +5,7 @@
 Three processes on loopback: a stub upstream (uvicorn, answering a vLLM chat response with an id of
 its own each time, so that every proxied request is a record written, not one deduplicated; or a
 paced stream whose events carry their send time), ``draftwatch serve --upstream`` on a SQLite file
-with the recorder and the drift/alert scheduler in its process, as deployed, and this client.
+with the recorder and the drift/alert scheduler (a child process), as deployed, and this client.
 Measured side by side in one run, direct and proxied alternating in blocks:
 
 - added latency per non-streamed request (p50/p99 of proxied minus direct, one client at a time);
@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     body = "\n".join(
         [
-            "The sidecar (`draftwatch serve --upstream`, SQLite, recording every request, the scheduler in its "
-            "process) in front of a stub "
+            "The sidecar (`draftwatch serve --upstream`, SQLite, recording every request, the scheduler in a "
+            "child process) in front of a stub "
             "upstream answering a fixed vLLM chat response; direct and proxied measured in alternating blocks, "
             f"{args.requests} sequential requests per side; streams of 50 events {EVENT_GAP_S * 1000:.0f} ms apart.",
             "",

@@ -12,14 +12,14 @@ import argparse
 import gc
 import logging
 import sys
-import threading
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from decoder.candidate import Candidate, parse_candidate
 from decoder.cli import add_model_arguments, build_decoder
 from decoder.extras import refuse_without
 from decoder.models.fetch import FetchError
 from monitor.commands.common import add_settings_arguments, argument_type, settings_or_report
+from monitor.commands.scheduler_process import SchedulerProcess
 from monitor.config import ConfigError
 from monitor.proxy.settings import PROXY_KINDS, parse_upstreams
 from monitor.settings.masking import quoted
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from monitor.config import Settings
 
 log = logging.getLogger(__name__)
-
-# On the way out: how long a scheduler still starting (its first lease request held by a hung database) is waited for.
-SCHEDULER_START_WAIT_S: Final = 15.0
 
 
 def parse_candidate_model(raw: str) -> Candidate | None:
@@ -244,21 +241,14 @@ def _serve(args: argparse.Namespace) -> int:
         except (ModelLoadError, FetchError, ValueError) as error:
             print(f"draftwatch serve: {error}", file=sys.stderr)
             return 1
-    scheduler = None
-    if not args.no_scheduler:
-        from monitor.scheduler.service import SchedulerService
-
-        # Any number of sidecars may run it: the lease elects one leader among them. Its start asks the database
-        # for the lease, which a hung one holds for the connect timeout: on a thread of its own, that wait overlaps
-        # the API's start-up (which waits as long for the schema upgrade) instead of coming before it.
-        scheduler = SchedulerService(settings)
-        starting = threading.Thread(target=scheduler.start, name="draftwatch-scheduler-start", daemon=True)
-        starting.start()
+    # Any number of sidecars may run it: the lease elects one leader among them. In a process of its own, its
+    # ticks never hold the proxy's event loop (monitor/commands/scheduler_process.py).
+    scheduler = None if args.no_scheduler else SchedulerProcess(settings).start()
     app = create_app(settings, decoder=decoder)
     print(
         f"draftwatch serve: listening on http://{settings.api.host}:{settings.api.port} ({mode_of(settings, decoder)}, "
         f"{'token auth' if settings.api.tokens else 'no auth, loopback only'}, "
-        f"{'scheduler in this process' if scheduler else 'no scheduler'})",
+        f"{'scheduler in a child process' if scheduler else 'no scheduler'})",
         file=sys.stderr,
         flush=True,
     )
@@ -280,12 +270,5 @@ def _serve(args: argparse.Namespace) -> int:
         GracefulServer(config, app, settings.api).run()
     finally:
         if scheduler is not None:
-            # Stopped once started, or its start would go on after the stop; a start the database holds
-            # longer than this ends with the process.
-            starting.join(SCHEDULER_START_WAIT_S)
-            if starting.is_alive():
-                log.warning("the scheduler had not started after %g s (database not answering); not stopping it",
-                            SCHEDULER_START_WAIT_S)  # fmt: skip
-            else:
-                scheduler.stop()
+            scheduler.stop()
     return 0
