@@ -1,9 +1,11 @@
 """The ledger's counters on ``/metrics`` of the real app over HTTP: recorded speculative tokens valued at their load.
 
-A store holds the crossing stand-ins (tests/drift/ledger_records.py) of the last two hours; the app
-reads the ledger, and new speculative requests then arrive at 1 in flight (speculation gains), at 8
-(it loses), at 64 (no level measured there) and with no load recorded. Each counter must equal the
-tokens times the rate the ledger itself gives for that level.
+A store holds the crossing stand-ins (tests/drift/ledger_records.py) of the last two hours; the
+scheduler's drift job stores the ledger's rates, the app reads them, and new speculative requests then
+arrive at 1 in flight (speculation gains), at 8 (it loses), at 64 (no level measured there) and with no
+load recorded. Each counter must equal the tokens times the rate the ledger itself gives for that level.
+The app never reads the day's ledger itself (seconds of Python on its event loop's interpreter, issue
+49): before a drift run stored rates, it values nothing.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy.engine import Engine
 
 from monitor.api.app import create_app
 from monitor.drift.detectors.ledger import read_ledger
 from monitor.drift.settings import DriftSettings
+from monitor.scheduler.jobs import drift_job
 from monitor.store.engine import create_engine
 from monitor.store.migrate import upgrade
 from tests.api.conftest import INGEST, READ, auth, bodies, make_settings
@@ -41,21 +45,48 @@ def scrape(client: httpx.Client) -> dict[str, float]:
     return samples
 
 
-def test_the_counters_value_each_token_at_its_load(tmp_path: Path) -> None:
+def crossing_store(tmp_path: Path) -> tuple[str, Engine, datetime]:
     url = f"sqlite:///{tmp_path / 'draftwatch.db'}"
     engine = create_engine(url)
     upgrade(engine)
     now = datetime.now(UTC)
     store(engine, stream(now - timedelta(hours=2), 60))
+    return url, engine, now
+
+
+def test_before_a_drift_run_stored_rates_nothing_is_valued(tmp_path: Path) -> None:
+    url, _, now = crossing_store(tmp_path)
+    app = create_app(make_settings(tmp_path, url))
+    with serving(app) as base, httpx.Client(base_url=base, timeout=10) as client:
+        scrape(client)  # the first scrape starts the read of the rates
+        fresh = [r for r in stream(now - timedelta(minutes=70), 1) if r.mode == "speculative"]
+        response = client.post("/v1/events", json={"events": bodies(fresh[:1])}, headers=auth(INGEST))
+        assert response.status_code == 202, response.text
+        app.state.api.recorder.flush(10)
+        # A sidecar that read the ledger itself shows its crossover within a second of its first scrape here.
+        watched_until = time.monotonic() + 3
+        while time.monotonic() < watched_until:
+            samples = scrape(client)
+            assert not any(name.startswith("draftwatch_speculation_crossover_inflight") for name in samples)
+            time.sleep(0.1)
+    assert samples.get(SAVED, 0) == 0 and samples.get(LOST, 0) == 0
+    outcome = 'draftwatch_speculation_ledger_tokens_total{workload="chat",outcome="unmeasured"}'
+    assert samples[outcome] == fresh[0].output_tokens - 1
+
+
+def test_the_counters_value_each_token_at_its_load(tmp_path: Path) -> None:
+    url, engine, now = crossing_store(tmp_path)
+    settings = make_settings(tmp_path, url)
+    drift_job(engine, settings, now, lambda conn: None)
     (chat,) = read_ledger(engine, DriftSettings(), now - timedelta(days=1), now + timedelta(minutes=1)).workloads
     rate = {b.level.first: (b.level.plain_ms - b.level.spec_ms) / 1000 for b in chat.bills}  # type: ignore[operator]
     pair = chat.pair.label
-    app = create_app(make_settings(tmp_path, url))
+    app = create_app(settings)
     with serving(app) as base, httpx.Client(base_url=base, timeout=10) as client:
         deadline = time.monotonic() + 30
         crossover = f'draftwatch_speculation_crossover_inflight{{workload="chat",pair="{pair}"}}'
         while (samples := scrape(client)).get(crossover) != 4:
-            assert time.monotonic() < deadline, "the ledger was never read"
+            assert time.monotonic() < deadline, "the stored rates were never read"
             time.sleep(0.1)
         assert SAVED not in samples  # nothing recorded by this process yet
         fresh = [r for r in stream(now - timedelta(minutes=70), 1) if r.mode == "speculative"]

@@ -71,7 +71,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
 import anyio.to_thread
@@ -87,12 +87,10 @@ from monitor.api.auth import GuardedRoute
 from monitor.api.reads import workloads
 from monitor.api.state import ApiState, api_state
 from monitor.config import Settings
-from monitor.drift.detectors.crossover import Level
-from monitor.drift.detectors.ledger import read_ledger
 from monitor.drift.detectors.net_loss import load_level
+from monitor.drift.ledger_rates import LedgerRates, newest_ledger_rates
 from monitor.drift.queries import StoredResult, latest_results, latest_run
 from monitor.drift.result import DECISIONS
-from monitor.drift.settings import DriftSettings
 from monitor.drift.verdict import VERDICTS, verdict_of
 from monitor.log_safe import describe
 from monitor.scheduler.health import health_signals
@@ -651,34 +649,32 @@ def watch(state: ApiState) -> None:
     if router is not None:
         state.metrics.add_families(lambda: upstreams_up(router))
     state.metrics.add_families(StoreFigures(state.engine, state.settings).collect)
-    ledger = LedgerCounters(state.engine, state.settings.drift)
+    ledger = LedgerCounters(state.engine)
     state.metrics.add_observer(ledger.observe)
     state.metrics.add_families(ledger.collect)
 
 
-LEDGER_WINDOW: Final = timedelta(days=1)
-LEDGER_MAX_AGE_S: Final = 300.0
+# The scheduler stores new rates once a drift run (5 minutes by default); reading them is one small row.
+LEDGER_MAX_AGE_S: Final = 60.0
 OUTCOMES: Final = ("saved", "lost", "inconclusive", "unmeasured")
-# A level's rate: its doubling levels (first, last), replica-seconds saved per token (negative: lost), its call.
-Rate = tuple[int, int, float | None, str]
 
 
 class LedgerCounters:
     """The speculation ledger as counters: each speculative decode token this process records, valued at its load.
 
     A token is valued at its workload's measured rate at its load level (``t_plain - t_spec`` of the
-    newest ledger, :func:`monitor.drift.detectors.ledger.read_ledger` over :data:`LEDGER_WINDOW`, read at
-    most every :data:`LEDGER_MAX_AGE_S` on a thread of its own) and counted as saved or lost where the
-    level's interval clears 1, else under ``outcome="inconclusive"`` or ``"unmeasured"`` with no
-    seconds. Counters per process, as the record counters are: Prometheus sums the replicas, and
+    ledger over the last day, as the scheduler's newest drift run stored it:
+    :mod:`monitor.drift.ledger_rates`; read at most every :data:`LEDGER_MAX_AGE_S` on a thread of its
+    own) and counted as saved or lost where the level's interval clears 1, else under
+    ``outcome="inconclusive"`` or ``"unmeasured"`` with no seconds; all unmeasured before a drift run
+    stored rates. Counters per process, as the record counters are: Prometheus sums the replicas, and
     ``increase(..._saved_total[24h]) - increase(..._lost_total[24h])`` is the day's net.
     """
 
-    def __init__(self, engine: Engine, drift: DriftSettings) -> None:
-        self._engine, self._drift = engine, drift
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
         self._lock = threading.Lock()
-        self._rates: dict[str, list[Rate]] = {}
-        self._crossover: dict[tuple[str, str], float] = {}
+        self._rates = LedgerRates()
         self._seconds: dict[tuple[str, str], float] = {}  # (workload, saved | lost)
         self._tokens: dict[tuple[str, str], float] = {}  # (workload, outcome)
         self._workloads: set[str] = set()  # those counted under their own name, at most MAX_LABEL_SETS
@@ -700,8 +696,7 @@ class LedgerCounters:
         if workload not in self._workloads and len(self._workloads) >= MAX_LABEL_SETS:
             workload = OTHER
         tokens = rec.output_tokens - 1
-        rate = next((r for r in self._rates.get(rec.workload, ()) if r[0] <= level <= r[1]), None)
-        per_token, call = (rate[2], rate[3]) if rate is not None else (None, "not_measured")
+        per_token, call = self._rates.rate(rec.workload, level) or (None, "not_measured")
         outcome = {"gains": "saved", "loses": "lost", "inconclusive": "inconclusive"}.get(call, "unmeasured")
         self._zero(workload)
         self._tokens[(workload, outcome)] += tokens
@@ -718,7 +713,7 @@ class LedgerCounters:
     def collect(self) -> list[Family]:
         self._refresh()
         with self._lock:
-            seconds, tokens, crossover = dict(self._seconds), dict(self._tokens), dict(self._crossover)
+            seconds, tokens, crossover = dict(self._seconds), dict(self._tokens), self._rates.crossover
         return [
             Family(
                 "draftwatch_speculation_gpu_seconds_saved_total",
@@ -760,27 +755,17 @@ class LedgerCounters:
 
     def _read(self) -> None:
         try:
-            end = datetime.now(UTC)
-            ledger = read_ledger(self._engine, self._drift, end - LEDGER_WINDOW, end)
-            rates: dict[str, list[Rate]] = {}
-            crossover: dict[tuple[str, str], float] = {}
-            # A workload served by several pairs: its tokens are valued at the rates of the pair that served most.
-            for w in sorted(ledger.workloads, key=lambda w: -w.totals.tokens):
-                cross = w.curve.crossover
-                crossover[(w.workload, w.pair.label)] = math.nan if cross is None else float(cross.inflight)
-                if w.workload not in rates and len(rates) < MAX_LABEL_SETS:
-                    rates[w.workload] = [_rate(b.level) for b in w.bills]
-            with self._lock:
-                self._rates, self._crossover = rates, crossover
+            with self._engine.connect() as conn:
+                stored = newest_ledger_rates(conn)
+            if stored is not None:
+                # Bounded label sets: the workloads that served most, as the ledger lists them.
+                kept = dict(list(stored.rates.items())[:MAX_LABEL_SETS])
+                with self._lock:
+                    self._rates = LedgerRates(kept, stored.crossover)
         except Exception as error:  # the last rates stay; the next read after LEDGER_MAX_AGE_S tries again
             # Debug: a database outage is the recorder's two log lines (its start and its end), not one per reader.
-            log.debug("metrics: reading the speculation ledger failed (%s)", describe(error))
+            log.debug("metrics: reading the speculation ledger's rates failed (%s)", describe(error))
         finally:
             with self._lock:
                 self._read_at = time.monotonic()
                 self._reading = None
-
-
-def _rate(level: Level) -> Rate:
-    per_token = None if level.plain_ms is None or level.spec_ms is None else (level.plain_ms - level.spec_ms) / 1000
-    return level.first, level.last, per_token, level.call
