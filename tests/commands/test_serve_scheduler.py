@@ -36,7 +36,12 @@ def sidecar(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
         except httpx.HTTPError:
             return False
 
-    wait_for(ready, "the sidecar ready", within_s=60)
+    try:
+        wait_for(ready, "the sidecar ready", within_s=60)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
     return process, db
 
 
@@ -81,7 +86,9 @@ def test_the_scheduler_leads_from_a_child_process_and_stops_with_the_sidecar(tmp
 
 def test_a_killed_sidecar_takes_its_scheduler_along(tmp_path: Path) -> None:
     process, db = sidecar(tmp_path)
-    child = scheduler_pid(db)
-    process.kill()
-    process.wait(10)
+    try:
+        child = scheduler_pid(db)
+    finally:
+        process.kill()
+        process.wait(10)
     wait_for(lambda: not alive(child), "the orphaned scheduler gone", within_s=20)
