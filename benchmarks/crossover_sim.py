@@ -30,7 +30,7 @@ Targets (issue 51): the crossover within one load level of the truth in >= 90 % 
 a side per level; the ledger's seconds within 10 % of the truth. A turn inside the highest level served
 (``translate``) can only be found where that level's mean ratio is clearly below 1: it is reported, not
 tuned away. Routing by the crossover is checked
-on a live proxy (tests/proxy/test_load_routing.py), not simulated here.
+on a live proxy (tests/proxy/test_routing_by_load.py), not simulated here.
 """
 
 from __future__ import annotations
