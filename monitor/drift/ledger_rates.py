@@ -90,7 +90,8 @@ def store_ledger_rates(conn: Connection, run_id: str, rates: LedgerRates) -> Non
 def newest_ledger_rates(conn: Connection) -> LedgerRates | None:
     """The rates the newest drift run that computed them stored; None before any did."""
     r = DriftRunRow
+    # Newest by the key, which grows with every run stored: read backwards along its index, not a sort of them all.
     found = conn.execute(
-        select(r.ledger_rates).where(r.ledger_rates.is_not(None)).order_by(r.started_at.desc()).limit(1)
+        select(r.ledger_rates).where(r.ledger_rates.is_not(None)).order_by(r.id.desc()).limit(1)
     ).scalar_one_or_none()
     return LedgerRates.from_json(found) if found is not None else None
