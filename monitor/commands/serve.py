@@ -102,7 +102,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-scheduler",
         action="store_true",
-        help="do not run the drift/alert scheduler inside this process (run `draftwatch scheduler` elsewhere)",
+        help="do not run the drift/alert scheduler (by default a child process of this one; run `draftwatch scheduler` "
+        "elsewhere)",
     )
     add_model_arguments(parser)
     candidate = parser.add_mutually_exclusive_group()
