@@ -35,7 +35,8 @@ class DriftRunRow(Base):
     acceptance_split: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # The same split of decode time per token, NULL for runs stored before migration 0022.
     speed_split: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # The ledger's rates the scheduler computed after this run, for the sidecars' counters (monitor.drift.ledger_rates).
+    # The ledger's rates the scheduler computed after this run, for the sidecars' counters
+    # (monitor.drift.detectors.ledger_rates).
     ledger_rates: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 

@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from monitor.alerts.evaluate import evaluate_alerts
 from monitor.config import Settings
 from monitor.drift.detectors.ledger import read_ledger
-from monitor.drift.ledger_rates import LEDGER_WINDOW, ledger_rates, store_ledger_rates
+from monitor.drift.detectors.ledger_rates import LEDGER_WINDOW, ledger_rates, store_ledger_rates
 from monitor.drift.run import run_drift
 from monitor.drift.verdict import verdict_of
 from monitor.ingest.scrape.run import scrape_due
@@ -69,7 +69,8 @@ def drift_job(engine: Engine, settings: Settings, tick: datetime, fence: Fence) 
     # The load curves over the longest window a drift run widens to: a curve needs several levels' worth a side.
     curves = measured_curves(engine, settings.drift, now - settings.drift.max_current_window, now) if routing else {}
     switches = decide_routes(engine, settings.proxy, verdicts, now, curves)
-    # Once here for every sidecar, which values its recorded tokens at these rates (monitor/drift/ledger_rates.py).
+    # Once here for every sidecar, which values its recorded tokens at these rates
+    # (monitor/drift/detectors/ledger_rates.py).
     rates = ledger_rates(read_ledger(engine, settings.drift, now - LEDGER_WINDOW, now))
     with engine.begin() as conn:
         fence(conn)

@@ -87,8 +87,8 @@ from monitor.api.auth import GuardedRoute
 from monitor.api.reads import workloads
 from monitor.api.state import ApiState, api_state
 from monitor.config import Settings
+from monitor.drift.detectors.ledger_rates import LedgerRates, newest_ledger_rates
 from monitor.drift.detectors.net_loss import load_level
-from monitor.drift.ledger_rates import LedgerRates, newest_ledger_rates
 from monitor.drift.queries import StoredResult, latest_results, latest_run
 from monitor.drift.result import DECISIONS
 from monitor.drift.verdict import VERDICTS, verdict_of
@@ -664,7 +664,7 @@ class LedgerCounters:
 
     A token is valued at its workload's measured rate at its load level (``t_plain - t_spec`` of the
     ledger over the last day, as the scheduler's newest drift run stored it:
-    :mod:`monitor.drift.ledger_rates`; read at most every :data:`LEDGER_MAX_AGE_S` on a thread of its
+    :mod:`monitor.drift.detectors.ledger_rates`; read at most every :data:`LEDGER_MAX_AGE_S` on a thread of its
     own) and counted as saved or lost where the level's interval clears 1, else under
     ``outcome="inconclusive"`` or ``"unmeasured"`` with no seconds; all unmeasured before a drift run
     stored rates. Counters per process, as the record counters are: Prometheus sums the replicas, and
