@@ -42,11 +42,6 @@ class SchedulerProcess:
         self._child: subprocess.Popen[bytes] | None = None
         self._to_child: Connection | None = None
 
-    @property
-    def pid(self) -> int | None:
-        """The child's process id while it runs."""
-        return self._child.pid if self._child is not None and self._child.poll() is None else None
-
     def start(self) -> SchedulerProcess:
         """Start the child; its scheduler waits for the database and the schema by itself."""
         read_end, write_end = os.pipe()
@@ -84,7 +79,7 @@ def main(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     orders = Connection(int(argv[0]), writable=False)
     settings, level = orders.recv()
-    # Imported after the settings arrived: the sidecar's start does not wait for these imports.
+    # Imported here: monitor.commands.main imports serve, which imports this module for SchedulerProcess.
     from monitor.commands.main import configure_logging
     from monitor.scheduler.service import SchedulerService
 
