@@ -70,6 +70,52 @@ def bootstrap_means(x: FloatArray, n_boot: int, stream: str) -> FloatArray:
     return np.stack(columns, axis=1).astype(float) / len(x)
 
 
+def bootstrap_moments(x: FloatArray, n_boot: int, stream: str) -> tuple[FloatArray, FloatArray]:
+    """Means of ``n_boot`` resamples of ``x`` (1-D) and each mean's squared standard error (plug-in variance / n)."""
+    weights = bootstrap_weights(len(x), n_boot, stream)
+    values = np.asarray(x, dtype=np.float64)
+    centred = (values - values.mean()).astype(np.float32)  # centred first: float32 keeps the spread, not the level
+    shift = np.einsum("bn,n->b", weights, centred).astype(float) / len(x)
+    square = np.einsum("bn,n->b", weights, centred * centred).astype(float) / len(x)
+    variance: FloatArray = np.maximum(square - shift * shift, 0.0) / len(x)
+    means: FloatArray = values.mean() + shift
+    return means, variance
+
+
+def studentized_ratio_draws(
+    num: tuple[FloatArray, FloatArray], den: tuple[FloatArray, FloatArray], point: tuple[float, float, float, float]
+) -> FloatArray:
+    """Bootstrap-t draws of a ratio of two independent means, ``num / den``, on the log scale.
+
+    ``num`` and ``den``: each side's resampled means and their squared standard errors
+    (:func:`bootstrap_moments`, weighted sums of them for stratified means); ``point``: the sample's
+    numerator, its squared SE, the denominator, its squared SE. Each replicate's pivot
+    t* = (log r* - log r) / se* (delta method: se² = var(num)/num² + var(den)/den²) is turned back
+    into r · exp(-t* · se), so that :func:`percentile_interval` of the draws is the bootstrap-t
+    interval. A percentile interval of a ratio of skewed means at 30 a side is too narrow on the
+    side the skew points to; studentizing corrects that to second order (Hall 1988). A
+    replicate's se* is floored at a tenth of the sample's: a resample that repeats a few values has
+    little spread by construction, not by precision, and must not make its pivot explode.
+
+    >>> rng = np.random.default_rng(1)
+    >>> a, b = rng.lognormal(0, 0.5, 40), rng.lognormal(0, 0.5, 40)
+    >>> ma, mb = bootstrap_moments(a, 2000, "a"), bootstrap_moments(b, 2000, "b")
+    >>> point = (a.mean(), a.var() / 40, b.mean(), b.var() / 40)
+    >>> low, high = percentile_interval(studentized_ratio_draws(ma, mb, point), 0.95)
+    >>> bool(low < a.mean() / b.mean() < high)
+    True
+    """
+    num_mean, num_var, den_mean, den_var = point
+    se = math.sqrt(num_var / num_mean**2 + den_var / den_mean**2)
+    (n_means, n_vars), (d_means, d_vars) = num, den
+    if se == 0.0:  # every value alike on both sides: nothing varies, the ratio is what it is
+        return np.full(len(n_means), num_mean / den_mean)
+    se_star = np.sqrt(n_vars / n_means**2 + d_vars / d_means**2)
+    t = (np.log(n_means / d_means) - math.log(num_mean / den_mean)) / np.maximum(se_star, se / 10.0)
+    draws: FloatArray = (num_mean / den_mean) * np.exp(-t * se)
+    return draws
+
+
 def bootstrap_bin_shares(bins: np.ndarray[Any, np.dtype[np.intp]], n_bins: int, n_boot: int, stream: str) -> FloatArray:
     """Shares of each bin in ``n_boot`` resamples of items whose bin indices are ``bins``."""
     weights = bootstrap_weights(len(bins), n_boot, stream)

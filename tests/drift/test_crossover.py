@@ -72,7 +72,9 @@ def test_over_seeds_at_30_a_side_the_crossover_is_found_at_its_level() -> None:
     ]
     # The target: within one bucket of the truth (the 4-7 level) in >= 90 % of seeded runs.
     assert sum(c is not None and c.inflight in (4, 8) for c in found) >= 18, found
-    assert sum(c is not None and c.inflight == 4 for c in found) >= 14, found
+    # At its level in 132 of 200 seeds, one level late in 68 (the bootstrap-t interval; the narrower percentile
+    # interval it replaced: 151 and 49).
+    assert sum(c is not None and c.inflight == 4 for c in found) >= 12, found
     # The bracket holds the true turn (3.3 in flight) wherever a crossover is claimed.
     assert all(c.low <= 10 / 3 <= c.high for c in found if c is not None), found
 

@@ -153,3 +153,24 @@ def test_under_equal_speed_the_coarser_strata_alarm_at_most_at_their_level() -> 
         for seed in range(400)
     )
     assert alarms <= 10
+
+
+def test_the_interval_covers_a_ratio_of_skewed_bimodal_means_at_30_a_side() -> None:
+    """A/A on speeds like the measured ``extract`` requests: most near 22 ms a token (n-gram drafts), a fifth near
+    56 (the controller's probes of a draft model), 30 a side, both sides drawn from one pool (true ratio 1).
+
+    The 95 % interval misses the true 1 in 4.0 % of these 800 seeded draws (2.1 % below, 1.9 % above); the percentile
+    interval it replaced missed in 7.6 % (3.6 % below, 4.0 % above): too narrow where the skew points. At exactly
+    its nominal 5 % an interval would exceed the 6 % bound in about one seed in ten.
+    """
+    rng = np.random.default_rng(11)
+    pool = np.where(rng.random(50) < 0.2, rng.lognormal(np.log(56), 0.1, 50), rng.lognormal(np.log(22), 0.15, 50))
+    ctx = rng.integers(100, 500, 50).astype(float)
+    test = NetLoss(n_boot=500)
+    missed = 0
+    for _ in range(800):
+        a, b = rng.integers(0, 50, 30), rng.integers(0, 50, 30)
+        result = test.measured(Population(pool[a], ctx[a]), Population(pool[b], ctx[b]))
+        assert result.ci is not None
+        missed += not result.ci[0] <= 1.0 <= result.ci[1]
+    assert missed / 800 <= 0.06, missed

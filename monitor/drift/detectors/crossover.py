@@ -46,7 +46,7 @@ from typing import Any, Final
 import numpy as np
 
 from monitor.drift.detectors.net_loss import MIN_COVERAGE, Population, Strata, load_level
-from monitor.drift.stats import FloatArray, bootstrap_means, percentile_interval
+from monitor.drift.stats import FloatArray, percentile_interval
 
 THIN: Final = "too few a side"
 
@@ -219,18 +219,9 @@ def _measure(
         why = f"no like-for-like: {shared} of {n_s} speculative requests share a load and context with plain ones"
         return Level(first, last, n_s, n_p, note=why)
     plain_ms, spec_ms = strata.means()
-    draws = _ratio_draws(strata, n_boot, f"{first}-{last}")
+    draws = strata.speedup_draws(n_boot, f"load{first}-{last}-")
     low, high = percentile_interval(draws, ci_level)
     return Level(first, last, n_s, n_p, plain_ms / spec_ms, low, high, plain_ms, spec_ms, draws=draws)
-
-
-def _ratio_draws(strata: Strata, n_boot: int, tag: str) -> FloatArray:
-    """Bootstrap draws of the level's ratio; each level resamples with patterns of its own (independent levels)."""
-    w = strata.weights
-    plain = np.stack([bootstrap_means(b, n_boot, f"load{tag}-plain{i}") for i, b in enumerate(strata.plain)], axis=1)
-    spec = np.stack([bootstrap_means(a, n_boot, f"load{tag}-spec{i}") for i, a in enumerate(strata.spec)], axis=1)
-    draws: FloatArray = (plain @ w) / (spec @ w)
-    return draws
 
 
 def find_crossover(levels: list[Level]) -> Crossover | None:

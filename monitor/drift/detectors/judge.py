@@ -14,7 +14,7 @@ classified with a tolerance:
   above the current one's by more than ``max_extra_errors`` and a one-sided Fisher exact test puts
   it above at the interval's level; **pass** when it is not above by more than ``max_extra_errors``.
 * ``ttft`` (judged, not critical): time to first token, current mean over candidate mean, with a
-  bootstrap interval, classified as decode speed is. A drafter that loads slowly or drafts on the
+  bootstrap-t interval, classified as decode speed is. A drafter that loads slowly or drafts on the
   prompt shows here. Only its **fail** holds a workload: a marginal TTFT is noise more often than
   not (a small pool's prompt cache is not the large pool's).
 * ``acceptance`` (shown, not judged): accepted per drafted token of each side. It is the early
@@ -53,7 +53,7 @@ import numpy as np
 from scipy import stats as st
 
 from monitor.drift.detectors.net_loss import NetLoss, Population
-from monitor.drift.stats import FloatArray, bootstrap_means, percentile_interval
+from monitor.drift.stats import FloatArray, bootstrap_moments, percentile_interval, studentized_ratio_draws
 
 Outcome = Literal["pass", "marginal", "fail"]
 WorkloadOutcome = Literal["pass", "marginal", "fail", "unjudged"]
@@ -179,8 +179,10 @@ class Judge:
         a, b = candidate.ttft, current.ttft
         if len(a) < self.min_requests or len(b) < self.min_requests or a.mean() <= 0:
             return None
-        draws = bootstrap_means(b, self.n_boot, "ttft-current") / bootstrap_means(a, self.n_boot, "ttft-candidate")
-        ratio, ci = float(b.mean() / a.mean()), percentile_interval(draws, self.ci_level)
+        point = (float(b.mean()), float(b.var() / len(b)), float(a.mean()), float(a.var() / len(a)))
+        cur = bootstrap_moments(b, self.n_boot, "ttft-current")
+        cand = bootstrap_moments(a, self.n_boot, "ttft-candidate")
+        ratio, ci = point[0] / point[2], percentile_interval(studentized_ratio_draws(cur, cand, point), self.ci_level)
         return MetricJudgement("ttft", self._classify(ratio, ci), float(a.mean()), float(b.mean()), ratio, ci)
 
     def _acceptance(self, candidate: Side, current: Side) -> MetricJudgement | None:
