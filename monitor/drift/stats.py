@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -59,15 +60,11 @@ def bootstrap_weights(n: int, n_boot: int, stream: str) -> FloatArray:
 
 
 def bootstrap_means(x: FloatArray, n_boot: int, stream: str) -> FloatArray:
-    """Means of ``n_boot`` resamples of ``x`` (1-D), or of each column of ``x`` (2-D: n_boot × columns)."""
+    """Means of ``n_boot`` resamples of ``x`` (1-D)."""
     weights = bootstrap_weights(len(x), n_boot, stream)
-    values = np.asarray(x, dtype=np.float32)
-    # einsum, not BLAS: OpenBLAS's threaded sgemv/sgemm took 100x longer on a busy 2-core machine.
-    if values.ndim == 1:
-        means: FloatArray = np.einsum("bn,n->b", weights, values).astype(float) / len(x)
-        return means
-    columns = [np.einsum("bn,n->b", weights, np.ascontiguousarray(values[:, j])) for j in range(values.shape[1])]
-    return np.stack(columns, axis=1).astype(float) / len(x)
+    # einsum, not BLAS: OpenBLAS's threaded sgemv took 100x longer on a busy 2-core machine.
+    means: FloatArray = np.einsum("bn,n->b", weights, np.asarray(x, dtype=np.float32)).astype(float) / len(x)
+    return means
 
 
 def bootstrap_moments(x: FloatArray, n_boot: int, stream: str) -> tuple[FloatArray, FloatArray]:
@@ -80,6 +77,13 @@ def bootstrap_moments(x: FloatArray, n_boot: int, stream: str) -> tuple[FloatArr
     variance: FloatArray = np.maximum(square - shift * shift, 0.0) / len(x)
     means: FloatArray = values.mean() + shift
     return means, variance
+
+
+def weighted_mean_moments(groups: Sequence[FloatArray], weights: FloatArray) -> tuple[float, float]:
+    """Σ w·mean of the groups and its squared standard error Σ w²·var/n (plug-in variance, as
+    :func:`bootstrap_moments` takes it of each resample, so that a pivot compares like with like)."""
+    mean = float(weights @ [g.mean() for g in groups])
+    return mean, float((weights * weights) @ [g.var() / len(g) for g in groups])
 
 
 def studentized_ratio_draws(
@@ -100,7 +104,8 @@ def studentized_ratio_draws(
     >>> rng = np.random.default_rng(1)
     >>> a, b = rng.lognormal(0, 0.5, 40), rng.lognormal(0, 0.5, 40)
     >>> ma, mb = bootstrap_moments(a, 2000, "a"), bootstrap_moments(b, 2000, "b")
-    >>> point = (a.mean(), a.var() / 40, b.mean(), b.var() / 40)
+    >>> one = np.ones(1)
+    >>> point = (*weighted_mean_moments([a], one), *weighted_mean_moments([b], one))
     >>> low, high = percentile_interval(studentized_ratio_draws(ma, mb, point), 0.95)
     >>> bool(low < a.mean() / b.mean() < high)
     True

@@ -53,7 +53,13 @@ import numpy as np
 from scipy import stats as st
 
 from monitor.drift.detectors.net_loss import NetLoss, Population
-from monitor.drift.stats import FloatArray, bootstrap_moments, percentile_interval, studentized_ratio_draws
+from monitor.drift.stats import (
+    FloatArray,
+    bootstrap_moments,
+    percentile_interval,
+    studentized_ratio_draws,
+    weighted_mean_moments,
+)
 
 Outcome = Literal["pass", "marginal", "fail"]
 WorkloadOutcome = Literal["pass", "marginal", "fail", "unjudged"]
@@ -179,7 +185,8 @@ class Judge:
         a, b = candidate.ttft, current.ttft
         if len(a) < self.min_requests or len(b) < self.min_requests or a.mean() <= 0:
             return None
-        point = (float(b.mean()), float(b.var() / len(b)), float(a.mean()), float(a.var() / len(a)))
+        one = np.ones(1)
+        point = (*weighted_mean_moments([b], one), *weighted_mean_moments([a], one))
         cur = bootstrap_moments(b, self.n_boot, "ttft-current")
         cand = bootstrap_moments(a, self.n_boot, "ttft-candidate")
         ratio, ci = point[0] / point[2], percentile_interval(studentized_ratio_draws(cur, cand, point), self.ci_level)

@@ -21,11 +21,11 @@ matching: with a small holdout, matching discards most speculative requests; str
 The interval resamples within strata (both populations) and is a bootstrap-t interval of the log
 speedup: the percentile interval of a ratio of means of skewed, bimodal speeds (an n-gram request
 near 22 ms a token, a draft-model one near 56) at 30 a side was too narrow. Where what the strata
-leave falls below the
-minimum a side (a workload with just enough holdout requests, a few of them outside the speculative
-ones' lengths), the comparison coarsens rather than gives up: one stratum per load level, then one
-per load level over every context length (``detail["stratified_by"]`` says which). Load levels are
-never pooled: speculative and plain requests at different loads are not compared.
+leave falls below the minimum a side (a workload with just enough holdout requests, a few of them
+outside the speculative ones' lengths), the comparison coarsens rather than gives up: one stratum
+per load level, then one per load level over every context length (``detail["stratified_by"]``
+says which). Load levels are never pooled: speculative and plain requests at different loads are
+not compared.
 
 * **Measured** (``measured``): the comparison population is the workload's **holdout** requests
   of the current window, a random share of its own traffic. The p-value is the van Elteren
@@ -61,7 +61,13 @@ import numpy as np
 from scipy import stats as st
 
 from monitor.drift.result import Decision, DriftResult, insufficient
-from monitor.drift.stats import FloatArray, bootstrap_moments, percentile_interval, studentized_ratio_draws
+from monitor.drift.stats import (
+    FloatArray,
+    bootstrap_moments,
+    percentile_interval,
+    studentized_ratio_draws,
+    weighted_mean_moments,
+)
 
 if TYPE_CHECKING:
     from monitor.drift.sampling import Sample
@@ -199,12 +205,8 @@ class Strata:
             means, variances = (np.stack(column, axis=1) for column in zip(*moments, strict=True))
             return means @ w, variances @ (w * w)
 
-        def sample(groups: list[FloatArray]) -> tuple[float, float]:
-            return float(w @ [g.mean() for g in groups]), float((w * w) @ [g.var() / len(g) for g in groups])
-
-        draws: FloatArray = studentized_ratio_draws(
-            weighted(plain), weighted(spec), (*sample(self.plain), *sample(self.spec))
-        )
+        point = (*weighted_mean_moments(self.plain, w), *weighted_mean_moments(self.spec, w))
+        draws: FloatArray = studentized_ratio_draws(weighted(plain), weighted(spec), point)
         return draws
 
     def van_elteren(self) -> tuple[float, float]:
